@@ -1,0 +1,28 @@
+# Two commands on a fresh machine with only Python 3.11+: `make demo` and `make test`.
+# The Makefile bootstraps its own virtualenv; uv comes from the `uv` package on the index.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test]'
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -n 2 --dist loadfile -q tests
+
+demo: venv
+	$(BIN)/python -m rewheel.demo
+
+bench: venv
+	$(BIN)/python -m rewheel.bench
+
+clean:
+	rm -rf $(VENV) .demo .bench

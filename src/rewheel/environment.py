@@ -1,0 +1,238 @@
+"""The environment model: a Python prefix, its distributions and their RECORD files.
+
+Given an interpreter path we ask that interpreter (once) where its prefix and site
+directories are; everything else — distributions, versions, RECORD entries — is read from
+the `.dist-info` folders directly, so a broken environment can still be inspected.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import email.parser
+import json
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from rewheel import proc
+from rewheel.errors import TargetError
+
+_PROBE = r"""
+import json, sys, sysconfig
+paths = sysconfig.get_paths()
+print(json.dumps({
+    "prefix": sys.prefix, "base_prefix": sys.base_prefix, "executable": sys.executable,
+    "version": "%d.%d.%d" % sys.version_info[:3], "implementation": sys.implementation.name,
+    "purelib": paths["purelib"], "platlib": paths["platlib"], "scripts": paths["scripts"],
+}))
+"""
+
+
+@dataclass(frozen=True)
+class RecordEntry:
+    """One row of a RECORD file. `path` is absolute and normalised."""
+
+    path: str
+    hash: str | None  # "sha256=<urlsafe b64>" as written, or None
+    size: int | None
+
+    @property
+    def sha256_hex(self) -> str | None:
+        if not self.hash or not self.hash.startswith("sha256="):
+            return None
+        b64 = self.hash[len("sha256="):]
+        try:
+            return base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+        except (ValueError, TypeError):
+            return None
+
+
+@dataclass
+class Distribution:
+    """An installed distribution, read from its `.dist-info` folder."""
+
+    name: str  # canonical
+    display_name: str
+    version: Version | None
+    version_text: str
+    dist_info: Path
+    site: Path
+    installer: str | None = None
+    requested: bool = False
+    direct_url: dict | None = None
+    project_urls: dict[str, str] = field(default_factory=dict)
+    wheel_tags: list[str] = field(default_factory=list)
+
+    @property
+    def local(self) -> str | None:
+        return self.version.local if self.version else None
+
+    @cached_property
+    def install_time_ns(self) -> int:
+        """When the installer finished: RECORD is written last by pip and uv."""
+        try:
+            return (self.dist_info / "RECORD").stat().st_mtime_ns
+        except OSError:
+            return 0
+
+    @cached_property
+    def record(self) -> list[RecordEntry]:
+        path = self.dist_info / "RECORD"
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        entries = []
+        for row in csv.reader(text.splitlines()):
+            if not row or not row[0]:
+                continue
+            rel = row[0]
+            full = os.path.normpath(os.path.join(self.site, rel))
+            digest = row[1] if len(row) > 1 and row[1] else None
+            size = int(row[2]) if len(row) > 2 and row[2].strip().isdigit() else None
+            entries.append(RecordEntry(full, digest, size))
+        return entries
+
+    @property
+    def wheel_name(self) -> str | None:
+        """The wheel file this was most likely installed from, rebuilt from the WHEEL tags."""
+        if not self.wheel_tags:
+            return None
+        dist = self.dist_info.name[: -len(".dist-info")].rsplit("-", 1)[0]
+        tag = self.wheel_tags[0] if len(self.wheel_tags) == 1 else _compress_tags(self.wheel_tags)
+        return f"{dist}-{self.version_text}-{tag}.whl"
+
+    def to_json(self) -> dict:
+        archive = (self.direct_url or {}).get("archive_info", {})
+        hashes = archive.get("hashes") or {}
+        sha = hashes.get("sha256") or (archive.get("hash", "").split("=", 1)[1]
+                                       if archive.get("hash", "").startswith("sha256=") else None)
+        return {"name": self.name, "version": self.version_text, "installer": self.installer,
+                "requested": self.requested, "wheel": self.wheel_name,
+                "url": (self.direct_url or {}).get("url"), "sha256": sha,
+                "editable": bool((self.direct_url or {}).get("dir_info", {}).get("editable"))}
+
+
+def _compress_tags(tags: list[str]) -> str:
+    parts = [t.split("-") for t in tags]
+    if any(len(p) != 3 for p in parts):
+        return tags[0]
+    pys, abis, plats = (sorted({p[i] for p in parts}) for i in range(3))
+    return f"{'.'.join(pys)}-{'.'.join(abis)}-{'.'.join(plats)}"
+
+
+def read_distribution(dist_info: Path, site: Path) -> Distribution | None:
+    meta_path = dist_info / "METADATA"
+    try:
+        raw = meta_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    # Only the header block matters; the long description can be megabytes.
+    head = raw.split("\n\n", 1)[0]
+    msg = email.parser.HeaderParser().parsestr(head)
+    name = msg.get("Name") or dist_info.name.split("-")[0]
+    vtext = (msg.get("Version") or "").strip()
+    try:
+        version: Version | None = Version(vtext)
+    except InvalidVersion:
+        version = None
+    urls = {}
+    for item in msg.get_all("Project-URL") or []:
+        label, _, url = item.partition(",")
+        urls[label.strip()] = url.strip()
+    if msg.get("Home-page"):
+        urls.setdefault("Homepage", msg["Home-page"].strip())
+    dist = Distribution(name=canonicalize_name(name), display_name=name, version=version,
+                        version_text=vtext, dist_info=dist_info, site=site, project_urls=urls)
+    inst = dist_info / "INSTALLER"
+    if inst.exists():
+        dist.installer = inst.read_text(errors="replace").strip() or None
+    dist.requested = (dist_info / "REQUESTED").exists()
+    du = dist_info / "direct_url.json"
+    if du.exists():
+        try:
+            dist.direct_url = json.loads(du.read_text())
+        except (OSError, ValueError):
+            dist.direct_url = None
+    wheel = dist_info / "WHEEL"
+    if wheel.exists():
+        wmsg = email.parser.HeaderParser().parsestr(wheel.read_text(errors="replace"))
+        dist.wheel_tags = [t.strip() for t in wmsg.get_all("Tag") or []]
+    return dist
+
+
+@dataclass
+class Environment:
+    """A Python prefix, named by its interpreter path."""
+
+    python: Path
+    prefix: Path
+    base_prefix: Path
+    version: str
+    site_dirs: list[Path]
+    scripts_dir: Path
+    kind: str  # "venv" | "conda" | "system"
+
+    @classmethod
+    def inspect(cls, python: str | os.PathLike[str]) -> Environment:
+        py = Path(python)
+        if not py.exists():
+            raise TargetError(f"interpreter {py} does not exist")
+        res = proc.run([str(py), "-I", "-c", _PROBE], timeout=60)
+        if not res.ok:
+            raise TargetError(f"interpreter {py} failed to start (exit {res.returncode}): "
+                              f"{(res.stderr or res.stdout).strip()[-500:]}")
+        try:
+            info = json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise TargetError(f"interpreter {py} did not answer the probe: {res.stdout[-300:]!r}") from None
+        prefix = Path(info["prefix"])
+        base = Path(info["base_prefix"])
+        sites: list[Path] = []
+        for key in ("purelib", "platlib"):
+            p = Path(info[key])
+            if p not in sites:
+                sites.append(p)
+        if (prefix / "conda-meta").is_dir():
+            kind = "conda"
+        elif prefix != base or (prefix / "pyvenv.cfg").exists():
+            kind = "venv"
+        else:
+            kind = "system"
+        return cls(python=py, prefix=prefix, base_prefix=base, version=info["version"],
+                   site_dirs=sites, scripts_dir=Path(info["scripts"]), kind=kind)
+
+    @property
+    def roots(self) -> list[Path]:
+        """What a snapshot captures whole: the prefix of a venv or conda env; for a system
+        interpreter only its site directories (script files are captured through RECORDs)."""
+        if self.kind in ("venv", "conda"):
+            return [self.prefix]
+        return list(self.site_dirs)
+
+    def distributions(self) -> list[Distribution]:
+        seen: dict[str, Distribution] = {}
+        for site in self.site_dirs:
+            try:
+                names = sorted(os.listdir(site))
+            except OSError:
+                continue
+            for entry in names:
+                if not entry.endswith(".dist-info"):
+                    continue
+                dist = read_distribution(site / entry, site)
+                if dist and dist.name not in seen:
+                    seen[dist.name] = dist
+        return sorted(seen.values(), key=lambda d: d.name)
+
+    def versions(self) -> dict[str, str]:
+        return {d.name: d.version_text for d in self.distributions()}
+
+    def to_json(self) -> dict:
+        return {"python": str(self.python), "prefix": str(self.prefix), "kind": self.kind,
+                "version": self.version, "site_dirs": [str(s) for s in self.site_dirs]}

@@ -1,0 +1,117 @@
+"""The one error hierarchy: every failure a user can cause, with the exit code it maps to.
+
+Exit codes are the product contract (SPEC.md): 0 done and verified; 1 verification failed
+and the environment was restored and verified; 2 bad usage or recipe, nothing changed;
+3 the environment could not be restored (a person must act); 4 another run holds the
+environment or an interrupted run must be finished first.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_REVERTED = 1
+EXIT_USAGE = 2
+EXIT_UNRESTORED = 3
+EXIT_BUSY = 4
+
+
+class RewheelError(Exception):
+    """Base of every error rewheel reports to a user. `message` says what is wrong,
+    naming the file, key, value or command; `hint` says what to do about it."""
+
+    exit_code: int = EXIT_USAGE
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint,
+                "exit_code": self.exit_code}
+
+
+class UsageError(RewheelError):
+    """Bad command-line usage; nothing was changed."""
+
+
+class RecipeError(RewheelError):
+    """A recipe that cannot be loaded or is invalid; names the file and key path."""
+
+    def __init__(self, path: object, key: str | None, problem: str, *, hint: str | None = None):
+        where = f"{path}: {key}: " if key else f"{path}: "
+        super().__init__(where + problem, hint=hint)
+        self.path = str(path)
+        self.key = key
+        self.problem = problem
+
+
+class TargetError(RewheelError):
+    """The interpreter or environment named as a target is unusable."""
+
+
+class CommandNotFound(RewheelError):
+    """An external executable (uv, systemctl, nvidia-smi...) is not on PATH."""
+
+
+class PreflightError(RewheelError):
+    """A precondition of a run does not hold; nothing was changed."""
+
+
+class ConfirmationRequired(RewheelError):
+    """A command that changes an environment was neither confirmed on a terminal nor given --yes."""
+
+
+class StepFailed(RewheelError):
+    """A step of the upgrade (install, smoke, start, health, probe) failed; the runner reverts."""
+
+    exit_code = EXIT_REVERTED
+
+
+class InstallError(StepFailed):
+    """uv failed to install the requested set."""
+
+
+class SmokeFailed(StepFailed):
+    """The smoke test exited non-zero or timed out."""
+
+
+class ServiceError(StepFailed):
+    """The service could not be stopped, started, or did not become healthy."""
+
+
+class GpuError(StepFailed):
+    """GPUs are missing, or still held by processes after the service stopped."""
+
+
+class PatchConflict(StepFailed):
+    """A local patch could not be carried onto the new version cleanly."""
+
+
+class SnapshotError(RewheelError):
+    """A snapshot that does not exist or cannot be taken."""
+
+
+class RestoreError(RewheelError):
+    """The environment could not be restored; a person must act."""
+
+    exit_code = EXIT_UNRESTORED
+
+
+class SnapshotDamaged(RestoreError):
+    """A snapshot failed its integrity check; it was refused before anything was changed."""
+
+
+class LockHeld(RewheelError):
+    """Another rewheel process holds this environment."""
+
+    exit_code = EXIT_BUSY
+
+
+class InterruptedRun(RewheelError):
+    """A previous run was interrupted and must be resumed or rolled back first."""
+
+    exit_code = EXIT_BUSY

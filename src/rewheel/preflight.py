@@ -1,0 +1,158 @@
+"""Preconditions of a run, checked before anything is touched: `rewheel check` and step 1
+of `rewheel run`. Each check is data (name, ok, detail); the caller decides what fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rewheel.errors import RewheelError
+from rewheel.recipe import Recipe, load_recipe
+
+# A reinstall unpacks new wheels beside the old ones and the snapshot copies patched files:
+# ask for this much free space (or 10% of the environment, whichever is more).
+MIN_FREE_BYTES = 2 << 30
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+
+
+@dataclass
+class CheckResult:
+    recipe: Recipe
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"recipe": self.recipe.source, "ok": self.ok, "checks": [c.to_json() for c in self.checks]}
+
+
+def _run_check(result: CheckResult, name: str, fn: Callable[[], str]) -> None:
+    try:
+        result.checks.append(Check(name, True, fn()))
+    except RewheelError as exc:
+        result.checks.append(Check(name, False, str(exc)))
+
+
+def _tree_size(path: Path, limit_files: int = 200_000) -> int:
+    total = 0
+    for n, (dirpath, _dirs, files) in enumerate(os.walk(path)):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+        if n > limit_files:
+            break
+    return total
+
+
+def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool = True,
+               indexes: bool = True) -> CheckResult:
+    from rewheel import gpu, installer
+    from rewheel.environment import Environment
+    from rewheel.paths import state_home
+    from rewheel.report import human_bytes
+
+    result = CheckResult(recipe)
+    env_box: dict[str, Environment] = {}
+
+    def interpreter() -> str:
+        env = Environment.inspect(recipe.python)
+        env_box["env"] = env
+        return f"{env.kind} at {env.prefix}, Python {env.version}, {len(env.distributions())} distributions"
+
+    _run_check(result, "interpreter", interpreter)
+    _run_check(result, "uv", lambda: f"{installer.find_uv()} ({installer.uv_version()})")
+
+    def disk() -> str:
+        env = env_box.get("env")
+        if env is None:
+            raise RewheelError("no environment to measure")
+        need = max(MIN_FREE_BYTES, _tree_size(env.prefix) // 10)
+        home = recipe.store or state_home()
+        probe = home if home.exists() else home.parent if home.parent.exists() else Path.home()
+        free_env = shutil.disk_usage(env.prefix).free
+        free_store = shutil.disk_usage(probe).free
+        if min(free_env, free_store) < need:
+            raise RewheelError(f"only {human_bytes(min(free_env, free_store))} free "
+                               f"(environment {env.prefix}: {human_bytes(free_env)}, store {probe}: "
+                               f"{human_bytes(free_store)}); need {human_bytes(need)}")
+        return f"{human_bytes(free_env)} free at the environment, {human_bytes(free_store)} at the store"
+
+    _run_check(result, "disk", disk)
+
+    if recipe.service is not None:
+        svc = recipe.service
+
+        def service_tools() -> str:
+            from rewheel import proc
+            from rewheel.errors import PreflightError
+
+            if svc.manager == "systemd":
+                missing = [t for t in ("systemctl", "journalctl") if not proc.which(t)]
+                if missing:
+                    raise PreflightError(f"service.manager = \"systemd\" but {', '.join(missing)} not on PATH")
+                return f"systemd unit {svc.unit}"
+            argv = recipe.expand(svc.start)
+            if os.sep not in argv[0] and not proc.which(argv[0]):
+                raise PreflightError(f"service.start: {argv[0]!r} not found on PATH")
+            if os.sep in argv[0] and not os.path.exists(argv[0]):
+                raise PreflightError(f"service.start: {argv[0]} does not exist")
+            return "command manager: " + " ".join(argv)
+
+        _run_check(result, "service", service_tools)
+
+    if gpus and recipe.smoke is not None and recipe.smoke.gpus > 0:
+        def gpu_check() -> str:
+            found = gpu.require_gpus(recipe.smoke.gpus)
+            return f"{len(found)} GPU(s): {', '.join(sorted({g.name for g in found}))}"
+
+        _run_check(result, "gpus", gpu_check)
+
+    if recipe.smoke is not None:
+        def smoke_cmd() -> str:
+            from rewheel import proc
+            from rewheel.errors import PreflightError
+
+            argv = recipe.expand(recipe.smoke.command)
+            if os.sep not in argv[0] and not proc.which(argv[0]):
+                raise PreflightError(f"smoke.command: {argv[0]!r} not found on PATH")
+            if os.sep in argv[0] and not os.path.exists(argv[0]):
+                raise PreflightError(f"smoke.command: {argv[0]} does not exist")
+            return " ".join(argv)
+
+        _run_check(result, "smoke command", smoke_cmd)
+
+    if indexes and recipe.install.packages:
+        def index_check() -> str:
+            checks = installer.check_indexes(recipe, client=client)
+            return "; ".join(c.summary() for c in checks) or "default index"
+
+        _run_check(result, "indexes", index_check)
+    return result
+
+
+def check_recipe(path: str) -> CheckResult:
+    """`rewheel check`: load and validate (RecipeError → exit 2), then every precondition."""
+    return run_checks(load_recipe(path))

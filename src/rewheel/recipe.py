@@ -1,0 +1,309 @@
+"""Recipes: loading a TOML upgrade procedure and validating it before anything is touched.
+
+Every problem names the file and the key path (`smoke.timeout_s: expected an integer, got
+"ten"`). Relative paths in a recipe (interpreter, find-links, cleanup globs, store) are taken
+relative to the recipe's own folder, so a recipe and the environment beside it can move
+together. `{python}` in an argv is the only template.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+from rewheel.errors import RecipeError
+
+PATCH_POLICIES = ("report", "reapply", "keep-old-version")
+MANAGERS = ("systemd", "command")
+REINSTALL = ("all", "named")
+
+
+@dataclass(frozen=True)
+class Probe:
+    url: str
+    expect: str | None = None
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    manager: str
+    unit: str | None = None
+    start: tuple[str, ...] = ()
+    stop: tuple[str, ...] = ()
+    health_url: str | None = None
+    ready_timeout_s: int = 900
+    stop_timeout_s: int = 180
+    probe: Probe | None = None
+    # How long a started service must stay up without restarting before it counts as healthy.
+    settle_s: float = 3.0
+
+
+@dataclass(frozen=True)
+class InstallSpec:
+    packages: tuple[str, ...] = ()
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    prerelease: bool = False
+    reinstall: str = "named"
+    uv_args: tuple[str, ...] = ()
+
+    @property
+    def requirements(self) -> list[Requirement]:
+        return [Requirement(p) for p in self.packages]
+
+
+@dataclass(frozen=True)
+class SmokeSpec:
+    command: tuple[str, ...] = ()
+    timeout_s: int = 1200
+    gpus: int = 0
+    gpu_release_timeout_s: int = 120
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    python: Path
+    path: Path | None = None
+    service: ServiceSpec | None = None
+    install: InstallSpec = field(default_factory=InstallSpec)
+    smoke: SmokeSpec | None = None
+    patch_policy: str = "report"
+    cleanup_paths: tuple[str, ...] = ()
+    keep: int = 5
+    store: Path | None = None
+
+    @property
+    def source(self) -> str:
+        return str(self.path) if self.path else f"--python {self.python}"
+
+    def expand(self, argv: tuple[str, ...] | list[str]) -> list[str]:
+        """Substitute `{python}`, the only template, in an argv list."""
+        return [a.replace("{python}", str(self.python)) for a in argv]
+
+    @classmethod
+    def for_python(cls, python: str | os.PathLike[str]) -> Recipe:
+        """A bare target for commands given `--python PATH` instead of a recipe."""
+        p = Path(python).expanduser()
+        if not p.is_absolute():
+            p = Path.cwd() / p
+        if not p.exists():
+            raise RecipeError("--python", None, f"interpreter {p} does not exist",
+                              hint="give the path of the environment's python, e.g. /root/ml-env/bin/python")
+        return cls(name=p.parent.parent.name or "env", python=p)
+
+
+# The schema: key -> (type name, required). Tables nest.
+_SCHEMA: dict[str, Any] = {
+    "name": ("str", False),
+    "environment": {"python": ("str", True)},
+    "service": {
+        "manager": ("str", True), "unit": ("str", False), "start": ("argv", False),
+        "stop": ("argv", False), "health_url": ("str", False),
+        "ready_timeout_s": ("int", False), "stop_timeout_s": ("int", False),
+        "settle_s": ("number", False),
+        "probe": {"url": ("str", True), "expect": ("str", False)},
+    },
+    "install": {
+        "packages": ("strlist", True), "index_url": ("str", False),
+        "extra_index_urls": ("strlist", False), "find_links": ("strlist", False),
+        "prerelease": ("bool", False), "reinstall": ("str", False), "uv_args": ("strlist", False),
+    },
+    "smoke": {"command": ("argv", True), "timeout_s": ("int", False), "gpus": ("int", False),
+              "gpu_release_timeout_s": ("int", False)},
+    "patches": {"policy": ("str", False)},
+    "cleanup": {"paths": ("strlist", False)},
+    "snapshots": {"keep": ("int", False), "store": ("str", False)},
+}
+
+_TYPE_WORDS = {"str": "a string", "int": "an integer", "bool": "true or false",
+               "number": "a number", "strlist": "a list of strings",
+               "argv": "a non-empty list of strings (an argv list, never a shell string)",
+               "table": "a table"}
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+def _type_ok(kind: str, value: Any) -> bool:
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "strlist":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if kind == "argv":
+        return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+    raise AssertionError(kind)
+
+
+def _check(path: Path, data: dict[str, Any], schema: dict[str, Any], prefix: str) -> None:
+    for key, value in data.items():
+        keypath = f"{prefix}{key}"
+        if key not in schema:
+            known = ", ".join(sorted(schema))
+            raise RecipeError(path, keypath, f"unknown key (known here: {known})")
+        spec = schema[key]
+        if isinstance(spec, dict):
+            if not isinstance(value, dict):
+                raise RecipeError(path, keypath, f"expected a table, got {_describe(value)}")
+            _check(path, value, spec, keypath + ".")
+        else:
+            kind, _ = spec
+            if not _type_ok(kind, value):
+                raise RecipeError(path, keypath, f"expected {_TYPE_WORDS[kind]}, got {_describe(value)}")
+    for key, spec in schema.items():
+        required = (not isinstance(spec, dict)) and spec[1]
+        if required and key not in data:
+            raise RecipeError(path, f"{prefix}{key}", "missing required key")
+
+
+def _resolve_path(base: Path, value: str) -> Path:
+    p = Path(os.path.expanduser(value))
+    return p if p.is_absolute() else (base / p)
+
+
+def _resolve_glob(base: Path, value: str) -> str:
+    v = os.path.expanduser(value)
+    return v if os.path.isabs(v) else str(base / v)
+
+
+def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = True) -> Recipe:
+    """Validate a parsed TOML document and build the Recipe. Raises RecipeError."""
+    _check(path, data, _SCHEMA, "")
+    if "environment" not in data:
+        raise RecipeError(path, "environment.python", "missing required key",
+                          hint='add [environment] with python = "/path/to/env/bin/python"')
+    base = path.parent.resolve()
+    python = _resolve_path(base, data["environment"]["python"])
+    if check_interpreter and not python.exists():
+        raise RecipeError(path, "environment.python", f"interpreter {python} does not exist")
+    if check_interpreter and not os.access(python, os.X_OK):
+        raise RecipeError(path, "environment.python", f"interpreter {python} is not executable")
+
+    service = None
+    if "service" in data:
+        s = data["service"]
+        manager = s["manager"]
+        if manager not in MANAGERS:
+            raise RecipeError(path, "service.manager",
+                              f'expected one of "systemd", "command", got {_describe(manager)}')
+        if manager == "systemd" and not s.get("unit"):
+            raise RecipeError(path, "service.unit", 'missing required key (manager = "systemd")')
+        if manager == "command" and not s.get("start"):
+            raise RecipeError(path, "service.start", 'missing required key (manager = "command")')
+        for k in ("ready_timeout_s", "stop_timeout_s"):
+            if k in s and s[k] <= 0:
+                raise RecipeError(path, f"service.{k}", f"expected a positive integer, got {s[k]}")
+        for k in ("health_url",):
+            if k in s and not s[k].startswith(("http://", "https://")):
+                raise RecipeError(path, f"service.{k}", f"expected an http(s) URL, got {_describe(s[k])}")
+        probe = None
+        if "probe" in s:
+            if not s["probe"]["url"].startswith(("http://", "https://")):
+                raise RecipeError(path, "service.probe.url",
+                                  f"expected an http(s) URL, got {_describe(s['probe']['url'])}")
+            probe = Probe(url=s["probe"]["url"], expect=s["probe"].get("expect"))
+        service = ServiceSpec(
+            manager=manager, unit=s.get("unit"), start=tuple(s.get("start", ())),
+            stop=tuple(s.get("stop", ())), health_url=s.get("health_url"),
+            ready_timeout_s=s.get("ready_timeout_s", 900), stop_timeout_s=s.get("stop_timeout_s", 180),
+            settle_s=float(s.get("settle_s", 3.0)), probe=probe)
+
+    inst = data.get("install", {})
+    for i, req in enumerate(inst.get("packages", [])):
+        try:
+            Requirement(req)
+        except InvalidRequirement as exc:
+            raise RecipeError(path, f"install.packages[{i}]", f"not a valid requirement {_describe(req)}: {exc}")
+    reinstall = inst.get("reinstall", "named")
+    if reinstall not in REINSTALL:
+        raise RecipeError(path, "install.reinstall", f'expected "all" or "named", got {_describe(reinstall)}')
+    for key in ("index_url",):
+        if key in inst and not inst[key].strip():
+            raise RecipeError(path, f"install.{key}", "expected a URL, got an empty string")
+    for i, url in enumerate(inst.get("extra_index_urls", [])):
+        if not url.strip():
+            raise RecipeError(path, f"install.extra_index_urls[{i}]", "expected a URL, got an empty string")
+    install = InstallSpec(
+        packages=tuple(inst.get("packages", ())), index_url=inst.get("index_url"),
+        extra_index_urls=tuple(inst.get("extra_index_urls", ())),
+        find_links=tuple(str(_resolve_path(base, f)) if "://" not in f else f for f in inst.get("find_links", ())),
+        prerelease=inst.get("prerelease", False), reinstall=reinstall, uv_args=tuple(inst.get("uv_args", ())))
+
+    smoke = None
+    if "smoke" in data:
+        sm = data["smoke"]
+        for k in ("timeout_s", "gpu_release_timeout_s"):
+            if k in sm and sm[k] <= 0:
+                raise RecipeError(path, f"smoke.{k}", f"expected a positive integer, got {sm[k]}")
+        if sm.get("gpus", 0) < 0:
+            raise RecipeError(path, "smoke.gpus", f"expected 0 or more, got {sm['gpus']}")
+        smoke = SmokeSpec(command=tuple(sm["command"]), timeout_s=sm.get("timeout_s", 1200),
+                          gpus=sm.get("gpus", 0), gpu_release_timeout_s=sm.get("gpu_release_timeout_s", 120))
+
+    policy = data.get("patches", {}).get("policy", "report")
+    if policy not in PATCH_POLICIES:
+        raise RecipeError(path, "patches.policy",
+                          f'expected one of "report", "reapply", "keep-old-version", got {_describe(policy)}')
+    snaps = data.get("snapshots", {})
+    keep = snaps.get("keep", 5)
+    if keep < 1:
+        raise RecipeError(path, "snapshots.keep", f"expected 1 or more, got {keep}")
+    store = _resolve_path(base, snaps["store"]) if "store" in snaps else None
+    return Recipe(
+        name=data.get("name") or path.stem, python=python, path=path, service=service,
+        install=install, smoke=smoke, patch_policy=policy,
+        cleanup_paths=tuple(_resolve_glob(base, p) for p in data.get("cleanup", {}).get("paths", ())),
+        keep=keep, store=store)
+
+
+def load_recipe(path: str | os.PathLike[str], *, check_interpreter: bool = True) -> Recipe:
+    """Read and validate a recipe file. Raises RecipeError naming the file and key."""
+    p = Path(path)
+    if not p.exists():
+        raise RecipeError(p, None, "no such recipe file")
+    if p.is_dir():
+        raise RecipeError(p, None, "is a folder, not a recipe file")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(p, None, f"TOML syntax error: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(p, None, f"not UTF-8 text: {exc}") from None
+    return parse_recipe(p, data, check_interpreter=check_interpreter)
+
+
+def load_target(recipe: str | None, python: str | None) -> Recipe:
+    """A command's target: a recipe path or `--python PATH`, exactly one of them."""
+    from rewheel.errors import UsageError
+
+    if recipe and python:
+        raise UsageError("give a recipe or --python, not both")
+    if python:
+        return Recipe.for_python(python)
+    if not recipe:
+        raise UsageError("missing target: give a recipe file or --python PATH")
+    if recipe.endswith(("/python", "/python3")) or os.path.basename(recipe).startswith("python"):
+        if not recipe.endswith(".toml") and os.path.exists(recipe) and os.access(recipe, os.X_OK):
+            return Recipe.for_python(recipe)
+    return load_recipe(recipe)

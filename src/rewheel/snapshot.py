@@ -1,0 +1,661 @@
+"""Snapshots: the store, the manifest, taking one, and restoring one byte for byte.
+
+A snapshot is `<envdir>/snapshots/<id>/` with `meta.json` (label, status, versions,
+distributions), `manifest.json` (every file, folder and symlink under the environment's
+roots with its mode, size, mtime and — where known — sha256) and `tree/` (the contents).
+
+Sharing: a file whose bytes provably equal what its wheel installed (RECORD hash known,
+size equal, not modified since the install) is hard-linked into the tree (or reflinked,
+or copied when the store is on another filesystem), and its hash is taken from RECORD, so
+an 8 GB environment is captured without reading 8 GB. Every other file — hand-patched,
+unlisted, or of unknown provenance — is copied and hashed while copying, so that editing
+it in place later cannot change the snapshot.
+
+Restore plans first (stat comparison against the manifest), then stages every file it
+must write next to its destination (verifying hashes of copied contents), and only then
+commits with `os.replace`; a damaged snapshot is refused before anything changes. The
+restore is idempotent, so a restore interrupted mid-commit is finished by running it again.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rewheel.environment import Distribution, Environment
+from rewheel.errors import RestoreError, SnapshotDamaged, SnapshotError
+from rewheel.paths import atomic_write, ensure_private_dir, env_dir, fsync_dir, state_home
+
+MANIFEST_VERSION = 1
+_FICLONE = 0x40049409
+_CHUNK = 1 << 20
+STAGING_PREFIX = ".rewheel-restore-"
+
+Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+# --------------------------------------------------------------------------------------
+# Scope: which paths of an environment a snapshot owns
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Root:
+    path: str
+    whole: bool  # True: every file below; False: only files some RECORD lists
+
+
+def scope_of(env: Environment) -> list[Root]:
+    roots = [Root(str(r), True) for r in env.roots]
+    if env.kind == "system":
+        roots.append(Root(str(env.scripts_dir), False))
+    return roots
+
+
+def _record_index(dists: list[Distribution]) -> dict[str, tuple[str | None, int | None, int]]:
+    """abs path -> (sha256 hex from RECORD, size from RECORD, install time of its dist)."""
+    index: dict[str, tuple[str | None, int | None, int]] = {}
+    for d in dists:
+        t = d.install_time_ns
+        for e in d.record:
+            index[e.path] = (e.sha256_hex, e.size, t)
+    return index
+
+
+def _walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str]) -> Iterator[tuple[int, str, os.stat_result]]:
+    """Yield (root index, relative path, lstat) for everything a scope holds, parents first."""
+    for ri, root in enumerate(roots):
+        if not root.whole:
+            base = root.path.rstrip("/") + "/"
+            for p in sorted(owned):
+                if p.startswith(base):
+                    try:
+                        yield ri, p[len(base):], os.lstat(p)
+                    except FileNotFoundError:
+                        pass
+            continue
+        stack = [""]
+        while stack:
+            rel = stack.pop()
+            full = os.path.join(root.path, rel) if rel else root.path
+            try:
+                it = os.scandir(full)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with it:
+                children = sorted(it, key=lambda e: e.name)
+            subdirs = []
+            for de in children:
+                if de.path in skip or de.name.startswith(STAGING_PREFIX):
+                    continue
+                crel = f"{rel}/{de.name}" if rel else de.name
+                st = de.stat(follow_symlinks=False)
+                yield ri, crel, st
+                if stat.S_ISDIR(st.st_mode):
+                    subdirs.append(crel)
+            stack.extend(reversed(subdirs))
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "f"
+    if stat.S_ISDIR(mode):
+        return "d"
+    if stat.S_ISLNK(mode):
+        return "l"
+    return "o"
+
+
+def _safe_rel(rel: Any) -> bool:
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\x00" in rel:
+        return False
+    parts = rel.split("/")
+    return all(p not in ("", ".", "..") for p in parts)
+
+
+# --------------------------------------------------------------------------------------
+# Metadata
+# --------------------------------------------------------------------------------------
+@dataclass
+class SnapshotMeta:
+    id: str
+    path: Path
+    label: str
+    status: str  # "manual" | "pre-upgrade" | "upgraded" | "reverted" | ...
+    created: float
+    prefix: str
+    python: str
+    kind: str
+    versions: dict[str, str]
+    distributions: list[dict[str, Any]]
+    files: int
+    bytes_total: int
+    bytes_copied: int
+    bytes_linked: int
+    link_mode: str
+    run_id: str | None = None
+    cleanup: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def created_iso(self) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.created))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "label": self.label, "status": self.status,
+                "created": self.created_iso, "versions": self.versions, "path": str(self.path),
+                "files": self.files, "bytes_total": self.bytes_total,
+                "bytes_copied": self.bytes_copied, "bytes_linked": self.bytes_linked,
+                "link_mode": self.link_mode, "run_id": self.run_id, "prefix": self.prefix,
+                "cleanup": self.cleanup, **self.extra}
+
+    def save(self) -> None:
+        doc = {k: v for k, v in self.__dict__.items() if k != "path"}
+        atomic_write(self.path / "meta.json", json.dumps(doc, indent=1, default=str))
+
+    @classmethod
+    def load(cls, path: Path) -> SnapshotMeta:
+        try:
+            doc = json.loads((path / "meta.json").read_text())
+            return cls(path=path, **doc)
+        except (OSError, ValueError, TypeError) as exc:
+            raise SnapshotDamaged(f"snapshot {path.name}: unreadable meta.json ({exc})",
+                                  hint=f"inspect or delete {path}") from None
+
+
+# --------------------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------------------
+class Store:
+    """Snapshots and runs of one environment."""
+
+    def __init__(self, prefix: Path, home: Path | None = None) -> None:
+        self.home = ensure_private_dir(home or state_home())
+        self.env_dir = env_dir(self.home, prefix)
+        self.snapshots_dir = self.env_dir / "snapshots"
+        self.snapshots_dir.mkdir(exist_ok=True, mode=0o700)
+
+    def list(self) -> list[SnapshotMeta]:
+        metas = []
+        for d in self.snapshots_dir.iterdir():
+            if d.is_dir() and not d.name.startswith(".") and (d / "meta.json").exists():
+                try:
+                    metas.append(SnapshotMeta.load(d))
+                except SnapshotDamaged:
+                    continue
+        return sorted(metas, key=lambda m: m.created, reverse=True)
+
+    def get(self, ref: str) -> SnapshotMeta:
+        if not ref or "/" in ref or ref.startswith("."):
+            raise SnapshotError(f"no snapshot {ref!r}")
+        exact = self.snapshots_dir / ref
+        if (exact / "meta.json").exists():
+            return SnapshotMeta.load(exact)
+        matches = [m for m in self.list() if m.id.startswith(ref) or m.label == ref]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise SnapshotError(f"no snapshot {ref!r} for {self.env_dir.name}",
+                                hint="`rewheel history TARGET` lists the snapshots")
+        raise SnapshotError(f"snapshot reference {ref!r} is ambiguous: "
+                            + ", ".join(m.id for m in matches))
+
+    def delete(self, snap_id: str) -> None:
+        path = self.snapshots_dir / snap_id
+        trash = self.snapshots_dir / f".deleting-{snap_id}"
+        os.rename(path, trash)  # atomic: a half-deleted snapshot is never listed
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def prune(self, keep: int, protect: set[str] = frozenset()) -> list[str]:
+        """Keep the newest `keep` snapshots; never delete a protected one. Oldest go first."""
+        removed = []
+        metas = self.list()
+        surplus = len(metas) - keep
+        for m in reversed(metas):
+            if surplus <= 0:
+                break
+            if m.id in protect:
+                continue
+            self.delete(m.id)
+            removed.append(m.id)
+            surplus -= 1
+        return removed
+
+
+# --------------------------------------------------------------------------------------
+# Taking a snapshot
+# --------------------------------------------------------------------------------------
+class _Linker:
+    """Share a file's contents with the store: hard link, else reflink, else copy."""
+
+    def __init__(self) -> None:
+        self.can_link = True
+        self.can_reflink = True
+        self.modes: set[str] = set()
+
+    def share(self, src: str, dst: str) -> str:
+        if self.can_link:
+            try:
+                os.link(src, dst)
+                self.modes.add("hardlink")
+                return "link"
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+                    raise
+                self.can_link = exc.errno == errno.EMLINK
+        if self.can_reflink:
+            try:
+                with open(src, "rb") as s, open(dst, "wb") as d:
+                    fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
+                self.modes.add("reflink")
+                return "reflink"
+            except OSError:
+                self.can_reflink = False
+                os.unlink(dst)
+        shutil.copyfile(src, dst)
+        self.modes.add("copy")
+        return "copy"
+
+
+def copy_hashed(src: str, dst: str) -> tuple[str, int]:
+    """Copy src to dst, returning (sha256 hex, size) of the bytes copied, in one pass."""
+    h = hashlib.sha256()
+    n = 0
+    with open(src, "rb") as s, open(dst, "wb") as d:
+        while True:
+            chunk = s.read(_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+            d.write(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n
+
+
+def hash_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class SnapshotResult:
+    meta: SnapshotMeta
+    seconds: float
+    files_linked: int
+    files_copied: int
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.meta
+        return {"id": m.id, "path": str(m.path), "files": m.files, "bytes_copied": m.bytes_copied,
+                "bytes_linked": m.bytes_linked, "bytes_total": m.bytes_total,
+                "link_mode": m.link_mode, "files_linked": self.files_linked,
+                "files_copied": self.files_copied, "seconds": round(self.seconds, 3),
+                "label": m.label, "status": m.status}
+
+
+def take_snapshot(env: Environment, store: Store, *, label: str = "", status: str = "manual",
+                  run_id: str | None = None, progress: Progress | None = None,
+                  dists: list[Distribution] | None = None) -> SnapshotResult:
+    """Capture the environment's files into a new snapshot in `store`."""
+    t0 = time.monotonic()
+    dists = dists if dists is not None else env.distributions()
+    records = _record_index(dists)
+    roots = scope_of(env)
+    snap_id = secrets.token_hex(4)
+    tmp = store.snapshots_dir / f".tmp-{snap_id}"
+    tree = tmp / "tree"
+    tree.mkdir(parents=True, mode=0o700)
+    linker = _Linker()
+    entries: list[list[Any]] = []
+    bytes_total = bytes_copied = bytes_linked = 0
+    n_linked = n_copied = 0
+    skip = {str(store.home)}
+    for ri in range(len(roots)):
+        (tree / str(ri)).mkdir()
+    try:
+        for i, (ri, rel, st) in enumerate(_walk(roots, records, skip)):
+            src = os.path.join(roots[ri].path, rel)
+            dst = os.path.join(tree, str(ri), rel)
+            kind = _kind(st.st_mode)
+            mode = stat.S_IMODE(st.st_mode)
+            if kind == "d":
+                os.makedirs(dst, exist_ok=True)
+                entries.append([ri, rel, "d", mode, 0, st.st_mtime_ns, None, None, None])
+            elif kind == "l":
+                entries.append([ri, rel, "l", mode, 0, 0, None, None, os.readlink(src)])
+            elif kind == "f":
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                rec = records.get(src)
+                size = st.st_size
+                bytes_total += size
+                if rec and rec[0] and rec[1] == size and st.st_mtime_ns < rec[2]:
+                    how = linker.share(src, dst)
+                    sha = rec[0]
+                    if how == "link":
+                        bytes_linked += size
+                        n_linked += 1
+                    else:
+                        bytes_copied += size if how == "copy" else 0
+                        bytes_linked += size if how == "reflink" else 0
+                        n_copied += how == "copy"
+                        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+                else:
+                    sha, size = copy_hashed(src, dst)
+                    how = "copy"
+                    bytes_copied += size
+                    n_copied += 1
+                    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+                entries.append([ri, rel, "f", mode, size, st.st_mtime_ns, sha, how, None])
+            else:
+                entries.append([ri, rel, "o", mode, 0, 0, None, None, None])
+            if progress and i % 500 == 0:
+                progress("snapshot", i, 0)
+        manifest = {"version": MANIFEST_VERSION, "roots": [r.__dict__ for r in roots],
+                    "fields": ["root", "path", "type", "mode", "size", "mtime_ns", "sha256", "stored", "target"],
+                    "entries": entries}
+        atomic_write(tmp / "manifest.json", json.dumps(manifest, separators=(",", ":")))
+        meta = SnapshotMeta(
+            id=snap_id, path=store.snapshots_dir / snap_id, label=label, status=status,
+            created=time.time(), prefix=str(env.prefix), python=str(env.python), kind=env.kind,
+            versions={d.name: d.version_text for d in dists},
+            distributions=[d.to_json() for d in dists],
+            files=sum(1 for e in entries if e[2] == "f"), bytes_total=bytes_total,
+            bytes_copied=bytes_copied, bytes_linked=bytes_linked,
+            link_mode="+".join(sorted(linker.modes)) or "none", run_id=run_id)
+        meta.path = tmp
+        meta.save()
+        os.rename(tmp, store.snapshots_dir / snap_id)
+        fsync_dir(store.snapshots_dir)
+        meta.path = store.snapshots_dir / snap_id
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return SnapshotResult(meta, time.monotonic() - t0, n_linked, n_copied)
+
+
+# --------------------------------------------------------------------------------------
+# Restoring
+# --------------------------------------------------------------------------------------
+@dataclass
+class Manifest:
+    roots: list[Root]
+    entries: list[list[Any]]
+
+    @classmethod
+    def load(cls, snap: SnapshotMeta) -> Manifest:
+        path = snap.path / "manifest.json"
+        try:
+            doc = json.loads(path.read_text())
+            roots = [Root(str(r["path"]), bool(r["whole"])) for r in doc["roots"]]
+            entries = doc["entries"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",
+                                  hint="restore another snapshot (`rewheel history`)") from None
+        seen = set()
+        for e in entries:
+            if (not isinstance(e, list) or len(e) != 9 or not isinstance(e[0], int)
+                    or not 0 <= e[0] < len(roots) or not _safe_rel(e[1])
+                    or e[2] not in ("f", "d", "l", "o") or (e[0], e[1]) in seen):
+                raise SnapshotDamaged(
+                    f"snapshot {snap.id}: manifest entry {str(e)[:200]} is invalid or escapes the prefix",
+                    hint="the snapshot was tampered with or damaged; restore another one")
+            if e[2] == "l" and not isinstance(e[8], str):
+                raise SnapshotDamaged(f"snapshot {snap.id}: symlink entry {e[1]} has no target")
+            seen.add((e[0], e[1]))
+        return cls(roots, entries)
+
+
+@dataclass
+class RestoreResult:
+    snapshot_id: str
+    written: int
+    deleted: int
+    chmodded: int
+    unchanged: int
+    verified: int
+    seconds: float
+    cleanup_restored: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"snapshot_id": self.snapshot_id, "written": self.written, "deleted": self.deleted,
+                "chmodded": self.chmodded, "unchanged": self.unchanged, "verified": self.verified,
+                "seconds": round(self.seconds, 3), "cleanup_restored": self.cleanup_restored}
+
+
+def _owned_now(roots: list[Root], env: Environment) -> set[str]:
+    if all(r.whole for r in roots):
+        return set()
+    return {e.path for d in env.distributions() for e in d.record}
+
+
+def _same_file(e: list[Any], st: os.stat_result) -> bool:
+    return (stat.S_ISREG(st.st_mode) and st.st_size == e[4] and st.st_mtime_ns == e[5])
+
+
+def check_store(snap: SnapshotMeta, man: Manifest) -> None:
+    """Every stored file must exist with the size (and, when shared, mtime) it was taken with."""
+    tree = snap.path / "tree"
+    for e in man.entries:
+        if e[2] != "f":
+            continue
+        p = os.path.join(tree, str(e[0]), e[1])
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            raise SnapshotDamaged(f"snapshot {snap.id}: stored file {e[1]} is missing ({p})",
+                                  hint="restore another snapshot (`rewheel history`)") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != e[4] or st.st_mtime_ns != e[5]:
+            raise SnapshotDamaged(
+                f"snapshot {snap.id}: stored file {e[1]} was changed after the snapshot "
+                f"(size {st.st_size} vs {e[4]}, mtime differs: {st.st_mtime_ns != e[5]})",
+                hint="the file was edited in place or the store was tampered with; restore another snapshot")
+
+
+def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress | None = None) -> RestoreResult:
+    """Make the environment's files exactly the snapshot's, then verify. Offline; no uv."""
+    t0 = time.monotonic()
+    man = Manifest.load(snap)
+    live_roots = scope_of(env)
+    if [r.path for r in man.roots] != [r.path for r in live_roots]:
+        raise SnapshotError(
+            f"snapshot {snap.id} was taken of {', '.join(r.path for r in man.roots)}, "
+            f"not of {', '.join(r.path for r in live_roots)}")
+    roots = man.roots
+    check_store(snap, man)
+    # Sockets, FIFOs and devices are not content: neither captured nor removed.
+    want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
+    owned = _owned_now(roots, env)
+    owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
+    tree = snap.path / "tree"
+
+    # Plan ------------------------------------------------------------------------------
+    live: dict[tuple[int, str], os.stat_result] = {}
+    for ri, rel, st in _walk(roots, owned, {str(Path(snap.path).parents[3])}):
+        if _kind(st.st_mode) != "o":
+            live[(ri, rel)] = st
+    writes: list[list[Any]] = []
+    chmods: list[list[Any]] = []
+    unchanged = 0
+    for key, e in want.items():
+        st = live.get(key)
+        if e[2] == "f":
+            if st is not None and _same_file(e, st):
+                if stat.S_IMODE(st.st_mode) != e[3]:
+                    chmods.append(e)
+                else:
+                    unchanged += 1
+            else:
+                writes.append(e)
+        elif e[2] == "l":
+            if st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(os.path.join(roots[e[0]].path, e[1])) == e[8]:
+                unchanged += 1
+            else:
+                writes.append(e)
+        elif e[2] == "d":
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                unchanged += 1
+            # directories are created/fixed during commit
+    extras = [k for k in live if k not in want or (want[k][2] == "d") != stat.S_ISDIR(live[k].st_mode)]
+
+    # Stage -----------------------------------------------------------------------------
+    staging: dict[int, str] = {}
+    staged: list[tuple[list[Any], str]] = []
+    try:
+        for n, e in enumerate(writes):
+            root = roots[e[0]].path
+            if e[0] not in staging:
+                os.makedirs(root, exist_ok=True)
+                staging[e[0]] = os.path.join(root, STAGING_PREFIX + secrets.token_hex(4))
+                os.mkdir(staging[e[0]], 0o700)
+            tmp = os.path.join(staging[e[0]], str(n))
+            if e[2] == "l":
+                os.symlink(e[8], tmp)
+            else:
+                src = os.path.join(tree, str(e[0]), e[1])
+                if e[7] == "link":
+                    try:
+                        os.link(src, tmp)
+                    except OSError:
+                        shutil.copyfile(src, tmp)
+                else:
+                    sha, size = copy_hashed(src, tmp)
+                    if e[6] and sha != e[6]:
+                        raise SnapshotDamaged(
+                            f"snapshot {snap.id}: stored file {e[1]} does not match its recorded sha256 "
+                            f"(expected {e[6][:12]}…, found {sha[:12]}…)",
+                            hint="the store was tampered with or damaged; restore another snapshot")
+                os.chmod(tmp, e[3])
+                os.utime(tmp, ns=(e[5], e[5]))
+            staged.append((e, tmp))
+            if progress and n % 500 == 0:
+                progress("stage", n, len(writes))
+    except BaseException:
+        for s in staging.values():
+            shutil.rmtree(s, ignore_errors=True)
+        raise
+
+    # Commit ----------------------------------------------------------------------------
+    try:
+        for key in sorted(extras, key=lambda k: k[1].count("/"), reverse=True):
+            p = os.path.join(roots[key[0]].path, key[1])
+            st = live[key]
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+        dirs = sorted((e for e in man.entries if e[2] == "d"), key=lambda e: e[1].count("/"))
+        for e in dirs:
+            p = os.path.join(roots[e[0]].path, e[1])
+            if not os.path.isdir(p) or os.path.islink(p):
+                if os.path.lexists(p):
+                    os.unlink(p)
+                os.makedirs(p, exist_ok=True)
+        for e, tmp in staged:
+            p = os.path.join(roots[e[0]].path, e[1])
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            os.replace(tmp, p)
+        for e in chmods:
+            os.chmod(os.path.join(roots[e[0]].path, e[1]), e[3])
+        for e in reversed(dirs):
+            p = os.path.join(roots[e[0]].path, e[1])
+            os.chmod(p, e[3])
+            os.utime(p, ns=(e[5], e[5]))
+    except OSError as exc:
+        raise RestoreError(f"restoring snapshot {snap.id} into {env.prefix} failed midway: {exc}",
+                           hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python {env.python} {snap.id}` again; the restore is idempotent") from exc
+    finally:
+        for s in staging.values():
+            shutil.rmtree(s, ignore_errors=True)
+    os.sync()
+
+    verified = verify(env, snap, man)
+    return RestoreResult(snap.id, len(writes), len(extras), len(chmods), unchanged, verified,
+                         time.monotonic() - t0)
+
+
+def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) -> int:
+    """Check the live environment against the manifest; raise RestoreError on any difference."""
+    man = man or Manifest.load(snap)
+    roots = man.roots
+    owned = _owned_now(roots, env)
+    owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
+    want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
+    problems: list[str] = []
+    seen = 0
+    for ri, rel, st in _walk(roots, owned, {str(Path(snap.path).parents[3])}):
+        e = want.get((ri, rel))
+        if e is None:
+            if _kind(st.st_mode) != "o":
+                problems.append(f"extra: {rel}")
+            continue
+        seen += 1
+        kind = _kind(st.st_mode)
+        if kind != e[2]:
+            problems.append(f"type differs: {rel}")
+        elif kind == "f" and not _same_file(e, st):
+            problems.append(f"content differs: {rel}")
+        elif kind in ("f", "d") and stat.S_IMODE(st.st_mode) != e[3]:
+            problems.append(f"mode differs: {rel} ({oct(stat.S_IMODE(st.st_mode))} vs {oct(e[3])})")
+        elif kind == "l" and os.readlink(os.path.join(roots[ri].path, rel)) != e[8]:
+            problems.append(f"symlink target differs: {rel}")
+    if seen != len(want):
+        problems.append(f"missing: {len(want) - seen} entries")
+    if problems:
+        raise RestoreError(
+            f"environment {env.prefix} does not match snapshot {snap.id} after restore: "
+            + "; ".join(problems[:10]) + (f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""),
+            hint=f"run `rewheel rollback --python {env.python} {snap.id} --yes` again; if it keeps failing, "
+                 "recreate the environment by hand")
+    return seen
+
+
+# --------------------------------------------------------------------------------------
+# Cleanup paths: moved into a snapshot, moved back on rollback
+# --------------------------------------------------------------------------------------
+def stash_cleanup(snap: SnapshotMeta, globs: list[str] | tuple[str, ...]) -> list[dict[str, Any]]:
+    """Move files matching the globs into the snapshot (recorded in meta before each move)."""
+    dest = snap.path / "cleanup"
+    moved: list[dict[str, Any]] = []
+    for pattern in globs:
+        for src in sorted(glob.glob(pattern)):
+            if not os.path.lexists(src):
+                continue
+            dest.mkdir(exist_ok=True, mode=0o700)
+            item = {"path": src, "stored": str(len(snap.cleanup)),
+                    "bytes": os.lstat(src).st_size}
+            snap.cleanup.append(item)
+            snap.save()
+            shutil.move(src, dest / item["stored"])
+            moved.append(item)
+    return moved
+
+
+def unstash_cleanup(snap: SnapshotMeta) -> int:
+    """Move stashed cleanup paths back where they were (idempotent)."""
+    n = 0
+    for item in snap.cleanup:
+        stored = snap.path / "cleanup" / item["stored"]
+        if stored.exists() or stored.is_symlink():
+            if not os.path.lexists(item["path"]):
+                os.makedirs(os.path.dirname(item["path"]), exist_ok=True)
+                shutil.move(str(stored), item["path"])
+                n += 1
+    return n

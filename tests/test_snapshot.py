@@ -1,0 +1,267 @@
+"""Snapshots and rollback on real uv-built virtualenvs with real wheels: byte-exact, offline."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import make_venv, tree_state, uv_install
+from rewheel import snapshot as snapmod
+from rewheel.environment import Environment
+from rewheel.errors import RestoreError, SnapshotDamaged
+from rewheel.recipe import Recipe
+from rewheel.runner import open_target, rollback, snapshot_now
+
+
+@pytest.fixture
+def venv(tmp_path: Path, wheelhouse: Path) -> Path:
+    py = make_venv(tmp_path / "env")
+    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse)
+    # A hand-made patch, as left by debugging (the story's deepseek_v2.py).
+    core = site_packages(py) / "toypkg" / "core.py"
+    core.write_text(core.read_text() + "# local patch: keep attention on rank 4 alive\n")
+    return py
+
+
+def site_packages(py: Path) -> Path:
+    return next((py.parent.parent / "lib").glob("python3*/site-packages"))
+
+
+def damage(py: Path, wheelhouse: Path) -> None:
+    """Everything an upgrade and a debugging session do to an environment."""
+    uv_install(py, "toypkg==2.0.0", "toyhelper==1.1.0", find_links=wheelhouse, extra=("--reinstall",))
+    sp = site_packages(py)
+    (sp / "toypkg" / "data" / "config.json").unlink(missing_ok=True)
+    (sp / "toypkg" / "debug_dump.pt").write_bytes(os.urandom(4096))
+    (py.parent.parent / "stray-dir" / "deep").mkdir(parents=True)
+    (py.parent.parent / "stray-dir" / "deep" / "f.txt").write_text("stray")
+    (sp / "toyhelper" / "__init__.py").chmod(0o600)
+    subprocess.run([str(py), "-c", "import toypkg, toyhelper"], check=True)  # writes __pycache__
+
+
+def block_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*a, **k):
+        raise AssertionError("restore tried to use the network")
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_snapshot_damage_rollback_is_byte_exact_offline(venv: Path, wheelhouse: Path, uv_cache: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    prefix = venv.parent.parent
+    before = tree_state(prefix)
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t, label="before").result
+    assert snap.meta.files == sum(1 for v in before.values() if v[0] == "f")
+    # The patched file was copied, not linked: editing the live file in place later
+    # must not reach the snapshot.
+    core_rel = str((site_packages(venv) / "toypkg" / "core.py").relative_to(prefix))
+    stored = snap.meta.path / "tree" / "0" / core_rel
+    assert stored.stat().st_ino != (prefix / core_rel).stat().st_ino
+    assert snap.meta.versions == {"toypkg": "1.0.0", "toyhelper": "1.0.0"}
+
+    damage(venv, wheelhouse)
+    assert tree_state(prefix) != before
+
+    # Offline, and with the uv cache gone: a restore needs neither.
+    shutil.rmtree(uv_cache)
+    uv_cache.mkdir()
+    block_network(monkeypatch)
+    res = rollback(open_target(Recipe.for_python(venv)), snap.meta.id)
+    assert res.restore.written > 0 and res.restore.deleted > 0
+    assert tree_state(prefix) == before
+    # The environment works again on the old versions.
+    out = subprocess.run([str(venv), "-c", "import toypkg, toyhelper; print(toypkg.__version__, toyhelper.HELP)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1.0.0", "1"]
+
+
+def test_pristine_files_are_shared_patched_files_copied(venv: Path) -> None:
+    t = open_target(Recipe.for_python(venv))
+    res = snapshot_now(t).result
+    prefix = venv.parent.parent
+    init_rel = str((site_packages(venv) / "toypkg" / "__init__.py").relative_to(prefix))
+    assert (res.meta.path / "tree" / "0" / init_rel).stat().st_ino == (prefix / init_rel).stat().st_ino
+    assert res.meta.link_mode == "hardlink"
+    assert res.files_linked > 0 and res.files_copied > 0
+    # Only what could not be proven pristine costs disk.
+    assert res.meta.bytes_copied < res.meta.bytes_total
+
+
+@pytest.mark.parametrize("how", ["other-filesystem", "links-fail"])
+def test_store_where_links_fail(venv: Path, wheelhouse: Path, tmp_path: Path, how: str,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    if how == "other-filesystem":
+        shm = Path("/dev/shm")
+        if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+            how = "links-fail"  # no second filesystem here: make links fail instead
+        else:
+            store_home = Path(os.environ.get("TMPDIR_SHM", "/dev/shm")) / f"rewheel-test-{os.getpid()}-{tmp_path.name}"
+            monkeypatch.setenv("REWHEEL_HOME", str(store_home))
+            request_cleanup = store_home
+    if how == "links-fail":
+        real_link = os.link
+
+        def no_link(src, dst, *a, **k):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        monkeypatch.setattr(os, "link", no_link)
+        request_cleanup = None
+    try:
+        prefix = venv.parent.parent
+        before = tree_state(prefix)
+        t = open_target(Recipe.for_python(venv))
+        res = snapshot_now(t).result
+        assert res.files_linked == 0
+        assert "hardlink" not in res.meta.link_mode
+        assert res.meta.bytes_copied + res.meta.bytes_linked == res.meta.bytes_total
+        if how == "links-fail":
+            monkeypatch.setattr(os, "link", real_link)
+        damage(venv, wheelhouse)
+        rollback(open_target(Recipe.for_python(venv)), res.meta.id)
+        assert tree_state(prefix) == before
+    finally:
+        if request_cleanup is not None:
+            shutil.rmtree(request_cleanup, ignore_errors=True)
+
+
+def test_tampered_manifest_escaping_prefix_is_refused(venv: Path, wheelhouse: Path) -> None:
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t).result.meta
+    damage(venv, wheelhouse)
+    damaged = tree_state(venv.parent.parent)
+    man_path = snap.path / "manifest.json"
+    doc = json.loads(man_path.read_text())
+    doc["entries"].append([0, "../../etc/evil", "f", 0o644, 1, 0, None, "copy", None])
+    man_path.write_text(json.dumps(doc))
+    with pytest.raises(SnapshotDamaged, match="escapes the prefix"):
+        rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert tree_state(venv.parent.parent) == damaged  # never half-applied
+
+
+@pytest.mark.parametrize("kind", ["missing", "changed-copy", "changed-shared"])
+def test_damaged_store_is_refused_before_anything_changes(venv: Path, wheelhouse: Path, kind: str) -> None:
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t).result.meta
+    man = json.loads((snap.path / "manifest.json").read_text())
+    files = [e for e in man["entries"] if e[2] == "f"]
+    if kind == "missing":
+        victim = files[len(files) // 2]
+        (snap.path / "tree" / "0" / victim[1]).unlink()
+    elif kind == "changed-copy":
+        victim = next(e for e in files if e[7] == "copy" and e[1].endswith("core.py"))
+        p = snap.path / "tree" / "0" / victim[1]
+        data = bytearray(p.read_bytes())
+        data[0] ^= 0xFF
+        st = p.stat()
+        p.write_bytes(bytes(data))
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # a careful tamperer keeps the mtime
+    else:
+        victim = next(e for e in files if e[7] == "link")
+        with open(snap.path / "tree" / "0" / victim[1], "ab") as f:  # in-place edit: shared inode
+            f.write(b"# edited in place\n")
+    damage(venv, wheelhouse)
+    damaged = tree_state(venv.parent.parent)
+    with pytest.raises(SnapshotDamaged) as err:
+        rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert err.value.exit_code == 3
+    assert tree_state(venv.parent.parent) == damaged
+
+
+def test_restore_is_idempotent_and_noop_when_unchanged(venv: Path) -> None:
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t).result.meta
+    res = rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert res.restore.written == 0 and res.restore.deleted == 0
+    assert res.restore.verified > 0
+
+
+def test_verify_catches_a_difference(venv: Path) -> None:
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t).result.meta
+    core = site_packages(venv) / "toypkg" / "core.py"
+    core.write_text("changed after the snapshot\n")
+    with pytest.raises(RestoreError, match="content differs"):
+        snapmod.verify(Environment.inspect(venv), snap)
+
+
+def test_symlinks_modes_and_empty_dirs(venv: Path, wheelhouse: Path) -> None:
+    prefix = venv.parent.parent
+    (prefix / "share" / "empty").mkdir(parents=True)
+    os.symlink("../lib", prefix / "share" / "lib-link")
+    tool = prefix / "bin" / "tool.sh"
+    tool.write_text("#!/bin/sh\necho hi\n")
+    tool.chmod(0o750)
+    before = tree_state(prefix)
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    (prefix / "share" / "empty").rmdir()
+    (prefix / "share" / "lib-link").unlink()
+    (prefix / "share" / "lib-link").write_text("now a file")
+    tool.chmod(0o644)
+    rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert tree_state(prefix) == before
+    assert stat.S_IMODE(tool.stat().st_mode) == 0o750
+
+
+def test_retention_keeps_newest_and_protects_pre_upgrade(venv: Path, tmp_path: Path) -> None:
+    recipe_path = tmp_path / "r.toml"
+    recipe_path.write_text(f'[environment]\npython = "{venv}"\n[snapshots]\nkeep = 2\n')
+    from rewheel.recipe import load_recipe
+
+    t = open_target(load_recipe(recipe_path))
+    first = snapshot_now(t).result.meta
+    # Mark the first as the pre-upgrade snapshot a pending rollback would need.
+    first.status = "pre-upgrade"
+    first.save()
+    ids = [snapshot_now(t).result.meta.id for _ in range(3)]
+    left = [m.id for m in t.store.list()]
+    assert first.id in left
+    assert ids[-1] in left
+    assert len(left) == 2
+
+
+def test_state_home_is_private(venv: Path, rewheel_home: Path) -> None:
+    snapshot_now(open_target(Recipe.for_python(venv)))
+    assert stat.S_IMODE(rewheel_home.stat().st_mode) == 0o700
+
+
+def test_cli_snapshot_history_rollback(venv: Path, wheelhouse: Path) -> None:
+    rw = [sys.executable, "-m", "rewheel"]
+    prefix = venv.parent.parent
+    before = tree_state(prefix)
+    snap = json.loads(subprocess.run(rw + ["snapshot", "--python", str(venv), "--label", "good", "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert snap["files"] > 0 and snap["id"]
+    hist = json.loads(subprocess.run(rw + ["history", "--python", str(venv), "--json"],
+                                     capture_output=True, text=True, check=True).stdout)
+    assert hist["snapshots"][0]["id"] == snap["id"]
+    assert hist["snapshots"][0]["versions"]["toypkg"] == "1.0.0"
+    assert hist["snapshots"][0]["label"] == "good"
+    damage(venv, wheelhouse)
+    # Without a terminal and without --yes: exit 2, nothing changed.
+    damaged = tree_state(prefix)
+    cp = subprocess.run(rw + ["rollback", "--python", str(venv)], capture_output=True, text=True,
+                        stdin=subprocess.DEVNULL)
+    assert cp.returncode == 2, cp.stderr
+    assert "--yes" in cp.stderr
+    assert tree_state(prefix) == damaged
+    cp = subprocess.run(rw + ["rollback", "--python", str(venv), snap["id"], "--yes", "--json"],
+                        capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["snapshot_id"] == snap["id"]
+    assert tree_state(prefix) == before
+
+
+def test_cli_unknown_snapshot_is_a_usage_error(venv: Path) -> None:
+    cp = subprocess.run([sys.executable, "-m", "rewheel", "rollback", "--python", str(venv), "nope", "--yes"],
+                        capture_output=True, text=True)
+    assert cp.returncode == 2
+    assert "no snapshot 'nope'" in cp.stderr
