@@ -103,3 +103,7 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_wheel(d, "toyhelper", "1.0.0", {"toyhelper/__init__.py": "HELP = 1\n"})
     build_wheel(d, "toyhelper", "1.1.0", {"toyhelper/__init__.py": "HELP = 2\n"})
     return d
+
+
+# Stand-in systemctl / journalctl / nvidia-smi on PATH (see tests/support_standins.py).
+from support_standins import fake_host  # noqa: E402,F401

@@ -168,3 +168,170 @@ def rollback(target: TargetArg = None,
         emit_json(result.to_json())
     else:
         report.render_rollback(out, result)
+
+
+@app.command()
+@handles_errors
+def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The recipe to run.")],
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Preflight and show the plan; change nothing.")] = False,
+        lock: Annotated[str | None, typer.Option("--lock", help="Install exactly this pylock.toml instead of the newest.")] = None,
+        no_revert: Annotated[bool, typer.Option("--no-revert", help="On failure leave the failed state for debugging.")] = False,
+        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
+        yes: YesOpt = False, json_out: JsonOpt = False) -> None:
+    """The whole cycle: stop, snapshot, reinstall, diff, smoke, start, keep — or revert."""
+    from rewheel import recipe as recipemod
+    from rewheel import runner
+
+    if lock is not None and not __import__("os").path.exists(lock):
+        from rewheel.errors import UsageError
+
+        raise UsageError(f"--lock {lock}: no such file")
+    t = runner.open_target(recipemod.load_recipe(recipe_path))
+    out, err = consoles(json_out)
+
+    def say(msg: str) -> None:
+        err.print(msg, highlight=False, markup=False)
+
+    def on_output(line: str) -> None:
+        if not quiet:
+            err.print("  │ " + line, style="dim", highlight=False, markup=False)
+
+    def ask(rep) -> None:
+        report.render_plan(err, rep)
+        confirm(f"Upgrade {t.env.prefix} as planned (the service is stopped during the upgrade)?", yes)
+
+    result = runner.run(t, dry_run=dry_run, lock=lock, no_revert=no_revert, say=say,
+                        on_output=on_output, confirm=ask)
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        if dry_run:
+            report.render_plan(out, result)
+        report.render_run(out, result)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+@handles_errors
+def resume(target: TargetArg = None, python: PythonOpt = None, yes: YesOpt = False,
+           json_out: JsonOpt = False) -> None:
+    """Finish or undo a run that was interrupted."""
+    from rewheel import journal, runner
+
+    t = _target(target, python)
+    out, err = consoles(json_out)
+    j = journal.interrupted_run(t.store.env_dir)
+    if j is not None:
+        confirm(f"Resume interrupted {j.kind} {j.id} on {t.env.prefix} (last step: {j.last_step})?", yes)
+    result = runner.resume(t, say=lambda m: err.print(m, highlight=False, markup=False))
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        report.render_resume(out, result)
+
+
+@app.command()
+@handles_errors
+def smoke(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE")], json_out: JsonOpt = False) -> None:
+    """Run only the smoke test and the health check against the live environment."""
+    from rewheel import recipe as recipemod
+    from rewheel import runner
+
+    t = runner.open_target(recipemod.load_recipe(recipe_path))
+    out, err = consoles(json_out)
+    result = runner.smoke_only(t, on_output=lambda line: err.print("  │ " + line, style="dim", markup=False,
+                                                                    highlight=False),
+                               say=lambda m: err.print(m, markup=False, highlight=False))
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        report.render_smoke(out, result)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command()
+@handles_errors
+def why(
+    logfile: Annotated[str | None, typer.Argument(metavar="LOGFILE", show_default=False,
+                                                  help="A log file; '-' or nothing (without --unit) reads stdin.")] = None,
+    unit: Annotated[str | None, typer.Option("--unit", "-u", help="Read this systemd unit's journal.")] = None,
+    since: Annotated[str | None, typer.Option("--since", "-S",
+                                              help="With --unit: journal entries since TIME (journalctl syntax).")] = None,
+    package: Annotated[str | None, typer.Option("--package", "-p",
+                                                help="Import name of the upgraded package (e.g. vllm): its deepest frame is reported.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The root cause of a crash in a log: exception, rank, deepest frame, repetitions."""
+    from rewheel import diagnose
+    from rewheel.errors import UsageError
+
+    if unit and logfile not in (None, "-"):
+        raise UsageError("give either LOGFILE or --unit, not both")
+    if since and not unit:
+        raise UsageError("--since needs --unit (it selects journal entries)")
+    if unit:
+        result = diagnose.analyse_journal(unit, since, package=package)
+    elif logfile in (None, "-"):
+        if logfile is None and sys.stdin.isatty():
+            raise UsageError("no log given", hint="rewheel why LOGFILE | rewheel why --unit UNIT | ... | rewheel why -")
+        result = diagnose.analyse_stream(package=package)
+    else:
+        result = diagnose.analyse_file(logfile, package=package)
+    out, _err = consoles(json_out)
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        report.render_why(out, result)
+
+
+@app.command()
+@handles_errors
+def diff(target: TargetArg = None,
+         a: Annotated[str | None, typer.Argument(metavar="[A]", help="Older snapshot (default: the newest).", show_default=False)] = None,
+         b: Annotated[str | None, typer.Argument(metavar="[B]", help="Newer snapshot (default: the live environment).", show_default=False)] = None,
+         python: PythonOpt = None,
+         stat_only: Annotated[bool, typer.Option("--stat", help="Only the changed files with their +/- line counts.")] = False,
+         package: Annotated[str | None, typer.Option("--package", help="Only this distribution's files, with unified diffs.")] = None,
+         path_glob: Annotated[str | None, typer.Option("--path", help="Only files matching this glob (relative to site-packages), with unified diffs.")] = None,
+         show_patch: Annotated[bool, typer.Option("--patch", "-p", help="Unified diffs of every changed text file.")] = False,
+         json_out: JsonOpt = False) -> None:
+    """Versions and source files between two snapshots, or a snapshot and the live environment."""
+    from rewheel import diff as diffmod
+    from rewheel.errors import UsageError
+
+    if python:
+        given = [x for x in (target, a, b) if x is not None]
+        if len(given) > 2:
+            raise UsageError("with --python give at most two snapshots: [A] [B]")
+        target, a, b = None, *(given + [None, None])[:2]
+    t = _target(target, python)
+    out, err = consoles(json_out)
+    with_diffs = not stat_only and (show_patch or bool(package) or bool(path_glob))
+    cb, status = _progress(err)
+    with status:
+        result = diffmod.diff_target(t.env, t.store, a, b, package=package, path_glob=path_glob,
+                                     with_diffs=with_diffs, progress=cb)
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        report.render_diff(out, result, stat_only=stat_only)
+
+
+@app.command()
+@handles_errors
+def patches(target: TargetArg = None, python: PythonOpt = None,
+            package: Annotated[list[str] | None, typer.Option("--package", help="Only these distributions (repeatable).")] = None,
+            offline: Annotated[bool, typer.Option("--offline", help="Do not fetch wheels from the index for pristine copies.")] = False,
+            thorough: Annotated[bool, typer.Option("--thorough", help="Hash every file instead of trusting size and install time.")] = False,
+            json_out: JsonOpt = False) -> None:
+    """Installed files that differ from what their wheel installed, with unified diffs."""
+    from rewheel import patches as patchmod
+
+    t = _target(target, python)
+    out, err = consoles(json_out)
+    with err.status("scanning installed files…"):
+        result = patchmod.scan_target(t, dists=package or None, offline=offline, thorough=thorough)
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        report.render_patches(out, result)

@@ -115,7 +115,8 @@ class Distribution:
         return {"name": self.name, "version": self.version_text, "installer": self.installer,
                 "requested": self.requested, "wheel": self.wheel_name,
                 "url": (self.direct_url or {}).get("url"), "sha256": sha,
-                "editable": bool((self.direct_url or {}).get("dir_info", {}).get("editable"))}
+                "editable": bool((self.direct_url or {}).get("dir_info", {}).get("editable")),
+                "project_urls": self.project_urls}
 
 
 def _compress_tags(tags: list[str]) -> str:

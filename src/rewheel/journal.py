@@ -102,6 +102,7 @@ class RunJournal:
         finally:
             os.close(fd)
         self.records.append(rec)
+        _maybe_fault(event, data)
         return rec
 
     # Derived state -------------------------------------------------------------------
@@ -144,6 +145,20 @@ class RunJournal:
                 "started": start.get("time"), "finished": fin.get("time"),
                 "snapshot_id": self.snapshot_id, "last_step": self.last_step,
                 "recipe": start.get("recipe"), "before": fin.get("before"), "after": fin.get("after")}
+
+
+def _maybe_fault(event: str, data: dict[str, Any]) -> None:
+    """Testing hook for crash safety: `REWHEEL_FAULT_AT=step:reinstall` (or `snapshot`,
+    `finished`, ...) makes this process kill itself with SIGKILL right after that record
+    is durable — exactly what a power cut or an OOM kill at that boundary does."""
+    want = os.environ.get("REWHEEL_FAULT_AT")
+    if not want:
+        return
+    key = f"{event}:{data.get('name')}" if event == "step" else event
+    if want == key:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def list_runs(env_dir: Path) -> list[RunJournal]:

@@ -106,20 +106,16 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
         svc = recipe.service
 
         def service_tools() -> str:
-            from rewheel import proc
-            from rewheel.errors import PreflightError
+            from rewheel import service
+            from rewheel.paths import env_dir
 
-            if svc.manager == "systemd":
-                missing = [t for t in ("systemctl", "journalctl") if not proc.which(t)]
-                if missing:
-                    raise PreflightError(f"service.manager = \"systemd\" but {', '.join(missing)} not on PATH")
-                return f"systemd unit {svc.unit}"
-            argv = recipe.expand(svc.start)
-            if os.sep not in argv[0] and not proc.which(argv[0]):
-                raise PreflightError(f"service.start: {argv[0]!r} not found on PATH")
-            if os.sep in argv[0] and not os.path.exists(argv[0]):
-                raise PreflightError(f"service.start: {argv[0]} does not exist")
-            return "command manager: " + " ".join(argv)
+            home = recipe.store or state_home()
+            env = env_box.get("env")
+            state = env_dir(home, env.prefix) if env is not None else Path(home)
+            mgr = service.make_manager(svc, state, python=recipe.python)
+            mgr.check()
+            st = mgr.status()
+            return f"{mgr.describe()}: {st.state}" + (f" (pid {st.main_pid})" if st.main_pid else "")
 
         _run_check(result, "service", service_tools)
 

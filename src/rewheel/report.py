@@ -86,3 +86,286 @@ def render_check(console: Console, result) -> None:  # preflight.CheckResult
         console.print(f"{mark} {c.name}: {escape(c.detail)}")
     console.print("[bold green]recipe is ready[/]" if result.ok
                   else f"[bold red]{len(result.failures)} check(s) failed[/]")
+
+
+def render_plan(console: Console, rep) -> None:  # runner.RunReport
+    plan = rep.plan or {}
+    changes = plan.get("changes") or []
+    console.print(f"[bold]plan[/] for {escape(rep.recipe)}: {len(changes)} change(s)")
+    for c in changes[:40]:
+        old, new = c.get("old"), c.get("new")
+        arrow = f"{old} → {new}" if old and new else (f"+ {new}" if new else f"- {old}")
+        console.print(f"  {escape(str(c.get('name')))}: {escape(arrow)}")
+    if len(changes) > 40:
+        console.print(f"  … and {len(changes) - 40} more")
+
+
+def render_root_cause(console: Console, rc: dict | None) -> None:
+    if not rc:
+        console.print("  root cause: none found in the logs")
+        return
+    kind = "" if rc.get("kind") in (None, "traceback") else f" ({rc.get('kind')})"
+    console.print(f"  [bold red]root cause{kind}:[/] {escape(str(rc.get('type')))}: {escape(str(rc.get('message')))}")
+    if rc.get("rank"):
+        console.print(f"    in process {escape(str(rc['rank']))}" +
+                      (f" ({rc['count']} occurrences)" if rc.get("count", 1) > 1 else ""))
+    fr = rc.get("frame") or {}
+    if fr.get("file"):
+        console.print(f"    at {escape(str(fr.get('file')))}:{fr.get('line')} in {escape(str(fr.get('function')))}")
+        if fr.get("source"):
+            console.print(f"      {escape(str(fr['source']).strip())}")
+    if rc.get("log_line"):
+        console.print(f"    log line {rc['log_line']}")
+    for sec in (rc.get("secondary") or [])[:5]:
+        text = sec if isinstance(sec, str) else f"{sec.get('type')}: {sec.get('message')}"
+        console.print(f"    [dim]secondary: {escape(str(text))[:200]}[/]")
+
+
+def render_changes(console: Console, changes: list[dict]) -> None:
+    from rich.table import Table
+
+    if not changes:
+        console.print("  no version changes")
+        return
+    t = Table(show_edge=False, pad_edge=False)
+    for col in ("package", "old", "new", "change", "builds", "compare"):
+        t.add_column(col)
+    for c in changes[:60]:
+        dist = c.get("dev_distance")
+        t.add_row(escape(str(c.get("name"))), escape(str(c.get("old") or "")), escape(str(c.get("new") or "")),
+                  str(c.get("change")), "" if dist is None else f"{dist:+d}" if isinstance(dist, int) else str(dist),
+                  escape(str(c.get("compare_url") or "")))
+    console.print(t)
+    if len(changes) > 60:
+        console.print(f"  … and {len(changes) - 60} more")
+
+
+def render_run(console: Console, rep) -> None:  # runner.RunReport
+    colour = {"upgraded": "bold green", "reverted": "bold yellow", "planned": "bold cyan"}.get(rep.status, "bold red")
+    if rep.status == "planned":
+        console.print(f"[{colour}]dry run: nothing was changed[/]")
+        return
+    console.print(f"[bold]run {rep.run_id}[/] of {escape(rep.recipe)}")
+    if rep.snapshot:
+        s = rep.snapshot
+        console.print(f"  snapshot {s['id']}: {s['files']:,} files, {s.get('files_linked', 0):,} shared by "
+                      f"{s.get('link_mode')}, {human_bytes(s.get('bytes_copied', 0))} copied")
+    if rep.cleanup:
+        console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
+                      f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
+    console.print("[bold]what changed[/]")
+    render_changes(console, rep.changes)
+    if rep.files and "error" not in rep.files:
+        f = rep.files
+        console.print(f"  source files: {f.get('changed', 0)} changed, {f.get('added', 0)} added, "
+                      f"{f.get('removed', 0)} removed")
+    if rep.patches:
+        console.print(f"[bold]local patches[/] ({len(rep.patches)}) — the reinstall replaced these files; "
+                      f"saved as .patch files in {escape(str(rep.run_dir))}")
+        for p in rep.patches[:20]:
+            console.print(f"  {escape(str(p.get('path')))} ({escape(str(p.get('distribution')))}, {p.get('kind', 'modified')})")
+    for r in rep.reapply:
+        console.print(f"  reapply {escape(str(r.get('path')))}: {r.get('status')}")
+    if rep.hazards:
+        console.print(f"  [yellow]patched files shared inodes with uv's cache: {', '.join(rep.hazards)}[/]")
+    if rep.failure:
+        console.print(f"[bold red]failed at {rep.failure.get('step')}:[/] {escape(str(rep.failure.get('message')))}")
+        render_root_cause(console, rep.root_cause)
+    if rep.revert:
+        rv = rep.revert
+        r = rv.get("restore") or {}
+        if r:
+            console.print(f"[bold]reverted[/]: snapshot {rep.snapshot_id} restored — {r.get('written', 0):,} files "
+                          f"written, {r.get('deleted', 0):,} removed, {r.get('verified', 0):,} verified")
+        if rv.get("service"):
+            console.print(f"  service healthy again: {escape(str(rv['service'].get('detail')))}")
+        if rv.get("error"):
+            console.print(f"[bold red]revert failed:[/] {escape(str(rv['error']))}")
+    steps = "  ".join(f"{s['name']} {'ok' if s['ok'] else 'FAILED'} {s['seconds']:.1f}s" for s in rep.steps)
+    console.print(f"  steps: {steps}")
+    verdict = {"upgraded": "upgraded and verified",
+               "reverted": "upgrade failed; the environment was restored and the old service verified",
+               "failed": "FAILED: the environment is not in its verified state — see above"}[rep.status]
+    console.print(f"[{colour}]{verdict}[/]")
+
+
+def render_resume(console: Console, res) -> None:  # runner.ResumeResult
+    console.print(f"[bold]{res.status}[/]: {escape(res.action)}" + (f" (run {res.run_id})" if res.run_id else ""))
+    if res.report and res.report.revert:
+        render_run(console, res.report)
+
+
+def render_smoke(console: Console, rep) -> None:  # runner.SmokeReport
+    if rep.smoke is not None:
+        s = rep.smoke
+        state = "passed" if s.get("ok") else ("timed out" if s.get("timed_out") else f"failed (exit {s.get('returncode')})")
+        console.print(f"smoke test {state} in {s.get('seconds', 0):.1f}s — log {escape(str(s.get('log_path')))}")
+        if not s.get("ok"):
+            render_root_cause(console, rep.root_cause)
+    if rep.health is not None:
+        console.print(f"health: {'ok' if rep.health.get('ok') else 'FAILED'} — {escape(str(rep.health.get('detail')))}")
+    if rep.error:
+        console.print(f"[bold red]{escape(rep.error)}[/]")
+    console.print("[bold green]ok[/]" if rep.ok else "[bold red]verification failed[/]")
+
+
+def render_why(console: Console, diag) -> None:  # diagnose.Diagnosis
+    """`rewheel why`: the root exception, where it happened, how often, what it caused."""
+    from rewheel.diagnose import short_path
+
+    rc = diag.root
+    if rc is None:
+        where = f" in {diag.source}" if diag.source else ""
+        lines = f" ({diag.lines} lines read)" if diag.lines is not None else ""
+        console.print(f"[bold green]no error found[/]{escape(where)}{lines}: no traceback and no error line.")
+        return
+    if rc.kind == "error-line":
+        console.print("[bold red]root cause[/] [dim](no traceback; the strongest error line)[/]")
+        console.print(f"  [bold]{escape(str(rc.type))}[/]: {escape(rc.message)}")
+    else:
+        console.print("[bold red]root cause[/]")
+        msg = rc.message.split("\n")
+        console.print(f"  [bold]{escape(rc.type or 'unknown exception')}[/]: {escape(msg[0])}")
+        for extra in msg[1:]:
+            console.print(f"    {escape(extra)}")
+    if rc.rank:
+        console.print(f"  process: [bold]{escape(rc.rank)}[/]")
+    if rc.frame:
+        fr = rc.frame
+        console.print(f"  at: [cyan]{escape(short_path(fr.file))}:{fr.line}[/]"
+                      + (f" in {escape(fr.function)}" if fr.function else ""))
+        if fr.source:
+            console.print(f"      {escape(fr.source)}")
+        console.print(f"  [dim]{escape(fr.file)}[/]")
+    if rc.log_line:
+        console.print(f"  starts at log line {rc.log_line}")
+    seen = f"seen in {rc.count} process{'es' if rc.count != 1 else ''}"
+    if rc.restarts > 1:
+        seen += f" across {rc.restarts} restarts"
+    console.print(f"  {seen}")
+    if rc.secondary:
+        console.print("[bold]secondary errors[/] [dim](consequences, not the cause)[/]")
+        for s in rc.secondary:
+            where = f" — {s.rank}" if s.rank else ""
+            at = f", line {s.log_line}" if s.log_line else ""
+            times = f" ×{s.count}" if s.count > 1 else ""
+            head = f"{s.type}: " if s.type else ""
+            first = s.message.split("\n", 1)[0]
+            if len(first) > 160:
+                first = first[:159] + "…"
+            console.print(f"  [dim]{s.relation}:[/] {escape(head + first)}{escape(where)}{at}{times}")
+
+
+# ---- diff and patches (rewheel.diff, rewheel.patches) ----
+_CHANGE_STYLE = {"upgraded": "green", "downgraded": "yellow", "added": "cyan", "removed": "red",
+                 "reinstalled": "magenta", "changed": "yellow", "mode": "dim"}
+_FILE_MARK = {"added": "A", "removed": "D", "changed": "M", "mode": "m"}
+
+
+def _counts(added: int | None, removed: int | None, binary: bool) -> str:
+    if binary:
+        return "[dim]binary[/]"
+    if added is None and removed is None:
+        return ""
+    return f"[green]+{added or 0}[/] [red]-{removed or 0}[/]"
+
+
+def render_package_changes(console: Console, packages: list, unchanged: int = 0) -> None:
+    """The package table of a diff or a run report (diff.PackageChange items)."""
+    from rich.table import Table
+
+    if not packages:
+        console.print(f"no package versions changed ({unchanged} unchanged)")
+        return
+    t = Table(title="packages", title_justify="left")
+    for col in ("package", "old", "new", "change", "builds", "commits", "variant"):
+        t.add_column(col)
+    links = []
+    for p in packages:
+        style = _CHANGE_STYLE.get(p.change, "")
+        dist = "" if p.dev_distance is None else f"{p.dev_distance:+d}"
+        shas = (f"{p.old_sha or '?'}…{p.new_sha or '?'}"
+                if (p.old_sha or p.new_sha) and p.old_sha != p.new_sha else (p.new_sha or ""))
+        t.add_row(escape(p.name), escape(p.old or "-"), escape(p.new or "-"),
+                  f"[{style}]{p.change}[/]" if style else p.change, dist, shas,
+                  escape(p.variant or ""))
+        if p.compare_url:
+            links.append(f"  {escape(p.name)}: {escape(p.compare_url)}")
+    console.print(t)
+    if unchanged:
+        console.print(f"{unchanged} package(s) unchanged")
+    if links:
+        console.print("compare:")
+        for line in links:
+            console.print(line, soft_wrap=True)
+
+
+def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  # diff.DiffResult
+    from rich.syntax import Syntax
+
+    console.print(f"[bold]diff {escape(result.old)} → {escape(result.new)}[/]")
+    render_package_changes(console, result.packages, result.unchanged_packages)
+    filt = ", ".join(f"{k} {v}" for k, v in result.filters.items() if v)
+    if not result.files:
+        console.print("no installed files changed" + (f" ({escape(filt)})" if filt else ""))
+        return
+    console.print(f"[bold]files[/] ({len(result.files)} changed" + (f"; {escape(filt)}" if filt else "") + ")")
+    added = removed = 0
+    for f in result.files:
+        added += f.added_lines or 0
+        removed += f.removed_lines or 0
+        dist = f"  [dim]{escape(f.distribution)}[/]" if f.distribution else ""
+        note = f"  [dim]{escape(f.note)}[/]" if f.note else ""
+        console.print(f" {_FILE_MARK.get(f.change, '?')} {escape(f.path)}  "
+                      f"{_counts(f.added_lines, f.removed_lines, f.binary)}{dist}{note}", soft_wrap=True)
+    console.print(f" {len(result.files)} file(s), [green]+{added}[/] [red]-{removed}[/]")
+    if stat_only:
+        return
+    for f in result.files:
+        if f.diff:
+            console.print(Syntax(f.diff, "diff", theme="ansi_dark", word_wrap=True))
+    h = result.stats
+    if h.get("hashed_files"):
+        console.print(f"[dim]{h['hashed_files']} file(s) hashed ({human_bytes(h['hashed_bytes'])}); "
+                      f"the rest known from the manifest and RECORDs[/]")
+
+
+def render_patches(console: Console, scan) -> None:  # patches.PatchScan
+    from rich.syntax import Syntax
+    from rich.table import Table
+
+    st = scan.stats
+    if not scan.patches:
+        console.print(f"[bold green]no local patches[/] in {escape(scan.prefix)} "
+                      f"({st.get('files_checked', 0):,} files of {st.get('distributions', 0)} "
+                      f"distributions checked, {st.get('files_hashed', 0)} hashed)")
+    else:
+        t = Table(title=f"local patches in {scan.prefix}", title_justify="left")
+        for col in ("kind", "file", "distribution", "lines", "pristine from"):
+            t.add_column(col)
+        for p in scan.patches:
+            kind = "[yellow]modified[/]" if p.kind == "modified" else "[cyan]unlisted[/]"
+            if p.shares_uv_cache_inode:
+                kind += " [bold red]![/]"
+            t.add_row(kind, escape(p.path), f"{escape(p.distribution)} {escape(p.version)}",
+                      _counts(p.added_lines, p.removed_lines, p.binary),
+                      escape(p.pristine_source or ("-" if p.kind == "unlisted" else "none")))
+        console.print(t)
+        for p in scan.patches:
+            console.print(f"[bold]{escape(p.path)}[/] ({p.kind}, {escape(p.distribution)} {escape(p.version)})")
+            if p.diff:
+                console.print(Syntax(p.diff, "diff", theme="ansi_dark", word_wrap=True))
+            elif p.pristine_note:
+                console.print(f"  [yellow]{escape(p.pristine_note)}[/]")
+    hazard = sorted({p.distribution for p in scan.patches if p.shares_uv_cache_inode})
+    if hazard:
+        console.print(f"[bold red]warning:[/] patched in place into files uv hard-linked from its cache "
+                      f"({escape(', '.join(hazard))}): uv's cached copies carry the patch too, and a "
+                      f"reinstall would link the patched bytes back. `rewheel run` cleans these from "
+                      f"uv's cache first; by hand: `uv cache clean {' '.join(hazard)}`")
+    if scan.missing:
+        console.print(f"[yellow]{len(scan.missing)} file(s) listed in a RECORD are missing:[/] "
+                      + escape(", ".join(m["path"] for m in scan.missing[:10]))
+                      + (" …" if len(scan.missing) > 10 else ""))
+    for s in scan.skipped:
+        console.print(f"[dim]not checked: {escape(s['distribution'])} ({escape(s['reason'])})[/]")

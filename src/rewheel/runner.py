@@ -7,9 +7,11 @@ dataclasses; rendering and exit codes belong to the CLI.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rewheel import journal
@@ -153,6 +155,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         svc = service_ops(t, j, steps, say) if service_ops else None
         if svc:
             svc.stop()
+            j.append("note", service_was_active=True)
         j.append("step", name="restore", snapshot_id=snap.id)
         say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
         t0 = time.monotonic()
@@ -169,10 +172,556 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
                               interrupted.id if interrupted else None, steps)
 
 
-def service_ops_for(t: Target) -> Callable[..., Any] | None:
+class ServiceSteps:
+    """The service around a restore or an upgrade: stop (and wait for GPUs), start and verify."""
+
+    def __init__(self, t: Target, j: RunJournal, steps: list[dict[str, Any]], say: Say,
+                 client: Any = None) -> None:
+        from rewheel import service
+
+        self.t = t
+        self.j = j
+        self.steps = steps
+        self.say = say
+        self.client = client
+        self.spec = t.recipe.service
+        assert self.spec is not None
+        self.manager = service.make_manager(self.spec, t.store.env_dir, python=t.recipe.python)
+        self.started_at: float | None = None
+
+    def was_active(self) -> bool:
+        return self.manager.status().active
+
+    def stop(self) -> None:
+        t0 = time.monotonic()
+        self.j.append("step", name="stop", service=self.manager.describe())
+        self.say(f"stopping {self.manager.describe()}")
+        self.manager.stop(float(self.spec.stop_timeout_s))
+        smoke = self.t.recipe.smoke
+        if smoke is not None and smoke.gpus > 0:
+            from rewheel import gpu
+
+            self.say("waiting for GPU memory to be released")
+            gpu.wait_gpus_released(float(smoke.gpu_release_timeout_s))
+        self.steps.append({"name": "stop", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+
+    def start_and_verify(self) -> dict[str, Any]:
+        from rewheel import service
+
+        t0 = time.monotonic()
+        self.j.append("step", name="start", service=self.manager.describe())
+        self.say(f"starting {self.manager.describe()}")
+        self.started_at = time.time()
+        self.manager.start()
+        try:
+            health = service.wait_ready(self.manager, self.spec, client=self.client,
+                                        started_at=self.started_at, on_progress=self.say)
+        except service.HealthCheckFailed:
+            self.steps.append({"name": "start", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
+            raise
+        self.steps.append({"name": "start", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        self.j.append("healthy", detail=health.detail)
+        return health.to_json()
+
+    def log_lines(self) -> Any:
+        return self.manager.log_lines(self.started_at or time.time())
+
+
+def service_ops_for(t: Target, client: Any = None) -> Callable[..., Any] | None:
     """The stop/start/verify steps around a restore, when the recipe names a service."""
     if t.recipe.service is None:
         return None
-    from rewheel.servicesteps import ServiceSteps
+    return lambda target, j, steps, say: ServiceSteps(target, j, steps, say, client)
 
-    return lambda target, j, steps, say: ServiceSteps(target, j, steps, say)
+
+# --------------------------------------------------------------------------------------
+# run: the whole cycle
+# --------------------------------------------------------------------------------------
+STEP_NAMES = ("preflight", "stop", "snapshot", "reinstall", "diff", "smoke", "start", "keep")
+
+
+@dataclass
+class RunReport:
+    status: str  # "upgraded" | "reverted" | "failed" | "planned"
+    recipe: str
+    run_id: str | None = None
+    snapshot_id: str | None = None
+    before: dict[str, str] = field(default_factory=dict)
+    after: dict[str, str] = field(default_factory=dict)
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    files: dict[str, Any] = field(default_factory=dict)
+    patches: list[dict[str, Any]] = field(default_factory=list)
+    patch_files: list[str] = field(default_factory=list)
+    reapply: list[dict[str, Any]] = field(default_factory=list)
+    hazards: list[str] = field(default_factory=list)
+    root_cause: dict[str, Any] | None = None
+    failure: dict[str, Any] | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    plan: dict[str, Any] | None = None
+    preflight: list[dict[str, Any]] = field(default_factory=list)
+    snapshot: dict[str, Any] | None = None
+    cleanup: list[dict[str, Any]] = field(default_factory=list)
+    revert: dict[str, Any] | None = None
+    service: dict[str, Any] | None = None
+    logs: dict[str, str] = field(default_factory=dict)
+    run_dir: str | None = None
+    diagnosis: dict[str, Any] | None = None
+
+    @property
+    def exit_code(self) -> int:
+        from rewheel.errors import EXIT_OK, EXIT_REVERTED, EXIT_UNRESTORED
+
+        return {"upgraded": EXIT_OK, "planned": EXIT_OK, "reverted": EXIT_REVERTED}.get(
+            self.status, EXIT_UNRESTORED)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dict(self.__dict__)
+        doc["exit_code"] = self.exit_code
+        return doc
+
+
+class _Step:
+    """Journal a step before it acts; time it; record ok/failed in the report."""
+
+    def __init__(self, run: _Cycle, name: str, **info: Any) -> None:
+        self.run, self.name, self.info = run, name, info
+
+    def __enter__(self) -> _Step:
+        self.t0 = time.monotonic()
+        self.run.j.append("step", name=self.name, **self.info)
+        self.run.say(f"── {self.name}")
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.run.report.steps.append({"name": self.name, "ok": exc is None,
+                                      "seconds": round(time.monotonic() - self.t0, 3)})
+
+
+def _import_names(env: Environment, names: list[str]) -> list[str]:
+    """The top-level import packages of the named distributions (for "deepest frame inside")."""
+    wanted = set(names)
+    out: list[str] = []
+    for d in env.distributions():
+        if d.name not in wanted:
+            continue
+        for e in d.record:
+            rel = os.path.relpath(e.path, d.site)
+            top = rel.split(os.sep, 1)[0]
+            if top.endswith((".dist-info", ".data")) or top.startswith("..") or top == "__pycache__":
+                continue
+            top = top[:-3] if top.endswith(".py") else top
+            if top not in out:
+                out.append(top)
+    return out
+
+
+class _Cycle:
+    def __init__(self, t: Target, *, lock: str | None, no_revert: bool, say: Say,
+                 on_output: Say, progress: Progress | None, client: Any) -> None:
+        from packaging.utils import canonicalize_name
+
+        self.t = t
+        self.lock = lock
+        self.no_revert = no_revert
+        self.say = say
+        self.on_output = on_output
+        self.progress = progress
+        self.client = client
+        self.report = RunReport(status="failed", recipe=t.label)
+        self.svc: ServiceSteps | None = None
+        self.snap: SnapshotMeta | None = None
+        self.was_active = False
+        self.named = [canonicalize_name(r.name) for r in t.recipe.install.requirements]
+        self.j: RunJournal  # set in run()
+
+    # -- steps --------------------------------------------------------------------------
+    def preflight(self, confirm: Callable[[RunReport], None] | None, dry_run: bool) -> bool:
+        from rewheel import installer, preflight
+        from rewheel.errors import PreflightError
+
+        t0 = time.monotonic()
+        checks = preflight.run_checks(self.t.recipe, client=self.client)
+        self.report.preflight = [c.to_json() for c in checks.checks]
+        if not checks.ok:
+            raise PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in checks.failures),
+                                 hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
+        plan = installer.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
+        self.report.plan = plan.to_json()
+        self.report.before = self.t.env.versions()
+        self.report.steps.append({"name": "preflight", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        if dry_run:
+            self.report.status = "planned"
+            return False
+        if confirm:
+            confirm(self.report)
+        return True
+
+    def stop(self) -> None:
+        if self.t.recipe.service is None:
+            return
+        self.svc = ServiceSteps(self.t, self.j, self.report.steps, self.say, self.client)
+        self.was_active = self.svc.was_active()
+        self.j.append("note", service_was_active=self.was_active)
+        self.svc.stop()
+
+    def snapshot(self) -> None:
+        from rewheel import patches as patchmod
+        from rewheel.snapshot import stash_cleanup
+
+        with _Step(self, "snapshot"):
+            dists = self.t.env.distributions()
+            self.scan = patchmod.scan(self.t.env)
+            res = take_snapshot(self.t.env, self.t.store, label=f"before run {self.j.id}",
+                                status="pre-upgrade", run_id=self.j.id, progress=self.progress, dists=dists)
+            self.snap = res.meta
+            self.j.append("snapshot", snapshot_id=res.meta.id)
+            self.report.snapshot_id = res.meta.id
+            self.report.snapshot = res.to_json()
+            self.say(f"snapshot {res.meta.id}: {res.meta.files:,} files, {res.files_linked:,} shared "
+                     f"by {res.meta.link_mode}, {res.files_copied:,} copied")
+            run_dir = self.j.dir
+            self.report.patches = self.scan.to_json()["patches"]
+            self.report.patch_files = [str(p) for p in patchmod.save_patches(self.scan, run_dir)]
+            self.report.hazards = sorted(patchmod.hazard_packages(self.scan))
+            if self.t.recipe.cleanup_paths:
+                self.report.cleanup = stash_cleanup(res.meta, self.t.recipe.cleanup_paths)
+                self.say(f"moved {len(self.report.cleanup)} cleanup path(s) into the snapshot")
+
+    def reinstall(self) -> None:
+        from rewheel import installer
+        from rewheel import patches as patchmod
+
+        with _Step(self, "reinstall"):
+            keep: dict[str, str] = {}
+            if self.t.recipe.patch_policy == "keep-old-version":
+                keep = {n: self.report.before[n] for n in patchmod.patched_distributions(self.scan)
+                        if n in self.report.before}
+                if keep:
+                    self.say("keeping patched distributions: " + ", ".join(f"{k} {v}" for k, v in keep.items()))
+            if self.report.hazards:
+                self.say("patched files share bytes with uv's cache (the patch changed the cache too): "
+                         "cleaning " + ", ".join(self.report.hazards) + " from the cache")
+                patchmod.clean_uv_cache_for(self.report.hazards)
+            log = self.j.dir / "install.log"
+            self.report.logs["install"] = str(log)
+            installer.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
+                              on_line=self.on_output, log_path=log, keep=keep,
+                              also_reinstall=self.report.hazards)
+
+    def diff(self) -> None:
+        from rewheel import diff as diffmod
+        from rewheel import patches as patchmod
+
+        with _Step(self, "diff"):
+            after_dists = self.t.env.distributions()
+            self.report.after = {d.name: d.version_text for d in after_dists}
+            assert self.snap is not None
+            changes = diffmod.diff_versions(self.snap.distributions, [d.to_json() for d in after_dists])
+            self.report.changes = [c.to_json() for c in changes if c.change != "unchanged"]
+            try:
+                tree = diffmod.diff_trees(self.snap, self.t.env)
+                self.report.files = diffmod.summarise_files(tree)
+            except Exception as exc:  # a file summary is informative, never a reason to revert
+                self.report.files = {"error": str(exc)}
+            if self.t.recipe.patch_policy == "reapply" and self.scan.patches:
+                results = patchmod.reapply(self.scan, self.t.env, run_dir=self.j.dir)
+                self.report.reapply = [r.to_json() for r in results]
+                conflicts = [r for r in results if r.status == "conflict"]
+                if conflicts:
+                    from rewheel.errors import PatchConflict
+
+                    raise PatchConflict("local patches do not apply to the new version: "
+                                        + ", ".join(r.path for r in conflicts),
+                                        hint=f"conflict files are in {self.j.dir}")
+
+    def smoke(self) -> None:
+        from rewheel.errors import SmokeFailed
+        from rewheel.smoke import run_smoke
+
+        if self.t.recipe.smoke is None:
+            return
+        with _Step(self, "smoke"):
+            log = self.j.dir / "smoke.log"
+            self.report.logs["smoke"] = str(log)
+            res = run_smoke(self.t.recipe, log_path=log, on_line=self.on_output)
+            if not res.ok:
+                self.diagnose_file(log)
+                why = f"timed out after {self.t.recipe.smoke.timeout_s}s" if res.timed_out else f"exited {res.returncode}"
+                raise SmokeFailed(f"smoke test {why}" + self._cause_suffix(), hint=f"full log: {log}")
+
+    def start(self) -> None:
+        from rewheel.errors import ServiceError
+
+        if self.svc is None:
+            return
+        try:
+            self.report.service = self.svc.start_and_verify()
+        except ServiceError:
+            self.diagnose_service()
+            raise
+
+    def keep(self) -> None:
+        with _Step(self, "keep"):
+            assert self.snap is not None
+            self.snap.extra["upgraded_to"] = self.report.after
+            self.snap.save()
+            self.report.status = "upgraded"
+            pruned = self.t.store.prune(self.t.recipe.keep, protected_snapshots(self.t.store) | {self.snap.id})
+            if pruned:
+                self.say("pruned old snapshots: " + ", ".join(pruned))
+
+    # -- diagnosis ------------------------------------------------------------------------
+    def _packages(self) -> list[str]:
+        return _import_names(self.t.env, self.named) or [n.replace("-", "_") for n in self.named]
+
+    def diagnose_file(self, log: Path) -> None:
+        from rewheel import diagnose
+
+        try:
+            d = diagnose.analyse_file(log, package=(self._packages() or [None])[0])
+        except Exception as exc:  # diagnosis must never mask the failure itself
+            self.report.diagnosis = {"error": str(exc)}
+            return
+        self.report.root_cause = d.to_json()["root_cause"]
+        self.report.diagnosis = {"source": str(log), "summary": d.summary()}
+
+    def diagnose_service(self) -> None:
+        from rewheel import diagnose
+
+        if self.svc is None:
+            return
+        try:
+            d = diagnose.analyse_lines(self.svc.log_lines(), package=(self._packages() or [None])[0])
+        except Exception as exc:
+            self.report.diagnosis = {"error": str(exc)}
+            return
+        self.report.root_cause = d.to_json()["root_cause"]
+        self.report.diagnosis = {"source": self.svc.manager.log_location(self.svc.started_at or 0),
+                                 "summary": d.summary()}
+
+    def _cause_suffix(self) -> str:
+        rc = self.report.root_cause
+        if not rc:
+            return ""
+        where = f" in {rc.get('rank')}" if rc.get("rank") else ""
+        return f": {rc.get('type')}: {rc.get('message')}{where}"
+
+    # -- revert ---------------------------------------------------------------------------
+    def revert(self, reason: str) -> None:
+        """Stop, restore the snapshot, move cleanup paths back, start, verify."""
+        from rewheel.errors import RestoreError, RewheelError
+
+        t0 = time.monotonic()
+        self.j.append("step", name="revert", reason=reason)
+        self.say(f"── revert: {reason}")
+        revert: dict[str, Any] = {"reason": reason}
+        self.report.revert = revert
+        try:
+            if self.svc is not None:
+                self.svc.stop()
+            assert self.snap is not None
+            self.j.append("step", name="restore", snapshot_id=self.snap.id)
+            res = restore_snapshot(self.t.env, self.snap, progress=self.progress)
+            res.cleanup_restored = unstash_cleanup(self.snap)
+            revert["restore"] = res.to_json()
+            self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
+                     f"{res.deleted:,} removed, {res.verified:,} verified")
+            self.report.after = self.t.env.versions()
+            if self.svc is not None and self.was_active:
+                revert["service"] = self.svc.start_and_verify()
+                self.say("the old service is healthy again")
+        except RewheelError as exc:
+            revert["error"] = str(exc)
+            self.report.steps.append({"name": "revert", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
+            self.report.status = "failed"
+            raise RestoreError(f"revert failed: {exc.message}",
+                               hint=(exc.hint or "") + f"\nthe pre-upgrade snapshot is {self.snap.id if self.snap else '?'}; "
+                               f"run `rewheel rollback {self.t.cli_ref} {self.snap.id if self.snap else ''} --yes` "
+                               "once the cause is fixed") from exc
+        self.report.steps.append({"name": "revert", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        self.report.status = "reverted"
+
+
+def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert: bool = False,
+        say: Say = _quiet, on_output: Say = _quiet, progress: Progress | None = None,
+        confirm: Callable[[RunReport], None] | None = None, client: Any = None) -> RunReport:
+    """The whole cycle of SPEC.md. Returns the report; raises only for preflight/usage
+    problems (nothing changed) and for a revert that failed (RestoreError, exit 3)."""
+    from rewheel.errors import RewheelError
+
+    cyc = _Cycle(t, lock=lock, no_revert=no_revert, say=say, on_output=on_output,
+                 progress=progress, client=client)
+    with EnvLock(t.store.env_dir, "run"):
+        journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
+        if not cyc.preflight(confirm, dry_run):
+            return cyc.report
+        cyc.j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=lock,
+                                  before=cyc.report.before, plan=cyc.report.plan)
+        cyc.report.run_id = cyc.j.id
+        cyc.report.run_dir = str(cyc.j.dir)
+        try:
+            cyc.stop()
+            cyc.snapshot()
+        except Exception as exc:
+            # Nothing was installed yet: put the service back as it was and stop here.
+            cyc.report.failure = {"step": cyc.j.last_step,
+                                  **(exc.to_json() if isinstance(exc, RewheelError)
+                                     else {"error": type(exc).__name__, "message": str(exc)})}
+            _restart_after_abort(cyc)
+            cyc.j.append("finished", status="failed", error=str(exc))
+            raise
+        try:
+            cyc.reinstall()
+            cyc.diff()
+            cyc.smoke()
+            cyc.start()
+            cyc.keep()
+        except Exception as exc:  # any failure after the reinstall began is reverted
+            err = exc if isinstance(exc, RewheelError) else None
+            cyc.report.failure = {"step": cyc.j.last_step,
+                                  **(err.to_json() if err else {"error": type(exc).__name__, "message": str(exc)})}
+            if not cyc.report.steps or cyc.report.steps[-1]["name"] != cyc.j.last_step:
+                cyc.report.steps.append({"name": cyc.j.last_step or "?", "ok": False, "seconds": 0.0})
+            reason = f"{cyc.j.last_step} failed: {err.message if err else exc}"
+            if no_revert:
+                cyc.report.status = "failed"
+                cyc.j.append("finished", status="failed", kept_failed_state=True, before=cyc.report.before,
+                             after=t.env.versions())
+                cyc.report.after = t.env.versions()
+                return cyc.report
+            try:
+                cyc.revert(reason)
+            except RewheelError as rexc:
+                # Exit 3: the report says what failed and what a person must do.
+                cyc.report.status = "failed"
+                cyc.report.revert = {**(cyc.report.revert or {}), "error": rexc.message, "hint": rexc.hint}
+            finally:
+                cyc.j.append("finished", status=cyc.report.status, reason=reason,
+                             before=cyc.report.before, after=cyc.report.after,
+                             root_cause=cyc.report.root_cause)
+            return cyc.report
+        cyc.j.append("finished", status="upgraded", before=cyc.report.before, after=cyc.report.after)
+        return cyc.report
+
+
+def _restart_after_abort(cyc: _Cycle) -> None:
+    if cyc.svc is not None and cyc.was_active:
+        try:
+            if cyc.snap is not None:
+                unstash_cleanup(cyc.snap)
+            cyc.svc.start_and_verify()
+        except Exception as exc:  # report the original failure; this one goes in the journal
+            cyc.j.append("note", restart_after_abort_failed=str(exc))
+
+
+# --------------------------------------------------------------------------------------
+# resume: finish or undo an interrupted run
+# --------------------------------------------------------------------------------------
+@dataclass
+class ResumeResult:
+    status: str  # "nothing-to-resume" | "reverted" | "upgraded" | "aborted" | "restored"
+    run_id: str | None
+    action: str
+    report: RunReport | None = None
+    rollback: RollbackResult | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "run_id": self.run_id, "action": self.action,
+                "report": self.report.to_json() if self.report else None,
+                "rollback": self.rollback.to_json() if self.rollback else None}
+
+
+def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
+           client: Any = None) -> ResumeResult:
+    """An interrupted upgrade is undone (restored from its pre-upgrade snapshot) unless it had
+    already passed every check and was only recording its result, which is then finished.
+    An interrupted rollback or revert is run again (restores are idempotent)."""
+    with EnvLock(t.store.env_dir, "resume"):
+        j = journal.interrupted_run(t.store.env_dir)
+        if j is None:
+            return ResumeResult("nothing-to-resume", None, "no interrupted run")
+        was_active = any(r.get("service_was_active") for r in j.records if r["event"] == "note")
+        steps_seen = [r.get("name") for r in j.records if r["event"] == "step"]
+        cyc = _Cycle(t, lock=None, no_revert=False, say=say, on_output=say, progress=progress, client=client)
+        cyc.j = j
+        cyc.report.run_id = j.id
+        cyc.report.before = (j.first("started") or {}).get("before") or {}
+        cyc.was_active = was_active
+        if t.recipe.service is not None:
+            cyc.svc = ServiceSteps(t, j, cyc.report.steps, say, client)
+        snap_id = j.snapshot_id
+        cyc.snap = t.store.get(snap_id) if snap_id else None
+
+        if j.kind == "run" and "keep" in steps_seen and "revert" not in steps_seen:
+            assert cyc.snap is not None
+            j.append("step", name="keep", resumed=True)
+            cyc.report.after = t.env.versions()
+            cyc.snap.extra["upgraded_to"] = cyc.report.after
+            cyc.snap.save()
+            j.append("finished", status="upgraded", resumed=True, after=cyc.report.after)
+            cyc.report.status = "upgraded"
+            return ResumeResult("upgraded", j.id, "finished recording a verified upgrade", cyc.report)
+
+        if cyc.snap is None:
+            # Interrupted before the snapshot existed: the environment was not touched.
+            j.append("step", name="abort", resumed=True)
+            if cyc.svc is not None and was_active and not cyc.svc.was_active():
+                cyc.report.service = cyc.svc.start_and_verify()
+            j.append("finished", status="aborted", resumed=True)
+            cyc.report.status = "failed"
+            return ResumeResult("aborted", j.id, "nothing had been changed; service restored as it was", cyc.report)
+
+        try:
+            cyc.revert(f"resuming interrupted {j.kind} {j.id} (last step: {j.last_step})")
+        finally:
+            j.append("finished", status=cyc.report.status, resumed=True, after=cyc.report.after)
+        return ResumeResult("reverted", j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report)
+
+
+# --------------------------------------------------------------------------------------
+# smoke: only the smoke test and the health check, against the live environment
+# --------------------------------------------------------------------------------------
+@dataclass
+class SmokeReport:
+    ok: bool
+    smoke: dict[str, Any] | None = None
+    health: dict[str, Any] | None = None
+    root_cause: dict[str, Any] | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet, client: Any = None) -> SmokeReport:
+    from rewheel import diagnose, service
+    from rewheel.errors import ServiceError
+    from rewheel.smoke import run_smoke
+
+    journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
+    rep = SmokeReport(ok=True)
+    pkgs = [canonical.replace("-", "_") for canonical in
+            (_import_names(t.env, [r.name.lower() for r in t.recipe.install.requirements]) or [])]
+    if t.recipe.smoke is not None:
+        logs = t.store.env_dir / "smoke"
+        logs.mkdir(exist_ok=True)
+        log = logs / (time.strftime("%Y%m%d-%H%M%S") + ".log")
+        res = run_smoke(t.recipe, log_path=log, on_line=on_output)
+        rep.smoke = res.to_json()
+        if not res.ok:
+            rep.ok = False
+            rep.root_cause = diagnose.analyse_file(log, package=pkgs[0] if pkgs else None).to_json()["root_cause"]
+    if t.recipe.service is not None:
+        mgr = service.make_manager(t.recipe.service, t.store.env_dir, python=t.recipe.python)
+        try:
+            rep.health = service.wait_ready(mgr, t.recipe.service, client=client, started_at=time.time(),
+                                            on_progress=say).to_json()
+        except ServiceError as exc:
+            rep.ok = False
+            rep.error = str(exc)
+            rep.health = getattr(exc, "result", None).to_json() if getattr(exc, "result", None) else None
+    return rep

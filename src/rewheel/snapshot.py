@@ -41,6 +41,7 @@ from rewheel.paths import atomic_write, ensure_private_dir, env_dir, fsync_dir, 
 MANIFEST_VERSION = 1
 _FICLONE = 0x40049409
 _CHUNK = 1 << 20
+_TIE_HASH_MAX = 1 << 20  # files up to this size with RECORD's mtime are checked by hash
 STAGING_PREFIX = ".rewheel-restore-"
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
@@ -332,16 +333,27 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
             kind = _kind(st.st_mode)
             mode = stat.S_IMODE(st.st_mode)
             if kind == "d":
-                os.makedirs(dst, exist_ok=True)
+                # _walk yields parents first, so the parent already exists in the tree:
+                # one mkdir per folder, and no per-file makedirs (3 syscalls a file).
+                try:
+                    os.mkdir(dst)
+                except FileExistsError:
+                    pass
                 entries.append([ri, rel, "d", mode, 0, st.st_mtime_ns, None, None, None])
             elif kind == "l":
                 entries.append([ri, rel, "l", mode, 0, 0, None, None, os.readlink(src)])
             elif kind == "f":
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                if not roots[ri].whole:  # RECORD-listed files only: no parent entries walked
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
                 rec = records.get(src)
                 size = st.st_size
                 bytes_total += size
-                if rec and rec[0] and rec[1] == size and st.st_mtime_ns < rec[2]:
+                if rec and rec[0] and rec[1] == size and (
+                        st.st_mtime_ns < rec[2]
+                        # Written in the same clock tick as RECORD (INSTALLER, REQUESTED,
+                        # uv_cache.json...): not provably older, so prove it by its bytes
+                        # (small files) rather than paying for a copy.
+                        or (st.st_mtime_ns == rec[2] and size <= _TIE_HASH_MAX and hash_file(src) == rec[0])):
                     how = linker.share(src, dst)
                     sha = rec[0]
                     if how == "link":
@@ -464,8 +476,83 @@ def check_store(snap: SnapshotMeta, man: Manifest) -> None:
                 hint="the file was edited in place or the store was tampered with; restore another snapshot")
 
 
-def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress | None = None) -> RestoreResult:
-    """Make the environment's files exactly the snapshot's, then verify. Offline; no uv."""
+def _live_walk(roots: list[Root], owned: set[str], skip: set[str]) -> dict[tuple[int, str], os.stat_result]:
+    """Every live entry (sockets and the like excepted) with its lstat: the plan's one walk.
+    Unlike `_walk` it does not sort (a restore needs no order), which keeps it near the cost
+    of a bare stat walk."""
+    live: dict[tuple[int, str], os.stat_result] = {}
+    for ri, root in enumerate(roots):
+        if not root.whole:
+            for ri2, rel, st in _walk([root], owned, skip):
+                if _kind(st.st_mode) != "o":
+                    live[(ri, rel)] = st
+            continue
+        base_len = len(root.path.rstrip("/")) + 1
+        stack = [root.path]
+        while stack:
+            d = stack.pop()
+            try:
+                it = os.scandir(d)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with it:
+                for de in it:
+                    if de.name.startswith(STAGING_PREFIX) or de.path in skip:
+                        continue
+                    st = de.stat(follow_symlinks=False)
+                    m = st.st_mode
+                    if stat.S_ISDIR(m):
+                        stack.append(de.path)
+                    elif not (stat.S_ISREG(m) or stat.S_ISLNK(m)):
+                        continue
+                    live[(ri, de.path[base_len:])] = st
+    return live
+
+
+def _stored_inodes(tree: Path, man: Manifest) -> dict[tuple[int, str], tuple[int, bool]]:
+    """(root, rel) -> (inode, is a regular file) for every stored file, from directory
+    listings alone (no stat per file)."""
+    out: dict[tuple[int, str], tuple[int, bool]] = {}
+    dirs = [(e[0], e[1]) for e in man.entries if e[2] == "d"]
+    dirs += [(ri, "") for ri in range(len(man.roots))]
+    for ri, rel in dirs:
+        d = os.path.join(tree, str(ri), rel) if rel else os.path.join(tree, str(ri))
+        try:
+            it = os.scandir(d)
+        except OSError:
+            continue
+        prefix = f"{rel}/" if rel else ""
+        with it:
+            for de in it:
+                out[(ri, prefix + de.name)] = (de.inode(), de.is_file(follow_symlinks=False))
+    return out
+
+
+def _check_stored(snap: SnapshotMeta, tree: Path, e: list[Any]) -> os.stat_result:
+    p = os.path.join(tree, str(e[0]), e[1])
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        raise SnapshotDamaged(f"snapshot {snap.id}: stored file {e[1]} is missing ({p})",
+                              hint="restore another snapshot (`rewheel history`)") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_size != e[4] or st.st_mtime_ns != e[5]:
+        raise SnapshotDamaged(
+            f"snapshot {snap.id}: stored file {e[1]} was changed after the snapshot "
+            f"(size {st.st_size} vs {e[4]}, mtime differs: {st.st_mtime_ns != e[5]})",
+            hint="the file was edited in place or the store was tampered with; restore another snapshot")
+    return st
+
+
+def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress | None = None,
+                     full_verify: bool = False) -> RestoreResult:
+    """Make the environment's files exactly the snapshot's, then verify. Offline; no uv.
+
+    Cost: one stat walk of the environment, directory listings of the store, and work in
+    proportion to what changed — a rollback after upgrading torch and vllm touches their
+    files only. Verification: the plan compares every live entry with the manifest; after
+    the commit every path it wrote, removed or re-moded and every folder whose entries it
+    changed is checked again (`full_verify=True`: walk everything again instead).
+    """
     t0 = time.monotonic()
     man = Manifest.load(snap)
     live_roots = scope_of(env)
@@ -474,41 +561,49 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
             f"snapshot {snap.id} was taken of {', '.join(r.path for r in man.roots)}, "
             f"not of {', '.join(r.path for r in live_roots)}")
     roots = man.roots
-    check_store(snap, man)
+    tree = snap.path / "tree"
     # Sockets, FIFOs and devices are not content: neither captured nor removed.
     want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
     owned = _owned_now(roots, env)
     owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
-    tree = snap.path / "tree"
 
     # Plan ------------------------------------------------------------------------------
-    live: dict[tuple[int, str], os.stat_result] = {}
-    for ri, rel, st in _walk(roots, owned, {str(Path(snap.path).parents[3])}):
-        if _kind(st.st_mode) != "o":
-            live[(ri, rel)] = st
+    live = _live_walk(roots, owned, {str(Path(snap.path).parents[3])})
+    stored = _stored_inodes(tree, man)
     writes: list[list[Any]] = []
+    stored_st: dict[int, os.stat_result] = {}
     chmods: list[list[Any]] = []
     unchanged = 0
     for key, e in want.items():
         st = live.get(key)
-        if e[2] == "f":
-            if st is not None and _same_file(e, st):
+        kind = e[2]
+        if kind == "f":
+            # The store must hold every file, intact, before anything changes. A shared
+            # file whose live twin is unchanged and still the very same inode is proven by
+            # the listing alone; everything else is stat'ed.
+            s_ino = stored.get(key)
+            if s_ino is None or not s_ino[1]:
+                _check_stored(snap, tree, e)  # raises: missing or not a regular file
+            same = st is not None and _same_file(e, st)
+            if not (same and e[7] == "link" and s_ino[0] == st.st_ino):
+                stored_st[id(e)] = _check_stored(snap, tree, e)
+            if same:
                 if stat.S_IMODE(st.st_mode) != e[3]:
                     chmods.append(e)
                 else:
                     unchanged += 1
             else:
                 writes.append(e)
-        elif e[2] == "l":
+        elif kind == "l":
             if st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(os.path.join(roots[e[0]].path, e[1])) == e[8]:
                 unchanged += 1
             else:
                 writes.append(e)
-        elif e[2] == "d":
+        elif kind == "d":
             if st is not None and stat.S_ISDIR(st.st_mode):
                 unchanged += 1
             # directories are created/fixed during commit
-    extras = [k for k in live if k not in want or (want[k][2] == "d") != stat.S_ISDIR(live[k].st_mode)]
+    extras = [k for k, st in live.items() if k not in want or (want[k][2] == "d") != stat.S_ISDIR(st.st_mode)]
 
     # Stage -----------------------------------------------------------------------------
     staging: dict[int, str] = {}
@@ -525,20 +620,27 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                 os.symlink(e[8], tmp)
             else:
                 src = os.path.join(tree, str(e[0]), e[1])
+                sst = stored_st.get(id(e))
                 if e[7] == "link":
                     try:
                         os.link(src, tmp)
                     except OSError:
                         shutil.copyfile(src, tmp)
+                        sst = None
                 else:
                     sha, size = copy_hashed(src, tmp)
+                    sst = None
                     if e[6] and sha != e[6]:
                         raise SnapshotDamaged(
                             f"snapshot {snap.id}: stored file {e[1]} does not match its recorded sha256 "
                             f"(expected {e[6][:12]}…, found {sha[:12]}…)",
                             hint="the store was tampered with or damaged; restore another snapshot")
-                os.chmod(tmp, e[3])
-                os.utime(tmp, ns=(e[5], e[5]))
+                # A hard link shares the stored inode: its mode and mtime are already right
+                # unless someone changed them; only then pay for chmod and utime.
+                if sst is None or stat.S_IMODE(sst.st_mode) != e[3]:
+                    os.chmod(tmp, e[3])
+                if sst is None or sst.st_mtime_ns != e[5]:
+                    os.utime(tmp, ns=(e[5], e[5]))
             staged.append((e, tmp))
             if progress and n % 500 == 0:
                 progress("stage", n, len(writes))
@@ -548,10 +650,14 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
         raise
 
     # Commit ----------------------------------------------------------------------------
+    dirs = sorted((e for e in man.entries if e[2] == "d"), key=lambda e: e[1].count("/"))
+    touched: set[tuple[int, str]] = set()  # folders whose entries the commit changes
+    created: list[list[Any]] = []
     try:
         for key in sorted(extras, key=lambda k: k[1].count("/"), reverse=True):
             p = os.path.join(roots[key[0]].path, key[1])
             st = live[key]
+            touched.add((key[0], key[1].rpartition("/")[0]))
             if stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(p, ignore_errors=True)
             else:
@@ -559,25 +665,42 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                     os.unlink(p)
                 except FileNotFoundError:
                     pass
-        dirs = sorted((e for e in man.entries if e[2] == "d"), key=lambda e: e[1].count("/"))
+        removed = set(extras)
         for e in dirs:
-            p = os.path.join(roots[e[0]].path, e[1])
-            if not os.path.isdir(p) or os.path.islink(p):
-                if os.path.lexists(p):
+            key = (e[0], e[1])
+            st = live.get(key)
+            if st is None or key in removed or not stat.S_ISDIR(st.st_mode):
+                p = os.path.join(roots[e[0]].path, e[1])
+                if os.path.lexists(p) and not os.path.isdir(p):
                     os.unlink(p)
                 os.makedirs(p, exist_ok=True)
+                created.append(e)
+                touched.add((e[0], e[1].rpartition("/")[0]))
         for e, tmp in staged:
             p = os.path.join(roots[e[0]].path, e[1])
-            if os.path.isdir(p) and not os.path.islink(p):
+            key = (e[0], e[1])
+            st = live.get(key)
+            if st is not None and key not in removed and stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(p)
-            os.makedirs(os.path.dirname(p), exist_ok=True)
-            os.replace(tmp, p)
+            try:
+                os.replace(tmp, p)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                os.replace(tmp, p)
+            if st is None or key in removed:
+                touched.add((e[0], e[1].rpartition("/")[0]))
         for e in chmods:
             os.chmod(os.path.join(roots[e[0]].path, e[1]), e[3])
+        created_keys = {(e[0], e[1]) for e in created}
         for e in reversed(dirs):
-            p = os.path.join(roots[e[0]].path, e[1])
-            os.chmod(p, e[3])
-            os.utime(p, ns=(e[5], e[5]))
+            key = (e[0], e[1])
+            st = live.get(key)
+            fresh = key in created_keys or st is None
+            if fresh or key in touched or stat.S_IMODE(st.st_mode) != e[3] or st.st_mtime_ns != e[5]:
+                p = os.path.join(roots[e[0]].path, e[1])
+                if fresh or stat.S_IMODE(st.st_mode) != e[3]:
+                    os.chmod(p, e[3])
+                os.utime(p, ns=(e[5], e[5]))
     except OSError as exc:
         raise RestoreError(f"restoring snapshot {snap.id} into {env.prefix} failed midway: {exc}",
                            hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python {env.python} {snap.id}` again; the restore is idempotent") from exc
@@ -586,9 +709,61 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
             shutil.rmtree(s, ignore_errors=True)
     os.sync()
 
-    verified = verify(env, snap, man)
+    if full_verify:
+        verified = verify(env, snap, man)
+    else:
+        verified = _verify_changed(env, snap, roots, want, [e for e, _ in staged] + chmods + created,
+                                   extras, touched, len(want) - len(writes) - len(chmods))
     return RestoreResult(snap.id, len(writes), len(extras), len(chmods), unchanged, verified,
                          time.monotonic() - t0)
+
+
+def _verify_changed(env: Environment, snap: SnapshotMeta, roots: list[Root], want: dict[tuple[int, str], list[Any]],
+                    changed: list[list[Any]], extras: list[tuple[int, str]], touched: set[tuple[int, str]],
+                    seen_ok: int) -> int:
+    """After a commit: every entry it wrote or re-moded matches the manifest, every extra is
+    gone, and every folder whose entries it changed lists exactly the manifest's entries."""
+    problems: list[str] = []
+    for e in changed:
+        p = os.path.join(roots[e[0]].path, e[1])
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            problems.append(f"missing: {e[1]}")
+            continue
+        kind = _kind(st.st_mode)
+        if kind != e[2]:
+            problems.append(f"type differs: {e[1]}")
+        elif kind == "f" and not _same_file(e, st):
+            problems.append(f"content differs: {e[1]}")
+        elif kind in ("f", "d") and stat.S_IMODE(st.st_mode) != e[3]:
+            problems.append(f"mode differs: {e[1]}")
+        elif kind == "l" and os.readlink(p) != e[8]:
+            problems.append(f"symlink target differs: {e[1]}")
+    for key in extras:
+        if key not in want and os.path.lexists(os.path.join(roots[key[0]].path, key[1])):
+            problems.append(f"extra: {key[1]}")
+    for ri, rel in touched:
+        if rel and (ri, rel) not in want:
+            continue  # a folder that was itself extra and is gone (checked above)
+        if roots[ri].whole:
+            d = os.path.join(roots[ri].path, rel) if rel else roots[ri].path
+            prefix = f"{rel}/" if rel else ""
+            try:
+                with os.scandir(d) as it:
+                    for de in it:
+                        if (ri, prefix + de.name) not in want and not de.name.startswith(STAGING_PREFIX):
+                            if _kind(de.stat(follow_symlinks=False).st_mode) != "o":
+                                problems.append(f"extra: {prefix + de.name}")
+            except FileNotFoundError:
+                problems.append(f"missing: {rel}")
+    if problems:
+        raise RestoreError(
+            f"environment {env.prefix} does not match snapshot {snap.id} after restore: "
+            + "; ".join(problems[:10]) + (f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""),
+            hint=f"run `rewheel rollback --python {env.python} {snap.id} --yes` again; if it keeps failing, "
+                 "recreate the environment by hand")
+    return seen_ok + len(changed)
 
 
 def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) -> int:

@@ -30,11 +30,14 @@ def wheel_filename(name: str, version: str, tag: str = "py3-none-any") -> str:
 def build_wheel(out_dir: str | Path, name: str, version: str, files: Mapping[str, str | bytes], *,
                 requires: Sequence[str] = (), project_urls: Mapping[str, str] | None = None,
                 console_scripts: Mapping[str, str] | None = None, summary: str = "",
-                tag: str = "py3-none-any", executable: Sequence[str] = ()) -> Path:
+                tag: str = "py3-none-any", executable: Sequence[str] = (),
+                store_over: int | None = None) -> Path:
     """Write `<name>-<version>-<tag>.whl` into out_dir and return its path.
 
     `files` maps archive paths (e.g. "pkg/__init__.py") to contents; paths listed in
-    `executable` get mode 0755 in the archive.
+    `executable` get mode 0755 in the archive. Members larger than `store_over` bytes are
+    stored uncompressed (ZIP_STORED): the benchmarks' multi-hundred-MB random payloads do not
+    compress, and deflating them only costs time.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,6 +67,7 @@ def build_wheel(out_dir: str | Path, name: str, version: str, files: Mapping[str
         for path, data in entries.items():
             zi = zipfile.ZipInfo(path, date_time=(2026, 1, 1, 0, 0, 0))
             zi.external_attr = ((0o100755 if path in executable else 0o100644) << 16)
-            zi.compress_type = zipfile.ZIP_DEFLATED
+            big = store_over is not None and len(data) > store_over
+            zi.compress_type = zipfile.ZIP_STORED if big else zipfile.ZIP_DEFLATED
             zf.writestr(zi, data)
     return target

@@ -1,0 +1,5 @@
+import sys
+
+from rewheel.bench.harness import main
+
+sys.exit(main())

@@ -1,0 +1,918 @@
+"""The root cause of a crash, from its log: `rewheel why` and every failed run's report.
+
+A vLLM crash buries its real error under cascades: the worker that raised is followed by
+"WorkerProc was terminated" on every other rank, the engine core's "WorkerProc
+initialization failed ... See stack trace for root cause", the API server's "Engine core
+initialization failed. See root cause above", and with `Restart=always` the same again for
+every restart. This module reads such a log as users have it — plain vLLM output, journald
+lines (`Feb 20 23:31:36 host vllm-kimi[216054]: ...` or `journalctl -o json`), process
+prefixes (`(Worker_TP4 pid=216061) `), ANSI colours, a logger header on every traceback
+line, several processes' tracebacks interleaved, chained exceptions, truncated logs — and
+names the root exception, the failing rank, the deepest frame inside the upgraded package,
+where in the log it starts, how often it repeats, and the secondary errors it caused.
+
+Design:
+- Streaming and bounded. Lines are demultiplexed into streams (journald pid, process
+  label and pid, logger-header or raw); each stream holds at most one traceback in flight,
+  capped in frames and message size; completed tracebacks are folded into per-signature
+  aggregates and per-crash ("epoch") lists that are capped too. The whole log is never held.
+- Fast on large files. `analyse_file` reads 1 MiB binary chunks and jumps between
+  occurrences of "Traceback (most recent call last)" with `bytes.find` (C speed); only
+  lines near an in-flight traceback are decoded and parsed. Line numbers are resolved at
+  the end by one newline-counting pass up to the furthest reported position. Only when no
+  traceback explains the crash does it re-read the file line by line for error lines
+  (CUDA/NCCL/OOM/undefined-symbol/...), which tracebacks make unnecessary otherwise.
+- Ranking. Cascade exceptions (see `CASCADE_*`) are secondary. The root is the earliest
+  non-cascade exception logged at error level (or raw) in the first crash that has one;
+  within a chain the original exception, unless it is a cascade or a bare lookup failure
+  (KeyError, StopIteration, IndexError) that the code turned into a more telling error.
+  Failing that: the strongest error line, then warning-level tracebacks, then cascades.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from rewheel import proc
+from rewheel.errors import CommandNotFound, UsageError
+
+# ---------------------------------------------------------------------------------------
+# Limits: what keeps memory bounded however large or hostile the log is.
+MAX_FRAMES_KEPT = 64            # frames per exception kept for the "deepest frame" choice
+MAX_MESSAGE_LINES = 40          # continuation lines of one exception message
+MAX_MESSAGE_CHARS = 8000
+MAX_CHAIN = 8                   # exceptions in one chain
+MAX_STREAMS = 512               # concurrent in-flight tracebacks
+MAX_EPOCH_OCCURRENCES = 400     # occurrences kept for one crash
+MAX_SIGNATURES = 5000
+MAX_PROCS_PER_SIG = 10000
+MAX_SECONDARY = 20
+IDLE_CLOSE_LINES = 1000         # an in-flight traceback untouched this long is closed
+EARLY_LINES = 1000              # a traceback cut off at the log's start is recognised here
+CHUNK = 1 << 20
+MAX_LINE_BYTES = 1 << 20        # longer "lines" are cut (journald's own LineMax is 48 KiB)
+
+TB_NEEDLE = b"Traceback (most recent call last)"
+
+# ---------------------------------------------------------------------------------------
+# Line anatomy.
+ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+JOURNAL_RE = re.compile(
+    r"(?:[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d(?:\.\d+)?"
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
+    r" \S+ (?P<ident>[^\s\[\]:]+)(?:\[(?P<pid>\d+)\])?: ?")
+PROC_RE = re.compile(r"\((?P<label>[A-Za-z][^()]*?) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\) ?")
+RANK_RE = re.compile(r"\[rank(?P<rank>\d+)\]: ?")
+HEADER_RE = re.compile(
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?"
+    r" (?:\[[^\]]*\]|[\w.\-]+:\d+\]) ?")
+FRAME_RE = re.compile(r'\s+File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?$')
+EXC_RE = re.compile(r"(?P<type>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::(?: (?P<msg>.*))?)?$")
+CHAIN_CONTEXT = "During handling of the above exception, another exception occurred:"
+CHAIN_CAUSE = "The above exception was the direct cause of the following exception:"
+# Lines that start a new record, so they end an exception message instead of continuing it.
+RECORD_START_RE = re.compile(
+    r"(?:Process [\w\-]+:$|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s|\[[WEIF]\d{4} |\[rank\d+\]:\["
+    r"|\S+\.py:\d+: \w*Warning|\s*warnings\.warn\(|\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\[\d{4}-\d\d-\d\d"
+    r"|Exception ignored in|Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
+    # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)
+    r"|[\w@.\-]+\.service: |(?:Started|Stopped|Starting|Stopping|Failed to start) [\w@.\-]+\.service)")
+IGNORABLE_IN_TB_RE = re.compile(r"(?:INFO|WARNING|DEBUG):\s|\S+:\s+\d+%\|")
+
+# ---------------------------------------------------------------------------------------
+# What is a cascade (a consequence of another failure, never the root).
+CASCADE_TYPES = {
+    "SystemExit", "KeyboardInterrupt", "EOFError", "BrokenPipeError", "ConnectionResetError",
+    "ConnectionAbortedError", "CancelledError", "asyncio.CancelledError",
+    "asyncio.exceptions.CancelledError", "concurrent.futures._base.CancelledError",
+    "EngineDeadError", "EngineGenerateError", "AsyncEngineDeadError",
+}
+CASCADE_MESSAGE_RE = re.compile(
+    r"WorkerProc initialization failed|Engine core initialization failed|See root cause above"
+    r"|See stack trace for root cause|stack trace above for the (?:root|actual) cause"
+    r"|See stack trace \(above\) for the root cause|EngineCore encountered (?:an issue|a fatal error)"
+    r"|^Executor failed\.?$|Background loop has errored already|Task finished unexpectedly"
+    r"|died unexpectedly|WorkerProc was terminated|Engine process failed to start"
+    r"|Context was terminated|Socket operation on non-socket", re.I)
+LOOKUP_TYPES = {"KeyError", "StopIteration", "IndexError"}
+
+# Error lines (no traceback). Scores: 3 strong evidence, 2 an error, 1 a cascade symptom.
+STRONG_LINE_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"killed by the OOM killer|oom-kill|Out of memory: Killed process", re.I), "out of memory (OOM killer)"),
+    (re.compile(r"CUDA out of memory|OutOfMemoryError|No available memory for the cache blocks"
+                r"|larger than the available KV cache memory|cudaErrorMemoryAllocation", re.I), "out of memory"),
+    (re.compile(r"undefined symbol", re.I), "undefined symbol"),
+    (re.compile(r"no kernel image is available|is not compatible with the current PyTorch installation"
+                r"|cudaErrorNoKernelImageForDevice|unsupported GPU architecture|sm_\d+ is not supported", re.I),
+     "unsupported GPU architecture"),
+    (re.compile(r"\bNCCL (?:WARN|error)|nccl\w*Error|ncclSystemError|NCCL_ERROR", re.I), "NCCL error"),
+    (re.compile(r"CUDA error|illegal memory access|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|cudaError\w+", re.I), "CUDA error"),
+    (re.compile(r"Segmentation fault|Fatal Python error|core dumped|code=dumped|status=\d+/(?:SEGV|ABRT|BUS|ILL|KILL)"
+                r"|Failed with result '(?:signal|core-dump)'|Bus error|Aborted \(core", re.I), "fatal signal"),
+]
+CASCADE_LINE_RE = re.compile(
+    r"died unexpectedly|WorkerProc was terminated|WorkerProc failed to start|WorkerProc failed\.?$"
+    r"|WorkerProc hit an exception|EngineCore failed to start|Engine core initialization failed"
+    r"|EngineCore encountered|Main process exited|Failed with result|Start request repeated too quickly"
+    r"|Failed to start|Scheduled restart job", re.I)
+EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)): (?P<msg>.+)")
+# Cheap per-line prefilter when every line passes through (analyse_lines, journals).
+PREFILTER_RE = re.compile(
+    r"Traceback|File \"|rror|RROR|xception|CRITICAL|[Kk]illed|NCCL|out of memory|dumped|Abort"
+    r"|fault|Failed|died unexpectedly|terminated|Interrupt|SystemExit|undefined symbol"
+    r"|not compatible|kernel image|oom")
+
+
+# ---------------------------------------------------------------------------------------
+# Results.
+@dataclass
+class Frame:
+    file: str
+    line: int
+    function: str | None
+    source: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function, "source": self.source}
+
+    def short(self) -> str:
+        return f"{short_path(self.file)}:{self.line}" + (f" in {self.function}" if self.function else "")
+
+
+@dataclass
+class Secondary:
+    type: str | None
+    message: str
+    rank: str | None
+    log_line: int | None
+    count: int
+    relation: str  # "chained" | "cascade" | "later" | "earlier"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "rank": self.rank,
+                "log_line": self.log_line, "count": self.count, "relation": self.relation}
+
+
+@dataclass
+class RootCause:
+    type: str | None
+    message: str
+    rank: str | None
+    frame: Frame | None
+    log_line: int | None
+    kind: str  # "traceback" | "error-line"
+    count: int
+    restarts: int
+    secondary: list[Secondary] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "rank": self.rank,
+                "frame": self.frame.to_json() if self.frame else None, "log_line": self.log_line,
+                "kind": self.kind, "count": self.count, "restarts": self.restarts,
+                "secondary": [s.to_json() for s in self.secondary]}
+
+
+@dataclass
+class Diagnosis:
+    root: RootCause | None
+    source: str = ""
+    lines: int | None = None        # lines read, when known (files analysed fast: None)
+    tracebacks: int = 0             # tracebacks seen (duplicates included)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"root_cause": self.root.to_json() if self.root else None}
+
+    def summary(self) -> str:
+        """One line for run reports."""
+        r = self.root
+        if r is None:
+            where = f" in {self.source}" if self.source else ""
+            return f"no error found{where}"
+        head = f"{r.type}: {first_line(r.message)}" if r.type else first_line(r.message)
+        if r.kind == "error-line":
+            head = f"error line: {first_line(r.message)}"
+        bits = []
+        if r.rank:
+            bits.append(r.rank)
+        if r.frame:
+            bits.append(r.frame.short())
+        if r.log_line:
+            bits.append(f"log line {r.log_line}")
+        if r.count > 1:
+            bits.append(f"seen in {r.count} processes")
+        if r.restarts > 1:
+            bits.append(f"{r.restarts} restarts")
+        return head + (f" ({'; '.join(bits)})" if bits else "")
+
+
+def first_line(text: str, limit: int = 240) -> str:
+    line = text.split("\n", 1)[0].strip()
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def short_path(path: str) -> str:
+    """`/root/ml-env/lib/python3.12/site-packages/vllm/x.py` -> `vllm/x.py`."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return path.rsplit(marker, 1)[1]
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# Internal state.
+@dataclass
+class _Exc:
+    type: str | None
+    message_lines: list[str]
+    pos: int                          # where this exception's traceback starts
+    frames: int = 0
+    last_frame: Frame | None = None
+    last_pkg_frame: Frame | None = None
+    chars: int = 0
+
+    @property
+    def message(self) -> str:
+        return "\n".join(self.message_lines).rstrip()
+
+
+@dataclass
+class _Stream:
+    key: tuple
+    label: str | None
+    pid: int | None
+    jpid: int | None
+    ident: str | None
+    level: str | None
+    state: str = "frames"             # frames | msg | after | chain
+    chain: list[_Exc] = field(default_factory=list)
+    cur: _Exc | None = None
+    pending: Frame | None = None      # frame awaiting its source line
+    chained_marker: bool = False
+    last_tick: int = 0
+    truncated_start: bool = False
+    msg_header: str = ""              # logger header of the exception line
+
+
+@dataclass
+class _Occ:
+    kind: str                         # "traceback" | "error-line"
+    category: int                     # lower is better, see _CATEGORY_*
+    type: str | None
+    message: str
+    sig: tuple
+    rank: str | None
+    pos: int
+    frame: Frame | None
+    chained: list[tuple[str | None, str, int]]  # other chain members: (type, message, pos)
+    cascade: bool
+
+
+# Categories, in order of preference for the root.
+_TB_ERROR, _LINE_STRONG, _TB_WARN, _TB_CASCADE, _LINE_ERROR, _LINE_CASCADE = range(6)
+
+
+def _norm_sig(type_: str | None, message: str) -> tuple:
+    text = first_line(message, 400)
+    text = re.sub(r"0x[0-9a-fA-F]+", "0x", text)
+    text = re.sub(r"\d+(?:\.\d+)?", "N", text)
+    return (type_ or "", text)
+
+
+def _is_cascade(type_: str | None, message: str) -> bool:
+    if type_:
+        if type_ in CASCADE_TYPES or type_.rsplit(".", 1)[-1] in CASCADE_TYPES:
+            return True
+    return bool(CASCADE_MESSAGE_RE.search((message or "")[:2000]))
+
+
+def _in_package(path: str, package: str | None) -> bool:
+    if not package:
+        return False
+    return f"/{package}/" in path.replace("\\", "/")
+
+
+class _Analyser:
+    """Push-based: feed() lines, finish() for the Diagnosis. Positions (`pos`) are opaque
+    ints that grow with the input — line numbers, or byte offsets resolved at the end."""
+
+    def __init__(self, package: str | None, *, error_lines: bool = True) -> None:
+        # An import name ("vllm", "flashinfer") or a dotted one; distribution-style dashes
+        # are read as underscores ("flash-attn" -> "flash_attn").
+        self.package = package.replace(".", "/").replace("-", "_") if package else None
+        self.error_lines = error_lines
+        self.streams: dict[tuple, _Stream] = {}
+        self.tick = 0
+        self.tracebacks = 0
+        # epochs (one per service start / crash)
+        self.epoch_of_jpid: dict[int, int] = {}
+        self.epoch = -1
+        self._epochs_seen = -1
+        self.epoch_labels: dict[str, int | None] = {}
+        self.epoch_terminal = False
+        self.epoch_unlabeled_died = False
+        self.cur_list: list[_Occ] = []
+        self.first: dict[int, tuple[int, list[_Occ]]] = {}   # category -> (epoch, its list)
+        self.lists: dict[int, list[_Occ]] = {}
+        # signature aggregates
+        self.sig_procs: dict[tuple, set] = {}
+        self.sig_epochs: dict[tuple, set] = {}
+        self.sig_first: dict[tuple, int] = {}
+
+    # -- public --------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.streams)
+
+    def feed(self, raw: str, pos: int, *, jpid: int | None = None, ident: str | None = None,
+             early: bool = False) -> None:
+        self.tick += 1
+        line = raw.rstrip("\r\n")
+        if "\x1b" in line:
+            line = ANSI_RE.sub("", line)
+        if jpid is None and line[:1].isalnum():
+            m = JOURNAL_RE.match(line)
+            if m:
+                ident = m.group("ident")
+                jpid = int(m.group("pid")) if m.group("pid") else None
+                line = line[m.end():]
+        label: str | None = None
+        pid: int | None = None
+        for _ in range(2):
+            if line.startswith("("):
+                m = PROC_RE.match(line)
+                if m:
+                    label, pid = m.group("label").strip(), int(m.group("pid"))
+                    line = line[m.end():]
+                    continue
+            break
+        if line.startswith("[rank"):
+            m = RANK_RE.match(line)
+            if m:
+                label = label or f"rank{m.group('rank')}"
+                line = line[m.end():]
+        level: str | None = None
+        header = ""
+        if line[:1] in ("D", "I", "W", "E", "C"):
+            m = HEADER_RE.match(line)
+            if m:
+                level = m.group("level")
+                header = m.group(0)
+                line = line[m.end():]
+        key = (jpid, label, pid, level is not None)
+        st = self.streams.get(key)
+        if st is not None:
+            st.last_tick = self.tick
+            if self._continue(st, line, pos, header):
+                self._expire()
+                return
+        elif line.startswith("Traceback (most recent call last)"):
+            self._open(key, label, pid, jpid, ident, level, pos)
+            self._expire()
+            return
+        elif early and line.startswith("  File \"") and FRAME_RE.match(line):
+            st = self._open(key, label, pid, jpid, ident, level, pos)
+            st.truncated_start = True
+            self._continue(st, line, pos, header)
+            self._expire()
+            return
+        if self.streams:
+            self._expire()
+        if self.error_lines:
+            self._error_line(line, pos, level, label, pid, jpid, ident)
+
+    def finish(self, resolve: Callable[[list[int]], dict[int, int]] | None = None,
+               source: str = "", lines: int | None = None) -> Diagnosis:
+        for st in list(self.streams.values()):
+            self._close(st, truncated_end=st.state == "frames")
+        self.streams.clear()
+        root = self._choose()
+        if root is None:
+            return Diagnosis(None, source, lines, self.tracebacks)
+        occ, epoch_list = root
+        positions = [occ.pos] + [o.pos for o in epoch_list] + [c[2] for c in occ.chained]
+        mapping = resolve(positions) if resolve else {p: p for p in positions}
+        secondary = self._secondaries(occ, epoch_list, mapping)
+        procs = self.sig_procs.get(occ.sig, set())
+        epochs = self.sig_epochs.get(occ.sig, set())
+        rc = RootCause(type=occ.type, message=occ.message, rank=occ.rank, frame=occ.frame,
+                       log_line=mapping.get(occ.pos), kind=occ.kind, count=max(1, len(procs)),
+                       restarts=max(1, len(epochs)), secondary=secondary)
+        return Diagnosis(rc, source, lines, self.tracebacks)
+
+    # -- tracebacks -------------------------------------------------------------------
+    def _open(self, key: tuple, label: str | None, pid: int | None, jpid: int | None,
+              ident: str | None, level: str | None, pos: int) -> _Stream:
+        if len(self.streams) >= MAX_STREAMS:
+            oldest = min(self.streams.values(), key=lambda s: s.last_tick)
+            self._close(oldest, truncated_end=oldest.state == "frames")
+            del self.streams[oldest.key]
+        st = _Stream(key, label, pid, jpid, ident, level, last_tick=self.tick)
+        st.cur = _Exc(None, [], pos)
+        self.streams[key] = st
+        return st
+
+    def _continue(self, st: _Stream, line: str, pos: int, header: str = "") -> bool:
+        """Feed one line of this stream's traceback. False: the line is not part of it
+        (the traceback was closed and the caller treats the line afresh)."""
+        if st.state == "frames":
+            if self._frames(st, line, pos):
+                if st.state == "msg":
+                    st.msg_header = header
+                return True
+            return False
+        if st.state == "msg":
+            if header != st.msg_header:
+                # Every line of one logger record carries the same header; another header
+                # is another record, so the message has ended.
+                self._finish_stream(st)
+                return False
+            if line.startswith("Traceback (most recent call last)"):
+                return self._next_traceback(st, pos)
+            if not line.strip():
+                st.state = "after"
+                return True
+            if line in (CHAIN_CONTEXT, CHAIN_CAUSE):
+                st.chained_marker = True
+                st.state = "chain"
+                return True
+            if RECORD_START_RE.match(line) or FRAME_RE.match(line):
+                self._finish_stream(st)
+                return False
+            exc = st.cur
+            assert exc is not None
+            if len(exc.message_lines) < MAX_MESSAGE_LINES and exc.chars < MAX_MESSAGE_CHARS:
+                exc.message_lines.append(line.rstrip())
+                exc.chars += len(line)
+                return True
+            self._finish_stream(st)
+            return False
+        if st.state in ("after", "chain"):
+            if not line.strip():
+                return True
+            if line in (CHAIN_CONTEXT, CHAIN_CAUSE):
+                st.chained_marker = True
+                st.state = "chain"
+                return True
+            if line.startswith("Traceback (most recent call last)"):
+                return self._next_traceback(st, pos)
+            self._finish_stream(st)
+            return False
+        return False
+
+    def _frames(self, st: _Stream, line: str, pos: int) -> bool:
+        exc = st.cur
+        assert exc is not None
+        if line.startswith(" "):
+            m = FRAME_RE.match(line)
+            if m:
+                fr = Frame(m.group("file"), int(m.group("line")), m.group("func"))
+                exc.frames += 1
+                exc.last_frame = fr
+                if _in_package(fr.file, self.package):
+                    exc.last_pkg_frame = fr
+                st.pending = fr
+                return True
+            text = line.strip()
+            if st.pending is not None and text and not _decoration(text):
+                st.pending.source = text[:500]
+                st.pending = None
+            return True
+        if not line.strip():
+            return True
+        if line.startswith("Traceback (most recent call last)"):
+            # A traceback restarted before this one ended: keep what we had, start anew.
+            self._finish_stream(st, truncated_end=True)
+            self._open(st.key, st.label, st.pid, st.jpid, st.ident, st.level, pos)
+            return True
+        if IGNORABLE_IN_TB_RE.match(line):
+            return True
+        m = EXC_RE.match(line)
+        if m:
+            exc.type = m.group("type")
+            msg = m.group("msg") or ""
+        else:
+            exc.type = None
+            msg = line
+        exc.message_lines = [msg.rstrip()]
+        exc.chars = len(msg)
+        st.pending = None
+        st.state = "msg"
+        return True
+
+    def _next_traceback(self, st: _Stream, pos: int) -> bool:
+        if st.chained_marker and st.cur is not None and len(st.chain) < MAX_CHAIN:
+            st.chain.append(st.cur)
+            st.cur = _Exc(None, [], pos)
+            st.state = "frames"
+            st.chained_marker = False
+            st.pending = None
+            return True
+        # A new, independent traceback in the same stream (e.g. vLLM's add_note copy).
+        key = st.key
+        self._finish_stream(st)
+        self._open(key, st.label, st.pid, st.jpid, st.ident, st.level, pos)
+        return True
+
+    def _finish_stream(self, st: _Stream, truncated_end: bool = False) -> None:
+        self._close(st, truncated_end=truncated_end)
+        self.streams.pop(st.key, None)
+
+    def _expire(self) -> None:
+        if not self.streams:
+            return
+        limit = self.tick - IDLE_CLOSE_LINES
+        for st in [s for s in self.streams.values() if s.last_tick < limit]:
+            self._finish_stream(st, truncated_end=st.state == "frames")
+
+    def _close(self, st: _Stream, truncated_end: bool) -> None:
+        chain = list(st.chain)
+        if st.cur is not None:
+            cur = st.cur
+            if truncated_end and cur.type is None and not cur.message_lines:
+                cur.message_lines = ["(traceback cut off before its exception line: the log is truncated)"]
+            if cur.frames or cur.message_lines:
+                chain.append(cur)
+        if not chain:
+            return
+        self.tracebacks += 1
+        pick = _pick_from_chain(chain)
+        exc = chain[pick]
+        frame = exc.last_pkg_frame or exc.last_frame
+        if frame is None:
+            for other in reversed(chain):
+                frame = other.last_pkg_frame or other.last_frame
+                if frame is not None:
+                    break
+        message = exc.message
+        cascade = _is_cascade(exc.type, message)
+        if cascade:
+            category = _TB_CASCADE
+        elif st.level in ("WARNING", "WARN", "INFO", "DEBUG"):
+            category = _TB_WARN
+        else:
+            category = _TB_ERROR
+        others = [(e.type, e.message, e.pos) for i, e in enumerate(chain) if i != pick]
+        occ = _Occ("traceback", category, exc.type, message, _norm_sig(exc.type, message),
+                   st.label, chain[0].pos, frame, others, cascade)
+        self._register(occ, st.jpid, st.ident, st.label, st.pid)
+
+    # -- error lines ----------------------------------------------------------------
+    def _error_line(self, line: str, pos: int, level: str | None, label: str | None,
+                    pid: int | None, jpid: int | None, ident: str | None) -> None:
+        if level in ("INFO", "DEBUG") or not line or line[0] == " " and not level:
+            return
+        if not PREFILTER_RE.search(line):
+            return
+        text = line.strip()
+        if not text or text.startswith(("INFO:", "DEBUG:")):
+            return
+        category: int | None = None
+        type_: str | None = None
+        for rx, name in STRONG_LINE_PATTERNS:
+            if rx.search(text):
+                category, type_ = _LINE_STRONG, name
+                break
+        cascade = bool(CASCADE_LINE_RE.search(text))
+        if category is None:
+            if cascade:
+                category = _LINE_CASCADE
+            elif level in ("ERROR", "CRITICAL") or EXC_LINE_RE.match(text):
+                category = _LINE_ERROR
+            else:
+                return
+        if level in ("WARNING", "WARN") and category == _LINE_ERROR:
+            return
+        m = EXC_LINE_RE.match(text)
+        if m:
+            type_ = m.group("type")
+            if category == _LINE_ERROR and _is_cascade(type_, m.group("msg")):
+                category, cascade = _LINE_CASCADE, True
+        elif type_ is None:
+            type_ = "error"
+        occ = _Occ("error-line", category, type_, text[:MAX_MESSAGE_CHARS], _norm_sig(type_, text),
+                   label, pos, None, [], category == _LINE_CASCADE)
+        self._register(occ, jpid, ident, label, pid)
+
+    # -- crashes, aggregates ----------------------------------------------------------
+    def _epoch_for(self, jpid: int | None, ident: str | None, label: str | None,
+                   pid: int | None, terminal: bool) -> int:
+        if ident == "systemd" or (jpid == 1):
+            return max(self.epoch, 0) if self.epoch >= 0 else self._new_epoch()
+        if jpid is not None:
+            e = self.epoch_of_jpid.get(jpid)
+            if e is None:
+                e = self._new_epoch()
+                if len(self.epoch_of_jpid) < 100000:
+                    self.epoch_of_jpid[jpid] = e
+            elif e != self.epoch:
+                self._switch(e)
+            return e
+        if self.epoch < 0:
+            self._new_epoch()
+        if terminal and label is None and self.epoch_unlabeled_died:
+            # Without journald or process prefixes, a main process dies once per start:
+            # a second uncaught traceback at top level is the next start's.
+            self._new_epoch()
+        if label is not None:
+            known = self.epoch_labels.get(label, pid)
+            if known != pid and self.epoch_terminal:
+                self._new_epoch()
+            self.epoch_labels[label] = pid
+        if terminal:
+            self.epoch_terminal = True
+            if label is None:
+                self.epoch_unlabeled_died = True
+        return self.epoch
+
+    def _new_epoch(self) -> int:
+        self._epochs_seen += 1
+        self.epoch = self._epochs_seen
+        self.epoch_labels = {}
+        self.epoch_terminal = False
+        self.epoch_unlabeled_died = False
+        self.cur_list = []
+        self.lists = {k: v for k, v in self.lists.items()
+                      if any(v is lst for _, lst in self.first.values())}
+        self.lists[self.epoch] = self.cur_list
+        return self.epoch
+
+    def _switch(self, epoch: int) -> None:
+        # Back to an earlier crash's pid (rare: overlapping shutdown): keep its list if kept.
+        self.epoch = epoch
+        self.cur_list = self.lists.setdefault(epoch, [])
+
+    def _register(self, occ: _Occ, jpid: int | None, ident: str | None, label: str | None,
+                  pid: int | None) -> None:
+        terminal = occ.kind == "traceback" and (
+            label is None or label == "APIServer" or label.startswith("EngineCore"))
+        epoch = self._epoch_for(jpid, ident, label, pid, terminal)
+        proc_key = (epoch, jpid, label, pid)
+        procs = self.sig_procs.get(occ.sig)
+        if procs is None:
+            if len(self.sig_procs) >= MAX_SIGNATURES:
+                return
+            procs = self.sig_procs[occ.sig] = set()
+            self.sig_epochs[occ.sig] = set()
+        if proc_key in procs:
+            return  # the same exception printed twice by one process (logger + multiprocessing)
+        if len(procs) < MAX_PROCS_PER_SIG:
+            procs.add(proc_key)
+        epochs = self.sig_epochs[occ.sig]
+        if len(epochs) < MAX_PROCS_PER_SIG:
+            epochs.add(epoch)
+        lst = self.lists.setdefault(epoch, self.cur_list if epoch == self.epoch else [])
+        if len(lst) < MAX_EPOCH_OCCURRENCES:
+            lst.append(occ)
+        if occ.category not in self.first:
+            self.first[occ.category] = (epoch, lst)
+
+    def _choose(self) -> tuple[_Occ, list[_Occ]] | None:
+        for category in (_TB_ERROR, _LINE_STRONG, _TB_WARN, _TB_CASCADE, _LINE_ERROR, _LINE_CASCADE):
+            if category in self.first:
+                _, lst = self.first[category]
+                cands = [o for o in lst if o.category == category]
+                if cands:
+                    return min(cands, key=lambda o: o.pos), lst
+        return None
+
+    def _secondaries(self, root: _Occ, epoch_list: list[_Occ], mapping: dict[int, int]) -> list[Secondary]:
+        out: list[Secondary] = []
+        seen: set[tuple] = {root.sig}
+        for type_, message, pos in root.chained:
+            out.append(Secondary(type_, message, root.rank, mapping.get(pos), 1, "chained"))
+        only_tracebacks = root.kind == "traceback"
+        for o in sorted(epoch_list, key=lambda o: o.pos):
+            if o.sig in seen or (only_tracebacks and o.kind != "traceback"):
+                continue
+            if o.category in (_TB_WARN,) and o.pos < root.pos:
+                continue
+            seen.add(o.sig)
+            relation = "cascade" if o.cascade else ("later" if o.pos >= root.pos else "earlier")
+            out.append(Secondary(o.type, o.message, o.rank, mapping.get(o.pos),
+                                 max(1, len(self.sig_procs.get(o.sig, ()))), relation))
+            if len(out) >= MAX_SECONDARY:
+                break
+        return out
+
+
+def _decoration(text: str) -> bool:
+    """Python 3.11+ caret/tilde markers and 3.13's elided-lines marker: not source."""
+    return (not text.strip("^~ ")) or (text.startswith("...<") and text.endswith(">...")) \
+        or text.startswith("[Previous line repeated")
+
+
+def _pick_from_chain(chain: list[_Exc]) -> int:
+    """The original exception of a chain — unless it is a cascade, or a bare lookup failure
+    that the code answered with a more telling error (KeyError -> "model type not
+    recognised"): then the first later one that is neither."""
+    if len(chain) == 1:
+        return 0
+    for i, exc in enumerate(chain):
+        if _is_cascade(exc.type, exc.message):
+            continue
+        base = (exc.type or "").rsplit(".", 1)[-1]
+        if base in LOOKUP_TYPES and any(
+                not _is_cascade(e.type, e.message) for e in chain[i + 1:]):
+            continue
+        return i
+    return len(chain) - 1
+
+
+# ---------------------------------------------------------------------------------------
+# Entry points.
+def analyse_lines(lines: Iterable[str], *, package: str | None = None, source: str = "") -> Diagnosis:
+    """Analyse text lines (any iterable: a file object, stdin, a list). Streaming."""
+    an = _Analyser(package)
+    n = 0
+    for n, line in enumerate(lines, 1):
+        _feed_prefiltered(an, line, n, early=n <= EARLY_LINES)
+    return an.finish(source=source, lines=n)
+
+
+def _feed_prefiltered(an: _Analyser, line: str, n: int, *, early: bool,
+                      jpid: int | None = None, ident: str | None = None) -> None:
+    # Most lines of a healthy log are INFO chatter: skip them unless a traceback is open.
+    # A few `in` tests settle the common case; the regex only sees the rest.
+    if an.busy or early:
+        an.feed(line, n, jpid=jpid, ident=ident, early=early)
+    elif "INFO" in line and "rror" not in line and "RROR" not in line and "Traceback" not in line \
+            and "xception" not in line:
+        return
+    elif PREFILTER_RE.search(line):
+        an.feed(line, n, jpid=jpid, ident=ident, early=early)
+
+
+def analyse_file(path: str | os.PathLike[str], *, package: str | None = None) -> Diagnosis:
+    """Analyse a log file; fast path for large files (see module docstring)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"log file not found: {p}", hint="give the path of a log file, or --unit UNIT")
+    an = _Analyser(package, error_lines=False)
+    with open(p, "rb", buffering=0) as f:
+        _scan_fast(f, an)
+
+    def resolve(positions: list[int]) -> dict[int, int]:
+        return _offsets_to_lines(p, positions)
+
+    diag = an.finish(resolve, source=str(p))
+    if _TB_ERROR in an.first:
+        return diag
+    # No traceback explains it: read every line, error lines included.
+    with open(p, encoding="utf-8", errors="replace", newline="\n") as fh:
+        return analyse_lines(fh, package=package, source=str(p))
+
+
+def _scan_fast(f: BinaryIO, an: _Analyser) -> None:
+    carry = b""         # the unfinished last line of the previous chunk
+    base = 0            # file offset of the current chunk's first byte
+    lines_seen = 0      # counted only while early
+    while True:
+        data = f.read(CHUNK)
+        if not data:
+            break
+        first = data.find(b"\n")
+        if first < 0:
+            carry += data
+            if len(carry) > MAX_LINE_BYTES:
+                # A monster line: look at its head, drop the rest (an offset inside a line
+                # still resolves to that line's number).
+                start = base + len(data) - len(carry)
+                lines_seen = _scan_block(carry + b"\n", 0, len(carry) + 1, start, an, lines_seen)
+                carry = b""
+            base += len(data)
+            continue
+        start = 0
+        if carry:
+            # The line that straddles two chunks: a small copy, never the whole chunk.
+            line = carry + data[:first + 1]
+            lines_seen = _scan_block(line, 0, len(line), base - len(carry), an, lines_seen)
+            carry = b""
+            start = first + 1
+        end = data.rfind(b"\n") + 1
+        lines_seen = _scan_block(data, start, end, base, an, lines_seen)
+        carry = data[end:]
+        base += len(data)
+    if carry:
+        _scan_block(carry + b"\n", 0, len(carry) + 1, base - len(carry), an, lines_seen)
+
+
+def _scan_block(buf: bytes, pos: int, end: int, base: int, an: _Analyser, lines_seen: int) -> int:
+    """Feed the lines of buf[pos:end] (end just past a newline) that matter; `base` is the
+    file offset of buf[0]."""
+    find = buf.find
+    while pos < end:
+        early = lines_seen < EARLY_LINES
+        if not an.busy and not early:
+            hit = find(TB_NEEDLE, pos, end)
+            if hit < 0:
+                return lines_seen
+            pos = buf.rfind(b"\n", pos, hit) + 1 or pos
+        nl = find(b"\n", pos, end)
+        if nl < 0:
+            nl = end
+        raw = buf[pos:nl]
+        if len(raw) > MAX_LINE_BYTES:
+            raw = raw[:MAX_LINE_BYTES]
+        if early:
+            lines_seen += 1
+        an.feed(raw.decode("utf-8", "replace"), base + pos, early=early)
+        pos = nl + 1
+    return lines_seen
+
+
+def _offsets_to_lines(path: Path, offsets: list[int]) -> dict[int, int]:
+    """1-based line numbers of byte offsets (each the start of a line), one counting pass
+    that stops at the furthest offset asked for."""
+    want = sorted({o for o in offsets if o is not None})
+    out: dict[int, int] = {}
+    i = 0
+    base = 0       # file offset of data[0]
+    count = 0      # newlines before `base`
+    with open(path, "rb", buffering=0) as f:
+        while i < len(want):
+            data = f.read(CHUNK)
+            if not data:
+                break
+            top = base + len(data)
+            last = 0
+            while i < len(want) and want[i] < top:
+                rel = want[i] - base
+                count += data.count(b"\n", last, rel)
+                last = rel
+                out[want[i]] = count + 1
+                i += 1
+            count += data.count(b"\n", last)
+            base = top
+    return out
+
+
+def analyse_journal(unit: str, since: str | None, *, package: str | None = None,
+                    timeout: float | None = None) -> Diagnosis:
+    """Analyse a systemd unit's journal (`journalctl -u UNIT --since SINCE -o json`), streamed."""
+    argv = ["journalctl", "-u", unit, "--no-pager", "-o", "json"]
+    if since:
+        argv[3:3] = ["--since", since]
+    an = _Analyser(package)
+    counter = [0]
+    other: list[str] = []
+
+    def on_line(text: str) -> None:
+        text = text.strip()
+        if not text:
+            return
+        if not text.startswith("{"):
+            if len(other) < 20:
+                other.append(text)
+            return
+        try:
+            entry = json.loads(text)
+        except ValueError:
+            if len(other) < 20:
+                other.append(text[:300])
+            return
+        counter[0] += 1
+        msg = entry.get("MESSAGE")
+        if isinstance(msg, list):  # journald's form for messages that are not UTF-8
+            try:
+                msg = bytes(msg).decode("utf-8", "replace")
+            except (TypeError, ValueError):
+                return
+        if not isinstance(msg, str):
+            return
+        try:
+            jpid = int(entry.get("_PID")) if entry.get("_PID") is not None else None
+        except (TypeError, ValueError):
+            jpid = None
+        ident = entry.get("SYSLOG_IDENTIFIER")
+        n = counter[0]
+        for part in msg.split("\n"):
+            _feed_prefiltered(an, part, n, early=n <= EARLY_LINES, jpid=jpid, ident=ident)
+
+    try:
+        done = proc.stream(argv, on_line=on_line, timeout=timeout)
+    except CommandNotFound:
+        raise CommandNotFound(
+            f"journalctl not found: cannot read the journal of unit {unit!r}",
+            hint="run on the host that runs the unit, or save the log and run `rewheel why LOGFILE`") from None
+    if done.timed_out:
+        raise UsageError(f"journalctl -u {unit} timed out after {timeout}s")
+    if done.returncode != 0:
+        detail = "; ".join(other[-5:]) or f"exit status {done.returncode}"
+        raise UsageError(f"journalctl failed for unit {unit!r}: {detail}",
+                         hint=f"check the unit name and --since value ({' '.join(argv)})")
+    since_txt = f" since {since}" if since else ""
+    return an.finish(source=f"journal of {unit}{since_txt}", lines=counter[0])
+
+
+def analyse_stream(stream: io.TextIOBase | Iterator[str] | None = None, *,
+                   package: str | None = None) -> Diagnosis:
+    """Analyse stdin (or the given text stream)."""
+    return analyse_lines(stream if stream is not None else sys.stdin, package=package, source="stdin")

@@ -1,0 +1,576 @@
+"""What changed between two states of an environment: package versions and installed files.
+
+A state is a snapshot (its `meta.json` distributions and `manifest.json` entries) or the
+live environment. Package changes are classified (upgraded, downgraded, added, removed,
+reinstalled with different bytes) and annotated with what nightly versions encode: the
+dev-build distance, the git shas and a compare link (see `rewheel.versions`).
+
+File changes come from hashes that are already known, never from re-reading unchanged
+files: the manifest holds a sha256 for every captured file; a live file whose size and
+mtime equal the manifest's is unchanged; a live file that its RECORD proves pristine
+(same size, not modified since its distribution was installed) has the RECORD's hash.
+Only the rest is hashed — so diffing an 8 GB vLLM environment against its snapshot reads
+the handful of files that were touched by hand, plus the contents of changed text files
+when line counts or unified diffs are asked for.
+
+Byte-compiled caches (`__pycache__`, `.pyc`) and `.dist-info` folders (metadata and the
+installer's bookkeeping: RECORD, INSTALLER, uv_cache.json, ...) are not source and are left
+out of file diffs; the package table covers them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import hashlib
+import os
+import stat
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from rewheel import versions as vers
+from rewheel.environment import Distribution, Environment
+from rewheel.errors import SnapshotError, UsageError
+from rewheel.snapshot import (Manifest, Progress, SnapshotMeta, Store, _kind, _record_index,
+                              _walk, hash_file, scope_of)
+
+# Files an installer writes into a .dist-info folder at install time; not part of the wheel's
+# payload, different on every install (uv_cache.json carries a timestamp).
+INSTALLER_FILES = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"})
+# Larger files are not read for line counts or unified diffs.
+TEXT_LIMIT = 4 << 20
+LIVE = "live"
+
+
+# --------------------------------------------------------------------------------------
+# Text helpers shared with rewheel.patches
+# --------------------------------------------------------------------------------------
+def is_install_artifact(path: str) -> bool:
+    """Byte-compiled caches and the installer's bookkeeping files: written at install or
+    import time, never what a wheel shipped."""
+    if path.endswith((".pyc", ".pyo")) or "/__pycache__/" in f"/{path}":
+        return True
+    parent, _, base = path.rpartition("/")
+    return base in INSTALLER_FILES and parent.endswith(".dist-info")
+
+
+def is_noise(path: str) -> bool:
+    """Left out of file diffs: install artifacts and everything in `.dist-info` folders (the
+    package table says which distributions changed)."""
+    return is_install_artifact(path) or ".dist-info/" in path
+
+
+def as_text(data: bytes | None) -> str | None:
+    """The bytes as text when they are a (UTF-8) text file of reasonable size, else None."""
+    if data is None or len(data) > TEXT_LIMIT or b"\0" in data[:8192]:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def unified_diff(old: str | None, new: str | None, path_a: str | None, path_b: str | None) -> str:
+    """A git-compatible unified diff (`--- a/p`, `+++ b/p`, `/dev/null` for a missing side,
+    `\\ No newline at end of file` markers) between two texts; "" when they are equal."""
+    a = (old or "").splitlines(keepends=True)
+    b = (new or "").splitlines(keepends=True)
+    label_a = f"a/{path_a}" if path_a is not None and old is not None else "/dev/null"
+    label_b = f"b/{path_b}" if path_b is not None and new is not None else "/dev/null"
+    out: list[str] = []
+    for line in difflib.unified_diff(a, b, label_a, label_b, lineterm="\n"):
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def count_lines(diff: str) -> tuple[int, int]:
+    """(added, removed) lines of a unified diff."""
+    added = removed = 0
+    lines = diff.splitlines()
+    for line in lines[2:]:  # the ---/+++ header
+        if line.startswith("+"):
+            added += 1
+        elif line.startswith("-"):
+            removed += 1
+    return added, removed
+
+
+def display_path(abs_path: str, sites: Iterable[str], prefix: str | None) -> str:
+    """A path as users name it: relative to its site-packages, else to the prefix."""
+    for s in sites:
+        base = s.rstrip("/") + "/"
+        if abs_path.startswith(base):
+            return abs_path[len(base):]
+    if prefix:
+        base = prefix.rstrip("/") + "/"
+        if abs_path.startswith(base):
+            return abs_path[len(base):]
+    return abs_path
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# Package versions
+# --------------------------------------------------------------------------------------
+@dataclass
+class PackageChange:
+    name: str
+    old: str | None
+    new: str | None
+    # upgraded | downgraded | added | removed | reinstalled (same version, other bytes) |
+    # modified (same install, files edited since) | changed (not PEP 440) | unchanged
+    change: str
+    dev_distance: int | None = None
+    old_sha: str | None = None
+    new_sha: str | None = None
+    old_variant: str | None = None
+    new_variant: str | None = None
+    compare_url: str | None = None
+    files_changed: int = 0
+
+    @property
+    def variant(self) -> str | None:
+        """The build variant as shown: `cu130`, or `cu128 → cu130` when it changed."""
+        if self.old_variant == self.new_variant or self.old is None or self.new is None:
+            return self.new_variant or self.old_variant
+        return f"{self.old_variant or '-'} → {self.new_variant or '-'}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "old": self.old, "new": self.new, "change": self.change,
+                "dev_distance": self.dev_distance, "old_sha": self.old_sha,
+                "new_sha": self.new_sha, "variant": self.variant,
+                "compare_url": self.compare_url, "files_changed": self.files_changed}
+
+
+def _dist_map(dists: Iterable[Mapping[str, Any]] | Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    if isinstance(dists, Mapping):
+        return {canonicalize_name(k): {"name": k, "version": v} for k, v in dists.items()}
+    return {canonicalize_name(d["name"]): dict(d) for d in dists}
+
+
+def diff_versions(old: Iterable[Mapping[str, Any]] | Mapping[str, str],
+                  new: Iterable[Mapping[str, Any]] | Mapping[str, str], *,
+                  changed_files: Mapping[str, int] | None = None,
+                  reinstalled: set[str] | None = None,
+                  include_unchanged: bool = False) -> list[PackageChange]:
+    """Classify every distribution's change between two states.
+
+    `old`/`new`: `SnapshotMeta.distributions` lists or `[d.to_json() for d in
+    env.distributions()]` (dicts with name, version, project_urls, sha256), or plain
+    `{name: version}` maps. `changed_files`: distribution -> number of its payload files
+    whose bytes differ (from a tree diff); a same-version distribution with changed files
+    is "reinstalled". Unchanged distributions are left out unless asked for.
+    """
+    a, b = _dist_map(old), _dist_map(new)
+    changed_files = changed_files or {}
+    out: list[PackageChange] = []
+    for name in sorted(set(a) | set(b)):
+        da, db = a.get(name), b.get(name)
+        va = vers.parse(da["version"]) if da else None
+        vb = vers.parse(db["version"]) if db else None
+        urls = (db or {}).get("project_urls") or (da or {}).get("project_urls") or {}
+        pc = PackageChange(name, va.text if va else None, vb.text if vb else None, "unchanged",
+                           old_sha=va.sha if va else None, new_sha=vb.sha if vb else None,
+                           old_variant=va.variant if va else None,
+                           new_variant=vb.variant if vb else None,
+                           files_changed=changed_files.get(name, 0))
+        if va is None:
+            pc.change = "added"
+        elif vb is None:
+            pc.change = "removed"
+        elif va.public is None or vb.public is None:
+            # Not PEP 440: only equality means anything.
+            pc.change = "changed" if va.text != vb.text else "unchanged"
+        elif vb.public > va.public:
+            pc.change = "upgraded"
+        elif vb.public < va.public:
+            pc.change = "downgraded"
+        else:
+            wheel_a, wheel_b = (da or {}).get("sha256"), (db or {}).get("sha256")
+            if va.version != vb.version or (wheel_a and wheel_b and wheel_a != wheel_b):
+                pc.change = "reinstalled"
+        if va is not None and vb is not None:
+            pc.dev_distance = vers.dev_distance(va, vb)
+            pc.compare_url = vers.compare_url(urls, va.sha, vb.sha)
+        if pc.change == "unchanged" and pc.files_changed:
+            pc.change = "reinstalled" if reinstalled is None or name in reinstalled else "modified"
+        if include_unchanged or pc.change != "unchanged":
+            out.append(pc)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Installed files
+# --------------------------------------------------------------------------------------
+@dataclass
+class FileChange:
+    path: str  # relative to its site-packages, else to the prefix
+    abs_path: str
+    change: str  # added | removed | changed | mode
+    distribution: str | None = None
+    old_sha256: str | None = None
+    new_sha256: str | None = None
+    old_size: int | None = None
+    new_size: int | None = None
+    old_mode: int | None = None
+    new_mode: int | None = None
+    binary: bool = False
+    added_lines: int | None = None
+    removed_lines: int | None = None
+    diff: str | None = None
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "change": self.change, "added_lines": self.added_lines,
+                "removed_lines": self.removed_lines, "distribution": self.distribution,
+                "abs_path": self.abs_path, "binary": self.binary,
+                "old_sha256": self.old_sha256, "new_sha256": self.new_sha256,
+                "old_size": self.old_size, "new_size": self.new_size,
+                "old_mode": oct(self.old_mode) if self.old_mode is not None else None,
+                "new_mode": oct(self.new_mode) if self.new_mode is not None else None,
+                "diff": self.diff, "note": self.note}
+
+
+@dataclass
+class DiffResult:
+    old: str  # snapshot id
+    new: str  # snapshot id or "live"
+    packages: list[PackageChange]
+    files: list[FileChange]
+    unchanged_packages: int = 0
+    stats: dict[str, Any] = field(default_factory=dict)
+    filters: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"old": self.old, "new": self.new,
+                "packages": [p.to_json() for p in self.packages],
+                "files": [f.to_json() for f in self.files],
+                "unchanged_packages": self.unchanged_packages, "stats": self.stats,
+                "filters": self.filters}
+
+
+@dataclass
+class _Item:
+    """One file or symlink of one side."""
+
+    kind: str  # "f" | "l"
+    mode: int
+    size: int
+    sha: str | None
+    target: str | None = None
+
+
+class _Owners:
+    """Which distribution a path belongs to: its RECORD, else the nearest folder that holds
+    files of exactly one distribution's RECORD (files added inside a package)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, str] = {}
+        self.dirs: dict[str, str] = {}
+        self.sites: set[str] = set()
+
+    def add(self, dist: str, site: str, paths: Iterable[str]) -> None:
+        site = site.rstrip("/")
+        self.sites.add(site)
+        for p in paths:
+            self.files.setdefault(p, dist)
+            d = os.path.dirname(p)
+            # Only folders inside site-packages: bin/ holds every distribution's scripts.
+            if d.startswith(site + "/") and not d.endswith(".dist-info"):
+                self.dirs.setdefault(d, dist)
+
+    def owner(self, path: str) -> str | None:
+        if path in self.files:
+            return self.files[path]
+        d = os.path.dirname(path)
+        while d and d not in self.sites and d != "/":
+            if d in self.dirs:
+                return self.dirs[d]
+            d = os.path.dirname(d)
+        return None
+
+
+def _owners_from_env(dists: list[Distribution], owners: _Owners) -> None:
+    for dist in dists:
+        owners.add(dist.name, str(dist.site), (e.path for e in dist.record))
+
+
+def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners) -> None:
+    """RECORD files as stored in the snapshot's tree (the environment may have moved on)."""
+    import csv
+
+    for e in man.entries:
+        if e[2] != "f" or not e[1].endswith(".dist-info/RECORD"):
+            continue
+        stored = snap.path / "tree" / str(e[0]) / e[1]
+        try:
+            text = stored.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        abs_rec = os.path.join(man.roots[e[0]].path, e[1])
+        info_dir = os.path.dirname(abs_rec)
+        site = os.path.dirname(info_dir)
+        name = canonicalize_name(os.path.basename(info_dir)[: -len(".dist-info")].rsplit("-", 1)[0])
+        paths = [os.path.normpath(os.path.join(site, row[0]))
+                 for row in csv.reader(text.splitlines()) if row and row[0]]
+        owners.add(name, site, paths)
+
+
+def _manifest_items(man: Manifest) -> dict[str, _Item]:
+    items: dict[str, _Item] = {}
+    for e in man.entries:
+        if e[2] in ("f", "l"):
+            items[os.path.join(man.roots[e[0]].path, e[1])] = _Item(e[2], e[3], e[4], e[6], e[8])
+    return items
+
+
+def _stored_bytes(snap: SnapshotMeta, man: Manifest, abs_path: str, want_sha: str | None) -> bytes | None:
+    """A file's contents as the snapshot holds them, verified against the manifest hash (a
+    stored copy shared by hard link could have been edited in place since)."""
+    for ri, root in enumerate(man.roots):
+        base = root.path.rstrip("/") + "/"
+        if abs_path.startswith(base):
+            p = snap.path / "tree" / str(ri) / abs_path[len(base):]
+            try:
+                if p.stat().st_size > TEXT_LIMIT:
+                    return None
+                data = p.read_bytes()
+            except OSError:
+                return None
+            return data if want_sha is None or _sha(data) == want_sha else None
+    return None
+
+
+def _live_bytes(abs_path: str, want_sha: str | None) -> bytes | None:
+    try:
+        if os.lstat(abs_path).st_size > TEXT_LIMIT:
+            return None
+        with open(abs_path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data if want_sha is None or _sha(data) == want_sha else None
+
+
+class _Side:
+    """Content access for one side of a diff."""
+
+    def __init__(self, snap: SnapshotMeta | None, man: Manifest | None) -> None:
+        self.snap, self.man = snap, man
+
+    def read(self, abs_path: str, item: _Item) -> bytes | None:
+        if self.snap is None:
+            return _live_bytes(abs_path, None)
+        assert self.man is not None
+        return _stored_bytes(self.snap, self.man, abs_path, item.sha)
+
+
+def _live_items(env: Environment, dists: list[Distribution], old: Mapping[str, _Item],
+                old_mtimes: Mapping[str, int], skip: set[str], stats: dict[str, int],
+                progress: Progress | None) -> dict[str, _Item]:
+    """Walk the live environment; take each file's hash from the manifest (same size and
+    mtime), from its RECORD (provably pristine), and only otherwise by reading it."""
+    records = _record_index(dists)
+    roots = scope_of(env)
+    items: dict[str, _Item] = {}
+    mtimes: dict[str, int] = {}
+    for i, (ri, rel, st) in enumerate(_walk(roots, records, skip)):
+        kind = _kind(st.st_mode)
+        if kind not in ("f", "l"):
+            continue
+        full = os.path.join(roots[ri].path, rel)
+        mode = stat.S_IMODE(st.st_mode)
+        if kind == "l":
+            items[full] = _Item("l", mode, 0, None, os.readlink(full))
+            continue
+        items[full] = _Item("f", mode, st.st_size, None)
+        mtimes[full] = st.st_mtime_ns
+        if progress and i % 2000 == 0:
+            progress("diff: walk", i, 0)
+    for full, it in items.items():
+        # RECORD files are read to tell a reinstall from a hand edit; they are small.
+        if it.kind != "f" or (is_noise(full) and not full.endswith(".dist-info/RECORD")):
+            continue
+        o = old.get(full)
+        if o is not None and o.kind == "f" and o.size == it.size and old_mtimes.get(full) == mtimes[full]:
+            it.sha = o.sha
+            stats["by_manifest"] += 1
+            continue
+        rec = records.get(full)
+        if rec and rec[0] and rec[1] == it.size and mtimes[full] < rec[2]:
+            it.sha = rec[0]
+            stats["by_record"] += 1
+            continue
+        if o is None:
+            # Added: it differs whatever its hash; its contents are read only if a line
+            # count is asked for.
+            continue
+        if o.kind == "f" and o.size != it.size:
+            continue  # changed, provably, without reading it
+        try:
+            it.sha = hash_file(full)
+        except OSError:
+            continue
+        stats["hashed_files"] += 1
+        stats["hashed_bytes"] += it.size
+    return items
+
+
+def _compare(old: Mapping[str, _Item], new: Mapping[str, _Item]) -> list[tuple[str, str]]:
+    changes: list[tuple[str, str]] = []
+    for path in sorted(set(old) | set(new)):
+        if is_noise(path):
+            continue
+        o, n = old.get(path), new.get(path)
+        if o is None:
+            changes.append((path, "added"))
+        elif n is None:
+            changes.append((path, "removed"))
+        elif o.kind != n.kind:
+            changes.append((path, "changed"))
+        elif o.kind == "l":
+            if o.target != n.target:
+                changes.append((path, "changed"))
+        elif o.size != n.size or o.sha is None or n.sha is None or o.sha != n.sha:
+            changes.append((path, "changed"))
+        elif o.mode != n.mode:
+            changes.append((path, "mode"))
+    return changes
+
+
+def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta | None = None, *,
+               package: str | None = None, path_glob: str | None = None,
+               with_diffs: bool = False, line_counts: bool = True,
+               skip: set[str] | None = None, progress: Progress | None = None) -> DiffResult:
+    """Versions and files between a snapshot and another snapshot (`new_snap`) or the live
+    environment (`new_snap=None`).
+
+    `package`/`path_glob` narrow the file list (a glob matched against the path relative to
+    site-packages and against the absolute path); `with_diffs` adds unified diffs of text
+    files; `line_counts=False` (a `--stat`-less quick look) skips reading changed files.
+    """
+    t0 = time.monotonic()
+    old_man = Manifest.load(old_snap)
+    stats = {"by_manifest": 0, "by_record": 0, "hashed_files": 0, "hashed_bytes": 0}
+    owners = _Owners()
+    old_items = _manifest_items(old_man)
+    if new_snap is None:
+        new_man = None
+        old_mtimes = {os.path.join(old_man.roots[e[0]].path, e[1]): e[5]
+                      for e in old_man.entries if e[2] == "f"}
+        dists = env.distributions()
+        new_items: Mapping[str, _Item] = _live_items(env, dists, old_items, old_mtimes,
+                                                     skip or set(), stats, progress)
+        new_dists = [d.to_json() for d in dists]
+        _owners_from_env(dists, owners)
+    else:
+        new_man = Manifest.load(new_snap)
+        new_items = _manifest_items(new_man)
+        new_dists = new_snap.distributions
+        _owners_from_snapshot(new_snap, new_man, owners)
+    _owners_from_snapshot(old_snap, old_man, owners)
+    sites = sorted(owners.sites | {str(s) for s in env.site_dirs}, key=len, reverse=True)
+    prefix = str(env.prefix)
+
+    raw = _compare(old_items, new_items)
+    per_dist: dict[str, int] = {}
+    files: list[FileChange] = []
+    for path, change in raw:
+        o, n = old_items.get(path), new_items.get(path)
+        fc = FileChange(display_path(path, sites, prefix), path, change, owners.owner(path),
+                        old_sha256=o.sha if o else None, new_sha256=n.sha if n else None,
+                        old_size=o.size if o else None, new_size=n.size if n else None,
+                        old_mode=o.mode if o else None, new_mode=n.mode if n else None)
+        if fc.distribution and change != "mode":
+            per_dist[fc.distribution] = per_dist.get(fc.distribution, 0) + 1
+        files.append(fc)
+
+    reinstalled = set()
+    for path in set(old_items) | set(new_items):
+        if path.endswith(".dist-info/RECORD"):
+            o, n = old_items.get(path), new_items.get(path)
+            if o is None or n is None or o.sha is None or o.sha != n.sha:
+                owner = owners.owner(path)
+                if owner:
+                    reinstalled.add(owner)
+    packages = diff_versions(old_snap.distributions, new_dists, changed_files=per_dist,
+                             reinstalled=reinstalled, include_unchanged=True)
+    unchanged = sum(1 for p in packages if p.change == "unchanged")
+    packages = [p for p in packages if p.change != "unchanged"]
+
+    if package:
+        want = canonicalize_name(package)
+        files = [f for f in files if f.distribution == want]
+    if path_glob:
+        files = [f for f in files if fnmatch.fnmatch(f.path, path_glob) or fnmatch.fnmatch(f.abs_path, path_glob)]
+
+    if line_counts or with_diffs:
+        old_side, new_side = _Side(old_snap, old_man), _Side(new_snap, new_man)
+        for fc in files:
+            _fill_text(fc, old_items.get(fc.abs_path), new_items.get(fc.abs_path), old_side,
+                       new_side, with_diffs)
+    stats["seconds"] = round(time.monotonic() - t0, 3)
+    return DiffResult(old_snap.id, new_snap.id if new_snap else LIVE, packages, files, unchanged,
+                      stats, {"package": package, "path": path_glob})
+
+
+def _fill_text(fc: FileChange, o: _Item | None, n: _Item | None, old_side: _Side, new_side: _Side,
+               with_diffs: bool) -> None:
+    if fc.change == "mode":
+        fc.added_lines = fc.removed_lines = 0
+        return
+    if (o is not None and o.kind == "l") or (n is not None and n.kind == "l"):
+        fc.note = "symlink: " + " → ".join(x.target or "(file)" if x.kind == "l" else "(file)"
+                                           for x in (o, n) if x is not None)
+        return
+    old_b = old_side.read(fc.abs_path, o) if o is not None else None
+    new_b = new_side.read(fc.abs_path, n) if n is not None else None
+    if (o is not None and old_b is None) or (n is not None and new_b is None):
+        too_big = max(o.size if o else 0, n.size if n else 0) > TEXT_LIMIT
+        fc.binary = too_big
+        fc.note = ("large file: contents not compared line by line" if too_big
+                   else "contents unavailable (the stored copy was changed or removed)")
+        return
+    old_t = as_text(old_b) if old_b is not None else None
+    new_t = as_text(new_b) if new_b is not None else None
+    if (old_b is not None and old_t is None) or (new_b is not None and new_t is None):
+        fc.binary = True
+        if with_diffs:
+            fc.diff = f"Binary files a/{fc.path} and b/{fc.path} differ\n"
+        return
+    d = unified_diff(old_t, new_t, fc.path, fc.path)
+    fc.added_lines, fc.removed_lines = count_lines(d)
+    if with_diffs:
+        fc.diff = d
+
+
+# --------------------------------------------------------------------------------------
+# The command: resolve snapshot references
+# --------------------------------------------------------------------------------------
+def diff_target(env: Environment, store: Store, a: str | None = None, b: str | None = None, *,
+                package: str | None = None, path_glob: str | None = None,
+                with_diffs: bool = False, progress: Progress | None = None) -> DiffResult:
+    """`rewheel diff TARGET [A] [B]`: no A — the newest snapshot vs live; A — A vs live;
+    A and B — A vs B. `live` may be given for either."""
+    if a in (None, LIVE) and b not in (None, LIVE):
+        raise UsageError("the live environment can only be the newer side: give `A live` or `A B`")
+    if a is None or a == LIVE:
+        metas = store.list()
+        if not metas:
+            raise SnapshotError(f"no snapshots exist for {env.prefix}: nothing to diff against",
+                                hint="`rewheel snapshot TARGET` takes one")
+        old = metas[0]
+    else:
+        old = store.get(a)
+    new = None if b in (None, LIVE) else store.get(b)
+    return diff_trees(env, old, new, package=package, path_glob=path_glob, with_diffs=with_diffs,
+                      skip={str(store.home)}, progress=progress)
+

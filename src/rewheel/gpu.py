@@ -1,0 +1,242 @@
+"""GPUs, seen through `nvidia-smi`'s machine-readable CSV: how many are visible, and which
+processes still hold GPU memory.
+
+This module owns two checks of the run cycle: preflight's "are `smoke.gpus` GPUs visible?"
+and, after the service was stopped, "has every process let go of its GPU memory?" (a
+model-init smoke test started while the old server's workers still hold 88 GiB per GPU
+fails with out-of-memory, which would be blamed on the new build).
+
+Only `--query-gpu=...` / `--query-compute-apps=...` with `--format=csv,noheader,nounits` is
+parsed, never the human table.
+
+CUDA_VISIBLE_DEVICES: nvidia-smi lists every GPU regardless of it, but the smoke test
+inherits rewheel's environment and CUDA shows it only the devices that variable names. So
+when it is set, rewheel counts (and waits on) only those GPUs, with CUDA's own rules: a
+comma-separated list of indices or `GPU-` UUID prefixes, read up to the first entry that
+names no GPU (or repeats one); an empty value means no GPU. Indices are matched to
+nvidia-smi's (PCI bus) order, which is CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID and on
+hosts with identical GPUs; MIG instances (`MIG-...`) are not supported and end the list.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+
+from rewheel import proc
+from rewheel.errors import GpuError, PreflightError
+
+NVIDIA_SMI = "nvidia-smi"
+GPU_FIELDS = "index,name,uuid,memory.used,memory.total"
+APP_FIELDS = "pid,process_name,used_memory,gpu_uuid"
+QUERY_TIMEOUT_S = 60.0
+
+
+class NvidiaSmiUnavailable(PreflightError):
+    """nvidia-smi is not installed, cannot reach the driver, or failed."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    uuid: str
+    memory_used_mib: int | None
+    memory_total_mib: int | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"index": self.index, "name": self.name, "uuid": self.uuid,
+                "memory_used_mib": self.memory_used_mib, "memory_total_mib": self.memory_total_mib}
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    process_name: str
+    used_memory_mib: int | None
+    gpu_uuid: str
+    gpu_index: int | None = None
+
+    def describe(self) -> str:
+        mem = f"{self.used_memory_mib} MiB" if self.used_memory_mib is not None else "memory"
+        where = f"GPU {self.gpu_index}" if self.gpu_index is not None else self.gpu_uuid
+        return f"pid {self.pid} ({self.process_name}) holds {mem} on {where}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"pid": self.pid, "process_name": self.process_name,
+                "used_memory_mib": self.used_memory_mib, "gpu_uuid": self.gpu_uuid,
+                "gpu_index": self.gpu_index}
+
+
+@dataclass
+class GpuRelease:
+    """The outcome of waiting for GPU memory to be released."""
+
+    seconds: float
+    waited_for: list[GpuProcess] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {"ok": True, "seconds": round(self.seconds, 3),
+                "waited_for": [p.to_json() for p in self.waited_for]}
+
+
+def _int_or_none(value: str) -> int | None:
+    # "[N/A]", "[Not Supported]", "[Insufficient Permissions]": nvidia-smi's unknowns.
+    v = value.strip().removesuffix(" MiB")
+    try:
+        return int(v)
+    except ValueError:
+        return None
+
+
+def _query(kind: str, fields: str) -> list[list[str]]:
+    """Run one nvidia-smi CSV query; rows of stripped cells. Raises NvidiaSmiUnavailable."""
+    if proc.which(NVIDIA_SMI) is None:
+        raise NvidiaSmiUnavailable(
+            "nvidia-smi not found on PATH: rewheel cannot see the GPUs",
+            hint="install the NVIDIA driver utilities, or set smoke.gpus = 0 in the recipe "
+                 "if the smoke test needs no GPU")
+    argv = [NVIDIA_SMI, f"--query-{kind}={fields}", "--format=csv,noheader,nounits"]
+    result = proc.run(argv, timeout=QUERY_TIMEOUT_S)
+    said = (result.stdout.strip() or result.stderr.strip()).splitlines()
+    first = said[0] if said else "(no output)"
+    if result.timed_out:
+        raise NvidiaSmiUnavailable(f"`{' '.join(argv)}` did not answer within {QUERY_TIMEOUT_S:g}s "
+                                   "(a hung driver?)")
+    if result.returncode == 6 and "No devices were found" in result.stdout:
+        return []  # a driver without GPUs: a count of zero, not a broken tool
+    if result.returncode == 9:
+        raise NvidiaSmiUnavailable(
+            f"nvidia-smi could not communicate with the NVIDIA driver (exit 9): {first}",
+            hint="check that the driver is loaded (`lsmod | grep nvidia`) and matches the "
+                 "installed utilities; a driver upgrade usually needs a reboot")
+    if result.returncode != 0:
+        raise NvidiaSmiUnavailable(f"`{' '.join(argv)}` failed (exit {result.returncode}): {first}")
+    ncols = len(fields.split(","))
+    rows = []
+    for line in result.stdout.splitlines():
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(", ")]
+        if len(cells) > ncols:
+            # A name containing ", ": the name is column 1 in both queries; re-join it.
+            extra = len(cells) - ncols
+            cells = [cells[0], ", ".join(cells[1:2 + extra]), *cells[2 + extra:]]
+        if len(cells) != ncols:
+            raise NvidiaSmiUnavailable(f"unexpected output from `{' '.join(argv)}`: {line!r}")
+        rows.append(cells)
+    return rows
+
+
+def list_gpus() -> list[Gpu]:
+    """Every GPU nvidia-smi lists (CUDA_VISIBLE_DEVICES does not change this list)."""
+    gpus = []
+    for index, name, uuid, used, total in _query("gpu", GPU_FIELDS):
+        gpus.append(Gpu(index=int(index), name=name, uuid=uuid,
+                        memory_used_mib=_int_or_none(used), memory_total_mib=_int_or_none(total)))
+    return gpus
+
+
+def compute_apps(gpus: list[Gpu] | None = None) -> list[GpuProcess]:
+    """Processes holding GPU memory; an empty list when none. `gpus` fills in indices."""
+    index_of = {g.uuid: g.index for g in (gpus or [])}
+    apps = []
+    for pid, name, used, uuid in _query("compute-apps", APP_FIELDS):
+        apps.append(GpuProcess(pid=int(pid), process_name=name, used_memory_mib=_int_or_none(used),
+                               gpu_uuid=uuid, gpu_index=index_of.get(uuid)))
+    return apps
+
+
+def visible_gpus(gpus: list[Gpu], cuda_visible_devices: str | None) -> list[Gpu]:
+    """The GPUs a CUDA program started with this CUDA_VISIBLE_DEVICES value would see."""
+    if cuda_visible_devices is None:
+        return list(gpus)
+    chosen: list[Gpu] = []
+    for entry in cuda_visible_devices.split(","):
+        entry = entry.strip()
+        match: Gpu | None = None
+        if entry.isdigit():
+            match = next((g for g in gpus if g.index == int(entry)), None)
+        elif entry.startswith("GPU-"):
+            found = [g for g in gpus if g.uuid.startswith(entry)]
+            match = found[0] if len(found) == 1 else None
+        if match is None or match in chosen:
+            break  # CUDA ignores everything from the first invalid entry on
+        chosen.append(match)
+    return chosen
+
+
+def _visibility_note(env: Mapping[str, str], listed: int, visible: int) -> str:
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return ""
+    return f" (CUDA_VISIBLE_DEVICES={value!r} selects {visible} of the {listed} GPUs nvidia-smi lists)"
+
+
+def require_gpus(n: int, *, env: Mapping[str, str] | None = None) -> list[Gpu]:
+    """Check that at least `n` GPUs are visible; return the visible ones.
+
+    n == 0 checks nothing (and needs no nvidia-smi). Raises PreflightError (nvidia-smi
+    missing or without a driver: NvidiaSmiUnavailable) naming what was found.
+    """
+    if n <= 0:
+        return []
+    env = os.environ if env is None else env
+    try:
+        gpus = list_gpus()
+    except NvidiaSmiUnavailable as exc:
+        raise NvidiaSmiUnavailable(f"smoke.gpus = {n} needs {n} GPU(s), but {exc.message}",
+                                   hint=exc.hint) from None
+    visible = visible_gpus(gpus, env.get("CUDA_VISIBLE_DEVICES"))
+    if len(visible) < n:
+        names = ", ".join(f"{g.index}: {g.name}" for g in visible) or "none"
+        raise PreflightError(
+            f"smoke.gpus = {n} needs {n} GPU(s), but only {len(visible)} are visible "
+            f"[{names}]{_visibility_note(env, len(gpus), len(visible))}",
+            hint="lower smoke.gpus (and the smoke command's tensor-parallel size), or make "
+                 "the GPUs visible (`nvidia-smi -L`)")
+    return visible
+
+
+def wait_gpus_released(timeout_s: float, *, poll_s: float = 1.0,
+                       gpu_uuids: Collection[str] | None = None,
+                       env: Mapping[str, str] | None = None,
+                       on_progress: Callable[[str], None] | None = None) -> GpuRelease:
+    """Wait until no process holds memory on the GPUs rewheel would use.
+
+    `gpu_uuids` defaults to the visible GPUs (see the module docstring). Raises GpuError
+    naming every pid, process name and the memory it still holds after `timeout_s`.
+    """
+    env = os.environ if env is None else env
+    start = time.monotonic()
+    deadline = start + timeout_s
+    seen: dict[int, GpuProcess] = {}
+    try:
+        gpus = list_gpus()
+        wanted = set(gpu_uuids) if gpu_uuids is not None else {
+            g.uuid for g in visible_gpus(gpus, env.get("CUDA_VISIBLE_DEVICES"))}
+        last_report = ""
+        while True:
+            holding = [a for a in compute_apps(gpus) if a.gpu_uuid in wanted]
+            if not holding:
+                return GpuRelease(seconds=time.monotonic() - start, waited_for=list(seen.values()))
+            for a in holding:
+                seen.setdefault(a.pid, a)
+            if time.monotonic() >= deadline:
+                break
+            report = "; ".join(a.describe() for a in holding)
+            if on_progress and report != last_report:
+                on_progress(f"waiting for GPU memory to be released: {report}")
+                last_report = report
+            time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
+    except NvidiaSmiUnavailable as exc:
+        raise GpuError(f"cannot check that GPU memory was released: {exc.message}",
+                       hint=exc.hint) from None
+    pids = sorted({a.pid for a in holding})
+    raise GpuError(
+        f"GPU memory is still held {timeout_s:g}s after the service stopped: "
+        + "; ".join(a.describe() for a in holding),
+        hint=f"these processes are not part of the stopped service: end them "
+             f"(`kill {' '.join(map(str, pids))}`) or raise smoke.gpu_release_timeout_s")

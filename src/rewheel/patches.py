@@ -1,0 +1,790 @@
+"""Local patches: installed files whose bytes differ from what their wheel installed, what
+a reinstall would throw away, and carrying them onto a new version.
+
+Finding them is fast: a RECORD-listed file whose size equals the RECORD's and whose mtime
+is older than its distribution's install time (RECORD is written last) is pristine without
+being read; only the rest is hashed. What installers write at install time is understood,
+not reported: byte-compiled caches, the `.dist-info` bookkeeping files (RECORD,
+INSTALLER, REQUESTED, direct_url.json, uv_cache.json), and console-script wrappers, which
+are regenerated with the interpreter's path in their shebang. Files inside a package's
+folders that no RECORD lists are reported separately as `unlisted`.
+
+The pristine content a patch is diffed against comes, in this order, from a snapshot that
+holds the file with the RECORD's hash, from uv's cache (uv unpacks each wheel under
+`<cache>/archive-v0/<id>/`), or from the wheel fetched again from the index by uv. Every
+candidate is checked against the RECORD hash before it is used.
+
+uv installs by hard-linking files from its cache: a patch written in place into such a
+file also changed uv's cached copy, and the next "clean" reinstall would link the patched
+bytes back while RECORD claims they are pristine. Such patches are flagged
+(`shares_uv_cache_inode`); `clean_uv_cache_for` drops those cache entries so the run
+reinstalls them from fresh bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import configparser
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from merge3 import Merge3
+from packaging.utils import canonicalize_name
+
+from rewheel import proc
+from rewheel.diff import as_text, count_lines, display_path, is_install_artifact, unified_diff
+from rewheel.environment import Distribution, Environment, RecordEntry
+from rewheel.errors import CommandNotFound
+from rewheel.snapshot import Manifest, SnapshotDamaged, Store
+
+# Patched files up to this size are kept in memory so they can be carried onto a new
+# version after the reinstall has replaced them.
+KEEP_LIMIT = 16 << 20
+
+
+# --------------------------------------------------------------------------------------
+# Results
+# --------------------------------------------------------------------------------------
+@dataclass
+class Patch:
+    path: str  # relative to its site-packages (else to the prefix), as users name it
+    abs_path: str
+    distribution: str
+    version: str
+    kind: str  # "modified" | "unlisted"
+    sha256: str
+    size: int
+    mode: int
+    record_sha256: str | None = None  # what the wheel installed (modified files)
+    record_size: int | None = None
+    diff: str | None = None
+    added_lines: int | None = None
+    removed_lines: int | None = None
+    binary: bool = False
+    pristine_source: str | None = None  # "snapshot" | "uv-cache" | "index" | None
+    pristine_note: str | None = None  # why there is no pristine copy / where it came from
+    shares_uv_cache_inode: bool = False
+    uv_cache_path: str | None = None
+    # Bytes kept for reapplying after the reinstall (not serialised).
+    patched_bytes: bytes | None = field(default=None, repr=False)
+    pristine_bytes: bytes | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "distribution": self.distribution, "diff": self.diff,
+                "version": self.version, "kind": self.kind, "abs_path": self.abs_path,
+                "sha256": self.sha256, "record_sha256": self.record_sha256, "size": self.size,
+                "added_lines": self.added_lines, "removed_lines": self.removed_lines,
+                "binary": self.binary, "pristine_source": self.pristine_source,
+                "pristine_note": self.pristine_note,
+                "shares_uv_cache_inode": self.shares_uv_cache_inode,
+                "uv_cache_path": self.uv_cache_path}
+
+
+@dataclass
+class PatchScan:
+    prefix: str
+    patches: list[Patch]
+    missing: list[dict[str, str]] = field(default_factory=list)  # RECORD-listed, gone
+    skipped: list[dict[str, str]] = field(default_factory=list)  # distributions not checked
+    stats: dict[str, Any] = field(default_factory=dict)
+    sources: list[str] = field(default_factory=list)  # pristine sources consulted, or why not
+
+    @property
+    def modified(self) -> list[Patch]:
+        return [p for p in self.patches if p.kind == "modified"]
+
+    @property
+    def unlisted(self) -> list[Patch]:
+        return [p for p in self.patches if p.kind == "unlisted"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"patches": [p.to_json() for p in self.patches], "missing": self.missing,
+                "skipped": self.skipped, "hazard_packages": sorted(hazard_packages(self)),
+                "sources": self.sources, "stats": self.stats, "prefix": self.prefix}
+
+
+# --------------------------------------------------------------------------------------
+# Hashes
+# --------------------------------------------------------------------------------------
+def _record_digest(entry: RecordEntry) -> tuple[str, str] | None:
+    """(algorithm, hex digest) of a RECORD row; None when it carries no usable hash."""
+    if not entry.hash or "=" not in entry.hash:
+        return None
+    algo, _, b64 = entry.hash.partition("=")
+    if algo not in hashlib.algorithms_guaranteed or algo in ("md5", "sha1"):
+        return None
+    try:
+        return algo, base64.urlsafe_b64decode(b64 + "=" * (-len(b64) % 4)).hex()
+    except (ValueError, TypeError):
+        return None
+
+
+def _digest_file(path: str, algo: str) -> str:
+    h = hashlib.new(algo)
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_small(path: str | Path, limit: int = KEEP_LIMIT) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None
+
+
+# --------------------------------------------------------------------------------------
+# uv's cache
+# --------------------------------------------------------------------------------------
+class UvCache:
+    """The unpacked wheels in uv's cache (`<cache>/archive-v*/<id>/<site-relative path>`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._archives: list[Path] | None = None
+
+    @classmethod
+    def locate(cls, env: dict[str, str] | None = None) -> UvCache | None:
+        """uv's cache as `uv cache dir` names it (honours UV_CACHE_DIR); None without uv."""
+        from rewheel.installer_support import uv_bin
+
+        try:
+            res = proc.run([uv_bin(), "cache", "dir"], timeout=30, env=env)
+        except CommandNotFound:
+            return None
+        if not res.ok or not res.stdout.strip():
+            return None
+        root = Path(res.stdout.strip().splitlines()[-1])
+        return cls(root) if root.is_dir() else None
+
+    @property
+    def archives(self) -> list[Path]:
+        if self._archives is None:
+            found: list[Path] = []
+            try:
+                buckets = sorted(p for p in self.root.iterdir() if p.name.startswith("archive-v"))
+            except OSError:
+                buckets = []
+            for b in buckets:
+                try:
+                    found += [b / n for n in os.listdir(b) if not n.startswith(".")]
+                except OSError:
+                    continue
+            self._archives = found
+        return self._archives
+
+    def candidates(self, rel: str) -> Iterator[tuple[Path, os.stat_result]]:
+        for a in self.archives:
+            p = a / rel
+            try:
+                st = os.lstat(p)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield p, st
+
+    def same_inode(self, rel: str, st: os.stat_result) -> Path | None:
+        """The cache file that *is* this file (a hard link), if any."""
+        if st.st_nlink < 2:
+            return None
+        for p, cst in self.candidates(rel):
+            if (cst.st_dev, cst.st_ino) == (st.st_dev, st.st_ino):
+                return p
+        return None
+
+    def pristine(self, rel: str, sha256: str, size: int | None) -> bytes | None:
+        for p, cst in self.candidates(rel):
+            if size is not None and cst.st_size != size:
+                continue
+            data = _read_small(p)
+            if data is not None and _sha256(data) == sha256:
+                return data
+        return None
+
+
+def clean_uv_cache_for(names: Iterable[str], *, env: dict[str, str] | None = None,
+                       timeout: float = 600) -> proc.Completed:
+    """`uv cache clean NAME...`: drop the cache entries a patch written in place corrupted,
+    so that the next install fetches and unpacks fresh bytes."""
+    from rewheel.installer_support import uv_bin
+
+    names = sorted({canonicalize_name(n) for n in names})
+    if not names:
+        return proc.Completed([], 0, "")
+    return proc.run([uv_bin(), "cache", "clean", *names], timeout=timeout, env=env)
+
+
+# --------------------------------------------------------------------------------------
+# Pristine sources
+# --------------------------------------------------------------------------------------
+class Fetcher(Protocol):
+    """Gets a distribution's wheel contents from an index: a folder laid out like
+    site-packages, or None."""
+
+    def unpack(self, dist: Distribution) -> Path | None: ...
+
+
+@dataclass
+class UvIndexFetcher:
+    """Fetches a distribution's wheel again with uv (its indexes, credentials and config),
+    bypassing the local cache, and unpacks it into a private folder."""
+
+    python: str
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
+    prerelease: bool = False
+    timeout: float = 600
+    workdir: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    _done: dict[str, Path | None] = field(default_factory=dict)
+
+    @classmethod
+    def for_recipe(cls, recipe: Any) -> UvIndexFetcher:
+        inst = recipe.install
+        return cls(python=str(recipe.python), index_url=inst.index_url,
+                   extra_index_urls=tuple(inst.extra_index_urls),
+                   find_links=tuple(inst.find_links), prerelease=inst.prerelease)
+
+    def unpack(self, dist: Distribution) -> Path | None:
+        if dist.name in self._done:
+            return self._done[dist.name]
+        from rewheel.installer_support import uv_bin
+
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="rewheel-pristine-"))
+        target = self.workdir / dist.name
+        argv = [uv_bin(), "pip", "install", "--quiet", "--no-deps", "--no-cache",
+                "--python", self.python, "--target", str(target),
+                f"{dist.display_name}=={dist.version_text}"]
+        if self.no_index:
+            argv.append("--no-index")
+        if self.index_url:
+            argv += ["--index-url", self.index_url]
+        for u in self.extra_index_urls:
+            argv += ["--extra-index-url", u]
+        for u in self.find_links:
+            argv += ["--find-links", u]
+        if self.prerelease:
+            argv += ["--prerelease", "allow"]
+        res = proc.run(argv, timeout=self.timeout)
+        if not res.ok:
+            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["timed out"]
+            self.notes.append(f"index: {dist.display_name}=={dist.version_text} not fetched ({tail[0][:200]})")
+            self._done[dist.name] = None
+        else:
+            self._done[dist.name] = target
+        return self._done[dist.name]
+
+    def close(self) -> None:
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class _SnapshotSource:
+    """Files as snapshots of this environment hold them, newest snapshot first."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._index: list[tuple[Path, dict[str, tuple[int, str, str | None]]]] | None = None
+
+    def _load(self, wanted: set[str]) -> None:
+        self._index = []
+        for meta in self.store.list():
+            try:
+                man = Manifest.load(meta)
+            except SnapshotDamaged:
+                continue
+            found: dict[str, tuple[int, str, str | None]] = {}
+            for e in man.entries:
+                if e[2] == "f":
+                    full = os.path.join(man.roots[e[0]].path, e[1])
+                    if full in wanted:
+                        found[full] = (e[0], e[1], e[6])
+            if found:
+                self._index.append((meta.path, found))
+
+    def pristine(self, abs_path: str, sha256: str, wanted: set[str]) -> bytes | None:
+        if self._index is None:
+            self._load(wanted)
+        assert self._index is not None
+        for snap_path, found in self._index:
+            hit = found.get(abs_path)
+            if hit is None or hit[2] != sha256:
+                continue
+            data = _read_small(snap_path / "tree" / str(hit[0]) / hit[1])
+            if data is not None and _sha256(data) == sha256:
+                return data
+        return None
+
+
+# --------------------------------------------------------------------------------------
+# Scanning
+# --------------------------------------------------------------------------------------
+def _entry_point_scripts(dist: Distribution) -> dict[str, tuple[str, str]]:
+    """Script name -> (module, attribute) for console and GUI scripts."""
+    path = dist.dist_info / "entry_points.txt"
+    if not path.exists():
+        return {}
+    cp = configparser.ConfigParser(delimiters=("=",), interpolation=None)
+    cp.optionxform = str  # type: ignore[assignment,method-assign]
+    try:
+        cp.read_string(path.read_text(errors="replace"))
+    except configparser.Error:
+        return {}
+    out: dict[str, tuple[str, str]] = {}
+    for section in ("console_scripts", "gui_scripts"):
+        if cp.has_section(section):
+            for name, target in cp.items(section):
+                mod, _, attr = target.split("[")[0].strip().partition(":")
+                out[name] = (mod.strip(), attr.strip())
+    return out
+
+
+def _is_generated_script(path: str, scripts: dict[str, tuple[str, str]]) -> bool:
+    """A console-script wrapper as installers generate it (the shebang names the interpreter,
+    so it legitimately differs when an environment is moved or rewritten)."""
+    ep = scripts.get(os.path.basename(path))
+    if ep is None:
+        return False
+    data = _read_small(path, 64 << 10)
+    if data is None or not data.startswith(b"#!"):
+        return False
+    text = data.decode("utf-8", errors="replace")
+    mod, attr = ep
+    return f"from {mod} import {attr.split('.')[0]}" in text
+
+
+def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store | None = None,
+         uv_cache: UvCache | None | bool = True, fetcher: Fetcher | None = None,
+         with_diffs: bool = True, thorough: bool = False) -> PatchScan:
+    """Find locally patched and unlisted files.
+
+    `dists`: only these distributions (names); `store`: snapshots to take pristine copies
+    from; `uv_cache`: True = locate it with `uv cache dir`, None/False = don't use it;
+    `fetcher`: fetch wheels from an index (e.g. `UvIndexFetcher`) for pristine copies found
+    nowhere else; `with_diffs=False` only detects; `thorough` hashes every file instead of
+    trusting size + mtime.
+    """
+    t0 = time.monotonic()
+    all_dists = env.distributions()
+    wanted = {canonicalize_name(n) for n in dists} if dists is not None else None
+    targets = [d for d in all_dists if wanted is None or d.name in wanted]
+    sites = sorted({str(d.site) for d in all_dists} | {str(s) for s in env.site_dirs},
+                   key=len, reverse=True)
+    prefix = str(env.prefix)
+    # `uv cache dir` costs a subprocess: only asked once a patch needs it.
+    located: list[UvCache | None] = []
+
+    def get_cache() -> UvCache | None:
+        if not located:
+            located.append(UvCache.locate() if uv_cache is True else (uv_cache or None))
+        return located[0]
+
+    result = PatchScan(prefix, [])
+    stats = {"distributions": 0, "files_checked": 0, "files_hashed": 0, "bytes_hashed": 0,
+             "fast_path": 0, "unverifiable": 0, "regenerated_scripts": 0, "unlisted_walked": 0}
+    listed: set[str] = set()
+    for d in all_dists:
+        listed.update(e.path for e in d.record)
+    found: list[tuple[Patch, Distribution]] = []
+
+    for dist in targets:
+        if (dist.direct_url or {}).get("dir_info", {}).get("editable"):
+            result.skipped.append({"distribution": dist.name, "reason": "editable install: its source is your checkout"})
+            continue
+        if not dist.record:
+            result.skipped.append({"distribution": dist.name, "reason": "no RECORD (not installed from a wheel)"})
+            continue
+        stats["distributions"] += 1
+        installed = dist.install_time_ns
+        scripts: dict[str, tuple[str, str]] | None = None
+        for entry in dist.record:
+            if is_install_artifact(entry.path):
+                continue
+            if not entry.hash:
+                stats["unverifiable"] += 1
+                continue
+            try:
+                st = os.lstat(entry.path)
+            except FileNotFoundError:
+                result.missing.append({"path": display_path(entry.path, sites, prefix),
+                                       "distribution": dist.name})
+                continue
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            stats["files_checked"] += 1
+            if not thorough and entry.size == st.st_size and st.st_mtime_ns < installed:
+                stats["fast_path"] += 1
+                continue
+            digest = _record_digest(entry)
+            if digest is None:
+                stats["unverifiable"] += 1
+                continue
+            algo, want = digest
+            if entry.size is None or entry.size == st.st_size:
+                try:
+                    now = _digest_file(entry.path, algo)
+                except OSError:
+                    continue
+                stats["files_hashed"] += 1
+                stats["bytes_hashed"] += st.st_size
+                if now == want:
+                    continue
+            if os.path.dirname(entry.path) == str(env.scripts_dir).rstrip("/"):
+                if scripts is None:
+                    scripts = _entry_point_scripts(dist)
+                if _is_generated_script(entry.path, scripts):
+                    stats["regenerated_scripts"] += 1
+                    continue
+            data = _read_small(entry.path)
+            sha = _sha256(data) if data is not None else _digest_file(entry.path, "sha256")
+            p = Patch(display_path(entry.path, sites, prefix), entry.path, dist.name, dist.version_text, "modified", sha, st.st_size,
+                      stat.S_IMODE(st.st_mode),
+                      record_sha256=want if algo == "sha256" else None, record_size=entry.size,
+                      patched_bytes=data)
+            cache = get_cache() if st.st_nlink > 1 else None
+            if cache is not None:
+                hit = cache.same_inode(p.path, st)
+                if hit is not None:
+                    p.shares_uv_cache_inode = True
+                    p.uv_cache_path = str(hit)
+            found.append((p, dist))
+
+    # Files inside a package's folders that no RECORD lists.
+    for p, dist in _unlisted(targets, listed, sites, prefix, stats):
+        found.append((p, dist))
+
+    result.patches = [p for p, _ in found]
+    if with_diffs and result.patches:
+        _attach_diffs(found, result, store, get_cache(), fetcher)
+    elif not with_diffs:
+        result.sources.append("diffs not asked for")
+    stats["seconds"] = round(time.monotonic() - t0, 3)
+    result.stats = stats
+    result.patches.sort(key=lambda p: (p.distribution, p.kind, p.path))
+    return result
+
+
+def _unlisted(targets: list[Distribution], listed: set[str], sites: list[str], prefix: str,
+              stats: dict[str, Any]) -> Iterator[tuple[Patch, Distribution]]:
+    # A package's folders: the top-level folders under site-packages holding its files.
+    tops: dict[str, Distribution] = {}
+    dir_owner: dict[str, Distribution] = {}
+    for dist in targets:
+        if not dist.record or (dist.direct_url or {}).get("dir_info", {}).get("editable"):
+            continue
+        site = str(dist.site).rstrip("/") + "/"
+        for e in dist.record:
+            if not e.path.startswith(site):
+                continue
+            rel = e.path[len(site):]
+            top, sep, _ = rel.partition("/")
+            if not sep or top.endswith((".dist-info", ".data")) or top == "__pycache__":
+                continue
+            tops.setdefault(site + top, dist)
+            dir_owner.setdefault(os.path.dirname(e.path), dist)
+    for top in sorted(tops):
+        stack = [top]
+        while stack:
+            d = stack.pop()
+            try:
+                it = os.scandir(d)
+            except OSError:
+                continue
+            with it:
+                for de in it:
+                    if de.is_dir(follow_symlinks=False):
+                        if de.name != "__pycache__":
+                            stack.append(de.path)
+                        continue
+                    stats["unlisted_walked"] += 1
+                    if de.path in listed or de.name.endswith((".pyc", ".pyo")):
+                        continue
+                    try:
+                        st = de.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    owner = None
+                    up = os.path.dirname(de.path)
+                    while owner is None and len(up) >= len(top):
+                        owner = dir_owner.get(up)
+                        up = os.path.dirname(up)
+                    dist = owner or tops[top]
+                    data = _read_small(de.path)
+                    sha = _sha256(data) if data is not None else _digest_file(de.path, "sha256")
+                    yield (Patch(display_path(de.path, sites, prefix), de.path, dist.name,
+                                 dist.version_text, "unlisted", sha, st.st_size,
+                                 stat.S_IMODE(st.st_mode), patched_bytes=data), dist)
+
+
+def _attach_diffs(found: list[tuple[Patch, Distribution]], result: PatchScan, store: Store | None,
+                  cache: UvCache | None, fetcher: Fetcher | None) -> None:
+    snaps = _SnapshotSource(store) if store is not None else None
+    wanted = {p.abs_path for p, _ in found if p.kind == "modified"}
+    result.sources = [f"snapshots in {store.snapshots_dir}" if store else "snapshots: no store given",
+                      f"uv cache {cache.root}" if cache else "uv cache: not found",
+                      "index (fetched with uv)" if fetcher else "index: not consulted"]
+    for p, dist in found:
+        if p.kind == "unlisted":
+            text = as_text(p.patched_bytes)
+            if text is None:
+                p.binary = True
+                p.diff = f"Binary file b/{p.path} added (not listed in any RECORD)\n"
+            else:
+                p.diff = unified_diff(None, text, None, p.path)
+                p.added_lines, p.removed_lines = count_lines(p.diff)
+            continue
+        if p.record_sha256 is None:
+            p.pristine_note = "its RECORD hash is not sha256: no pristine copy can be verified"
+            continue
+        pristine: bytes | None = None
+        if snaps is not None:
+            pristine = snaps.pristine(p.abs_path, p.record_sha256, wanted)
+            p.pristine_source = "snapshot" if pristine is not None else None
+        if pristine is None and cache is not None:
+            pristine = cache.pristine(p.path, p.record_sha256, p.record_size)
+            p.pristine_source = "uv-cache" if pristine is not None else None
+        if pristine is None and fetcher is not None:
+            folder = fetcher.unpack(dist)
+            if folder is not None:
+                data = _read_small(folder / p.path)
+                if data is not None and _sha256(data) == p.record_sha256:
+                    pristine = data
+                    p.pristine_source = "index"
+        if pristine is None:
+            why = ["no snapshot holds it", "not in uv's cache" if cache else "no uv cache",
+                   "the index was not consulted" if fetcher is None
+                   else "the index did not provide it"]
+            if p.shares_uv_cache_inode:
+                why[1] = "uv's cached copy was patched too (shared inode)"
+            p.pristine_note = "no pristine copy: " + ", ".join(why)
+            p.binary = p.patched_bytes is not None and as_text(p.patched_bytes) is None
+            continue
+        p.pristine_bytes = pristine
+        old_t, new_t = as_text(pristine), as_text(p.patched_bytes)
+        if old_t is None or new_t is None:
+            p.binary = True
+            p.diff = f"Binary files a/{p.path} and b/{p.path} differ\n"
+            continue
+        p.diff = unified_diff(old_t, new_t, p.path, p.path)
+        p.added_lines, p.removed_lines = count_lines(p.diff)
+    if fetcher is not None and hasattr(fetcher, "notes"):
+        result.sources += list(getattr(fetcher, "notes"))
+
+
+def scan_target(t: Any, *, dists: Iterable[str] | None = None, offline: bool = False,
+                thorough: bool = False) -> PatchScan:
+    """`rewheel patches TARGET`: scan with every pristine source the target offers — its
+    snapshots, uv's cache, and (unless offline) its recipe's indexes through uv."""
+    fetcher = None if offline else UvIndexFetcher.for_recipe(t.recipe)
+    try:
+        return scan(t.env, dists=dists, store=t.store, fetcher=fetcher, thorough=thorough)
+    finally:
+        if fetcher is not None:
+            fetcher.close()
+
+
+# --------------------------------------------------------------------------------------
+# Policies the run cycle applies
+# --------------------------------------------------------------------------------------
+def hazard_packages(s: PatchScan) -> set[str]:
+    """Distributions with a patch written into a file uv hard-linked from its cache."""
+    return {p.distribution for p in s.patches if p.shares_uv_cache_inode}
+
+
+def patched_distributions(s: PatchScan) -> set[str]:
+    """Distributions carrying modified files (`keep-old-version` leaves these alone).
+    Unlisted files do not count: a reinstall leaves files no RECORD lists in place."""
+    return {p.distribution for p in s.patches if p.kind == "modified"}
+
+
+def _flat(path: str) -> str:
+    return path.replace("/", "__")
+
+
+def patch_text(p: Patch) -> str:
+    """A git-style patch for one file (paths relative to site-packages)."""
+    if p.kind == "unlisted":
+        head = f"diff --git a/{p.path} b/{p.path}\nnew file mode {0o100000 | p.mode:o}\n"
+    else:
+        head = f"diff --git a/{p.path} b/{p.path}\n"
+    if p.diff is None:
+        return head + f"# no diff: {p.pristine_note or 'no pristine copy'}\n"
+    return head + p.diff
+
+
+def save_patches(s: PatchScan, run_dir: Path) -> list[Path]:
+    """Write one `.patch` per patched file into `<run_dir>/patches/`, plus `patches.json`.
+    A file with no diff (no pristine copy, binary) is saved whole as `<name>.file` too."""
+    out = run_dir / "patches"
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for p in s.patches:
+        target = out / f"{_flat(p.path)}.patch"
+        target.write_text(patch_text(p), encoding="utf-8")
+        written.append(target)
+        if p.diff is None or p.binary:
+            whole = out / f"{_flat(p.path)}.file"
+            if p.patched_bytes is not None:
+                whole.write_bytes(p.patched_bytes)
+            else:
+                try:
+                    shutil.copyfile(p.abs_path, whole)
+                except OSError:
+                    continue
+            written.append(whole)
+    (out / "patches.json").write_text(json.dumps(s.to_json(), indent=1))
+    return written
+
+
+@dataclass
+class ReapplyResult:
+    path: str
+    status: str  # "clean" | "conflict" | "missing" | "unchanged"
+    detail: str
+    distribution: str | None = None
+    conflict_file: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status in ("conflict", "missing")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "status": self.status, "detail": self.detail,
+                "distribution": self.distribution, "conflict_file": self.conflict_file}
+
+
+def reapply_failed(results: Iterable[ReapplyResult]) -> bool:
+    """True when any patch could not be carried (the run must fail and revert)."""
+    return any(r.failed for r in results)
+
+
+def _merge(pristine: str, new: str, patched: str) -> tuple[str, bool]:
+    m = Merge3(pristine.splitlines(keepends=True), new.splitlines(keepends=True),
+               patched.splitlines(keepends=True))
+    conflict = any(r[0] == "conflict" for r in m.merge_regions())
+    merged = "".join(m.merge_lines(name_a="new version", name_b="local patch"))
+    return merged, conflict
+
+
+def _write_replacing(path: str, data: bytes, mode: int) -> None:
+    """Write through a new inode: the installed file may be hard-linked from uv's cache,
+    and writing into it would change the cache too."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.rewheel-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def reapply(s: PatchScan, env: Environment | None = None, run_dir: Path | None = None) -> list[ReapplyResult]:
+    """Carry each patch onto what is installed now (after the reinstall) with a three-way
+    merge of (pristine old, patched old, new installed file).
+
+    All or nothing: files are written only when every patch merges cleanly; on any conflict
+    or missing file nothing is written and, with `run_dir`, each conflict's merge with
+    markers is saved as `<run_dir>/patches/<name>.conflict`.
+    """
+    if env is not None and Path(s.prefix) != Path(env.prefix):
+        raise ValueError(f"patch scan of {s.prefix} cannot be reapplied to {env.prefix}")
+    results: list[ReapplyResult] = []
+    writes: list[tuple[str, bytes, int]] = []
+    conflicts: list[tuple[ReapplyResult, str]] = []
+    for p in s.patches:
+        r, write, merged = _reapply_one(p)
+        results.append(r)
+        if write is not None:
+            writes.append(write)
+        if merged is not None:
+            conflicts.append((r, merged))
+    if not reapply_failed(results):
+        for path, data, mode in writes:
+            _write_replacing(path, data, mode)
+    elif run_dir is not None:
+        out = run_dir / "patches"
+        out.mkdir(parents=True, exist_ok=True)
+        for r, merged in conflicts:
+            dest = out / f"{_flat(r.path)}.conflict"
+            dest.write_text(merged, encoding="utf-8")
+            r.conflict_file = str(dest)
+    return results
+
+
+def _reapply_one(p: Patch) -> tuple[ReapplyResult, tuple[str, bytes, int] | None, str | None]:
+    """The result, the write to make when clean, and the merge with conflict markers."""
+    r = ReapplyResult(p.path, "clean", "", p.distribution)
+    if p.patched_bytes is None:
+        r.status, r.detail = "conflict", f"file larger than {KEEP_LIMIT >> 20} MiB: carry it by hand"
+        return r, None, None
+    try:
+        st = os.lstat(p.abs_path)
+        new = _read_small(p.abs_path) if stat.S_ISREG(st.st_mode) else None
+    except FileNotFoundError:
+        st, new = None, None
+    if p.kind == "unlisted":
+        if st is None:
+            r.detail = "added file restored"
+            return r, (p.abs_path, p.patched_bytes, p.mode), None
+        if new is not None and _sha256(new) == p.sha256:
+            r.status, r.detail = "unchanged", "still present (a reinstall keeps files no RECORD lists)"
+            return r, None, None
+        r.status, r.detail = "conflict", "the new version installs a different file at this path"
+        return r, None, None
+    if st is None or new is None:
+        r.status, r.detail = "missing", f"the new version has no {p.path}"
+        return r, None, None
+    mode = stat.S_IMODE(st.st_mode)
+    new_sha = _sha256(new)
+    if new_sha == p.sha256:
+        r.status, r.detail = "unchanged", "the installed file already has the patched bytes"
+        return r, None, None
+    if p.record_sha256 is not None and new_sha == p.record_sha256:
+        r.detail = "file unchanged upstream: patched copy restored"
+        return r, (p.abs_path, p.patched_bytes, mode), None
+    if p.pristine_bytes is None:
+        r.status = "conflict"
+        r.detail = ("the file changed upstream and there is no pristine copy of the old version to "
+                    f"merge against ({p.pristine_note or 'unknown'})")
+        return r, None, None
+    base, mine, theirs = as_text(p.pristine_bytes), as_text(p.patched_bytes), as_text(new)
+    if base is None or mine is None or theirs is None:
+        r.status, r.detail = "conflict", "binary file changed upstream: cannot be merged"
+        return r, None, None
+    merged, conflict = _merge(base, theirs, mine)
+    if conflict:
+        r.status = "conflict"
+        n = merged.count("<<<<<<< new version")
+        r.detail = f"{n} conflicting hunk(s) between the new version and the local patch"
+        return r, None, merged
+    if merged == theirs:
+        r.status, r.detail = "unchanged", "the new version already contains the patch"
+        return r, None, None
+    r.detail = "merged cleanly"
+    return r, (p.abs_path, merged.encode("utf-8"), mode), None

@@ -1,0 +1,704 @@
+"""The service an environment serves: stopping it, starting it, and proving it healthy.
+
+Two managers share one protocol (`ServiceManager`):
+
+- `SystemdManager(unit)` drives `systemctl` and reads `journalctl`, parsing only their
+  machine forms (`systemctl show`'s `Key=Value` lines, `journalctl -o json`).
+- `CommandManager(start, stop, state_dir)` runs the recipe's own argv lists: it starts the
+  service detached in its own session, appends its output to `state_dir/service.log`, and
+  records its pid durably in `state_dir/service.pid` so a later rewheel process (resume,
+  rollback) can still stop it.
+
+"Stopped" means inactive and every process of the service gone (a vLLM server's worker
+processes hold GPU memory until they exit). "Started" is not "ready": `wait_ready` polls the
+health URL, fails fast when the service dies or restart-loops, checks that it stays up for
+`settle_s`, and runs the recipe's probe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import httpx
+
+from rewheel import proc
+from rewheel.errors import PreflightError, ServiceError
+from rewheel.paths import atomic_write
+from rewheel.recipe import ServiceSpec
+
+SYSTEMCTL = "systemctl"
+JOURNALCTL = "journalctl"
+SHOW_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts", "Result",
+                   "ExecMainStatus", "ControlGroup")
+# States in which a started service is gone (as opposed to up or on its way up).
+DOWN_STATES = ("inactive", "failed", "deactivating")
+
+
+@dataclass
+class ServiceStatus:
+    """A service's state in systemd's words (ActiveState, SubState, Result)."""
+
+    active: bool
+    state: str
+    sub_state: str = ""
+    main_pid: int = 0
+    n_restarts: int = 0
+    result: str = ""
+    pids: list[int] = field(default_factory=list)
+    exit_status: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"active": self.active, "state": self.state, "sub_state": self.sub_state,
+                "main_pid": self.main_pid, "n_restarts": self.n_restarts, "result": self.result,
+                "pids": list(self.pids), "exit_status": self.exit_status}
+
+
+@dataclass
+class HealthResult:
+    """The outcome of `wait_ready`."""
+
+    ok: bool
+    seconds: float
+    detail: str
+    health_url: str | None = None
+    probe_url: str | None = None
+    n_restarts: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {"ok": self.ok, "seconds": round(self.seconds, 3), "detail": self.detail,
+                "health_url": self.health_url, "probe_url": self.probe_url,
+                "n_restarts": self.n_restarts}
+
+
+class HealthCheckFailed(ServiceError):
+    """The service died, restart-looped, never became healthy, or failed its probe.
+    `result` holds the HealthResult (ok=False) for the run's record."""
+
+    def __init__(self, message: str, result: HealthResult, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.result = result
+
+
+@runtime_checkable
+class ServiceManager(Protocol):
+    def describe(self) -> str:
+        """A short name for messages: "systemd unit x.service", "command `...`"."""
+
+    def check(self) -> None:
+        """Preflight: the manager's tools exist and the service is known. PreflightError."""
+
+    def status(self) -> ServiceStatus: ...
+
+    def stop(self, timeout_s: float) -> None:
+        """Block until inactive and every process is gone; ServiceError on timeout."""
+
+    def start(self) -> None:
+        """Start and return once the main process is forked (not when it is ready)."""
+
+    def log_lines(self, since_epoch: float) -> Iterator[str]:
+        """The service's own output since a moment, for diagnosis."""
+
+    def log_location(self, since_epoch: float) -> str:
+        """Where a person reads that log (a command or a file path)."""
+
+
+# --- processes, from /proc -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Proc:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    pgid: int
+    sid: int
+    start_ticks: int
+
+
+def _read_proc(pid: int) -> _Proc | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+        return None
+    try:
+        # comm may contain spaces and parentheses: it ends at the last ")".
+        head, rest = raw.rsplit(")", 1)
+        comm = head.split("(", 1)[1]
+        f = rest.split()
+        return _Proc(pid=pid, comm=comm, state=f[0], ppid=int(f[1]), pgid=int(f[2]),
+                     sid=int(f[3]), start_ticks=int(f[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def _proc_table() -> list[_Proc]:
+    table = []
+    try:
+        entries = os.listdir("/proc")
+    except FileNotFoundError:
+        return table
+    for entry in entries:
+        if entry.isdigit():
+            p = _read_proc(int(entry))
+            if p is not None and p.state != "Z":
+                table.append(p)
+    return table
+
+
+def _alive(pid: int, start_ticks: int | None = None) -> bool:
+    """Whether `pid` runs (zombies count as gone) and is the same process as recorded."""
+    if pid <= 0:
+        return False
+    p = _read_proc(pid)
+    if p is None:
+        try:
+            os.kill(pid, 0)  # no /proc (or hidden): fall back to signal 0
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    if p.state == "Z":
+        return False
+    return start_ticks is None or p.start_ticks == start_ticks
+
+
+def _describe_pids(pids: Sequence[int]) -> str:
+    parts = []
+    for pid in sorted(pids):
+        p = _read_proc(pid)
+        parts.append(f"{pid} ({p.comm})" if p else str(pid))
+    return ", ".join(parts)
+
+
+def _family(main_pid: int, table: list[_Proc]) -> set[int]:
+    """The main process, its descendants, and its process group and session."""
+    if main_pid <= 0:
+        return set()
+    pids = {main_pid}
+    for p in table:
+        if p.pgid == main_pid or p.sid == main_pid:
+            pids.add(p.pid)
+    children: dict[int, list[int]] = {}
+    for p in table:
+        children.setdefault(p.ppid, []).append(p.pid)
+    todo = [main_pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in pids:
+                pids.add(child)
+                todo.append(child)
+    return {pid for pid in pids if _alive(pid)}
+
+
+# --- systemd ---------------------------------------------------------------------------------
+
+class SystemdManager:
+    """A systemd unit, through `systemctl` and `journalctl`."""
+
+    def __init__(self, unit: str, *, start_timeout_s: float = 900.0,
+                 cgroup_root: Path = Path("/sys/fs/cgroup")) -> None:
+        self.unit = unit if "." in unit else f"{unit}.service"
+        self.start_timeout_s = start_timeout_s
+        self.cgroup_root = cgroup_root
+
+    def describe(self) -> str:
+        return f"systemd unit {self.unit}"
+
+    def _systemctl(self, *args: str, timeout: float = 60.0) -> proc.Completed:
+        return proc.run([SYSTEMCTL, *args], timeout=timeout)
+
+    def show(self, properties: Sequence[str] = SHOW_PROPERTIES) -> dict[str, str]:
+        """`systemctl show UNIT -p ...` as a dict (systemd prints them in its own order)."""
+        args = ["show", self.unit]
+        for prop in properties:
+            args += ["-p", prop]
+        r = self._systemctl(*args)
+        if r.timed_out or r.returncode != 0:
+            why = "timed out" if r.timed_out else f"exit {r.returncode}"
+            raise ServiceError(f"`systemctl show {self.unit}` failed ({why}): "
+                               f"{(r.stderr or r.stdout).strip() or '(no output)'}")
+        values: dict[str, str] = {}
+        for line in r.stdout.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                values[key.strip()] = value.strip()
+        return values
+
+    def check(self) -> None:
+        if proc.which(SYSTEMCTL) is None:
+            raise PreflightError(f"service.manager = \"systemd\" but systemctl is not on PATH "
+                                 f"(unit {self.unit})",
+                                 hint='use manager = "command" with start/stop argv lists on '
+                                      "hosts without systemd")
+        try:
+            load = self.show(("LoadState",)).get("LoadState", "")
+        except ServiceError as exc:
+            raise PreflightError(exc.message) from None
+        if load != "loaded":
+            raise PreflightError(f"systemd unit {self.unit} is not loaded (LoadState={load or '?'})",
+                                 hint=f"check service.unit in the recipe; `systemctl list-unit-files "
+                                      f"'{self.unit.rsplit('.', 1)[0]}*'` lists similar units")
+
+    def _cgroup_pids(self, control_group: str) -> set[int] | None:
+        """Every pid in the unit's cgroup (and its sub-cgroups), or None when unreadable."""
+        if not control_group:
+            return None
+        rel = control_group.lstrip("/")
+        # cgroup v2 (unified), hybrid (unified/), v1 (systemd/ named hierarchy).
+        for base in (self.cgroup_root, self.cgroup_root / "unified", self.cgroup_root / "systemd"):
+            top = base / rel
+            if not (top / "cgroup.procs").is_file():
+                continue
+            pids: set[int] = set()
+            try:
+                for dirpath, _dirs, files in os.walk(top):
+                    if "cgroup.procs" in files:
+                        text = Path(dirpath, "cgroup.procs").read_text()
+                        pids.update(int(x) for x in text.split() if x.strip().isdigit())
+            except OSError:
+                return None
+            return {p for p in pids if _alive(p)}
+        return None
+
+    def _status_from(self, v: dict[str, str]) -> ServiceStatus:
+        def num(key: str) -> int:
+            try:
+                return int(v.get(key, "0") or 0)
+            except ValueError:
+                return 0
+        main = num("MainPID")
+        pids = self._cgroup_pids(v.get("ControlGroup", ""))
+        if pids is None:
+            pids = _family(main, _proc_table())
+        state = v.get("ActiveState", "")
+        exit_status = num("ExecMainStatus") if v.get("ExecMainStatus") else None
+        return ServiceStatus(active=state == "active", state=state, sub_state=v.get("SubState", ""),
+                             main_pid=main, n_restarts=num("NRestarts"), result=v.get("Result", ""),
+                             pids=sorted(pids), exit_status=exit_status)
+
+    def status(self) -> ServiceStatus:
+        return self._status_from(self.show())
+
+    def stop(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        before = self.show()
+        if before.get("LoadState") == "not-found":
+            raise ServiceError(f"cannot stop {self.unit}: the unit is not loaded (LoadState=not-found)",
+                               hint="check service.unit in the recipe")
+        # Remember the processes (with their start times, against pid reuse) before stopping:
+        # once stopped, MainPID is 0 and leftovers outside a readable cgroup are invisible.
+        tracked = {pid: _read_proc(pid) for pid in self._status_from(before).pids}
+        r = self._systemctl("stop", self.unit, timeout=max(1.0, timeout_s))
+        if r.timed_out:
+            raise ServiceError(f"`systemctl stop {self.unit}` did not finish within {timeout_s:g}s",
+                               hint=f"see `systemctl status {self.unit}`; raise service.stop_timeout_s "
+                                    "if the service needs longer to shut down")
+        if r.returncode == 5:
+            raise ServiceError(f"cannot stop {self.unit}: {r.stderr.strip() or 'unit not loaded'} "
+                               "(systemctl exit 5)", hint="check service.unit in the recipe")
+        if r.returncode != 0:
+            raise ServiceError(f"`systemctl stop {self.unit}` failed (exit {r.returncode}): "
+                               f"{(r.stderr or r.stdout).strip() or '(no output)'}")
+        while True:
+            st = self.status()
+            for pid in st.pids:
+                tracked.setdefault(pid, _read_proc(pid))
+            left = [pid for pid, info in tracked.items()
+                    if _alive(pid, info.start_ticks if info else None)]
+            if st.state in ("inactive", "failed") and not left:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        what = f"processes still running: {_describe_pids(left)}" if left else "no process left"
+        raise ServiceError(
+            f"{self.unit} did not stop within {timeout_s:g}s (ActiveState={st.state}, "
+            f"SubState={st.sub_state}; {what})",
+            hint=(f"end them (`kill -9 {' '.join(map(str, sorted(left)))}`) and run the command again"
+                  if left else f"see `systemctl status {self.unit}`"))
+
+    def start(self) -> None:
+        # A unit that hit its start limit (a crash-looping build) refuses `start` until its
+        # failed state is reset; a revert must be able to start the old build right after.
+        self._systemctl("reset-failed", self.unit)
+        r = self._systemctl("start", self.unit, timeout=self.start_timeout_s)
+        if r.timed_out:
+            raise ServiceError(f"`systemctl start {self.unit}` did not finish within "
+                               f"{self.start_timeout_s:g}s")
+        if r.returncode == 5:
+            raise ServiceError(f"cannot start {self.unit}: {r.stderr.strip() or 'unit not found'} "
+                               "(systemctl exit 5)", hint="check service.unit in the recipe")
+        if r.returncode != 0:
+            raise ServiceError(f"`systemctl start {self.unit}` failed (exit {r.returncode}): "
+                               f"{(r.stderr or r.stdout).strip() or '(no output)'}",
+                               hint=f"see `journalctl -u {self.unit} -n 100 --no-pager`")
+
+    @staticmethod
+    def log_since_arg(since_epoch: float) -> str:
+        """journalctl's `--since` form for a moment: `@EPOCH` (whole seconds, rounded down)."""
+        return f"@{int(since_epoch)}"
+
+    def log_location(self, since_epoch: float) -> str:
+        return f"journalctl -u {self.unit} --since {self.log_since_arg(since_epoch)} --no-pager"
+
+    def log_lines(self, since_epoch: float) -> Iterator[str]:
+        argv = [JOURNALCTL, "-u", self.unit, "--since", self.log_since_arg(since_epoch),
+                "--no-pager", "-o", "json"]
+        r = proc.run(argv, timeout=120)
+        if r.timed_out or r.returncode != 0:
+            why = "timed out" if r.timed_out else f"exit {r.returncode}"
+            raise ServiceError(f"`{' '.join(argv)}` failed ({why}): "
+                               f"{(r.stderr or r.stdout).strip() or '(no output)'}")
+        for line in r.stdout.splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            msg = rec.get("MESSAGE", "")
+            if isinstance(msg, list):  # journald's form for messages that are not UTF-8
+                msg = bytes(msg).decode("utf-8", errors="replace")
+            yield str(msg)
+
+
+# --- command ---------------------------------------------------------------------------------
+
+class CommandManager:
+    """A service started and stopped by the recipe's argv lists.
+
+    Contract: `start` must run the service in the foreground (like systemd's Type=simple);
+    rewheel starts it in its own session and process group and owns that group. `stop`, when
+    given, asks the service to stop; rewheel then makes sure the whole process group is gone
+    (SIGTERM, SIGKILL after the timeout). Processes that leave the group (setsid, double
+    fork) are not tracked.
+    """
+
+    def __init__(self, start_argv: Sequence[str], stop_argv: Sequence[str] = (),
+                 state_dir: Path | str = ".", *, env: dict[str, str] | None = None,
+                 cwd: Path | str | None = None) -> None:
+        if not start_argv:
+            raise ServiceError("service.start is empty: the command manager needs an argv list")
+        self.start_argv = [str(a) for a in start_argv]
+        self.stop_argv = [str(a) for a in stop_argv]
+        self.state_dir = Path(state_dir)
+        self.env = env
+        self.cwd = cwd
+        self._popen: subprocess.Popen[bytes] | None = None  # ours only while this process lives
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state_dir / "service.pid"
+
+    @property
+    def info_file(self) -> Path:
+        return self.state_dir / "service.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "service.log"
+
+    def describe(self) -> str:
+        return f"service command `{' '.join(self.start_argv)}`"
+
+    def check(self) -> None:
+        for key, argv in (("service.start", self.start_argv), ("service.stop", self.stop_argv)):
+            if not argv:
+                continue
+            exe = argv[0]
+            found = os.path.exists(exe) if os.sep in exe else proc.which(exe, self.env) is not None
+            if not found:
+                raise PreflightError(f"{key}: command not found: {exe!r}")
+
+    def _info(self) -> dict | None:
+        try:
+            return json.loads(self.info_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        try:  # a bare pid file (the info file lost): still enough to find the service
+            return {"pid": int(self.pid_file.read_text().split()[0]), "start_ticks": None}
+        except (FileNotFoundError, ValueError, IndexError):
+            return None
+
+    def _save(self, info: dict) -> None:
+        atomic_write(self.info_file, json.dumps(info, indent=1) + "\n")
+
+    def _poll_child(self, pid: int) -> int | None:
+        """Reap our own child if it exited; its exit status, or None."""
+        p = self._popen
+        if p is not None and p.pid == pid:
+            return p.poll()
+        return None
+
+    def _main_alive(self, info: dict) -> bool:
+        pid = int(info["pid"])
+        if self._poll_child(pid) is not None:
+            return False
+        return _alive(pid, info.get("start_ticks"))
+
+    def _group(self, info: dict) -> list[int]:
+        """Live members of the service's process group (its leader is the main pid)."""
+        pgid = int(info["pid"])
+        self._poll_child(pgid)
+        leader = _read_proc(pgid)
+        ticks = info.get("start_ticks")
+        if leader is not None and leader.state != "Z" and ticks is not None and leader.start_ticks != ticks:
+            return []  # the pid was reused, so our group (same id) cannot exist any more
+        return sorted(p.pid for p in _proc_table() if p.pgid == pgid)
+
+    def status(self) -> ServiceStatus:
+        info = self._info()
+        if info is None:
+            return ServiceStatus(active=False, state="inactive", sub_state="dead")
+        pid = int(info["pid"])
+        if not info.get("stopped") and self._main_alive(info):
+            return ServiceStatus(active=True, state="active", sub_state="running", main_pid=pid,
+                                 pids=self._group(info) or [pid])
+        rc = self._poll_child(pid)
+        if rc is None:
+            rc = info.get("returncode")
+        group = self._group(info)
+        if info.get("stopped"):
+            return ServiceStatus(active=False, state="inactive", sub_state="dead", result="success",
+                                 pids=group, exit_status=rc)
+        if rc is not None and rc < 0:
+            result, exit_status = "signal", -rc
+        elif rc == 0:
+            result, exit_status = "success", 0
+        else:
+            result, exit_status = "exit-code", rc
+        # It ended without being asked to: like a systemd unit whose main process died.
+        return ServiceStatus(active=False, state="failed" if rc != 0 else "inactive",
+                             sub_state="failed" if rc != 0 else "dead", result=result, pids=group,
+                             exit_status=exit_status)
+
+    def start(self) -> None:
+        info = self._info()
+        if info is not None and not info.get("stopped") and self._main_alive(info):
+            return  # already running: like `systemctl start`, a no-op
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            log.write(f"[rewheel] {stamp} starting: {' '.join(self.start_argv)}\n")
+        offset = self.log_path.stat().st_size
+        started_at = time.time()
+        child = proc.spawn_detached(self.start_argv, log_path=self.log_path, env=self.env,
+                                    cwd=self.cwd)
+        self._popen = child
+        me = _read_proc(child.pid)
+        atomic_write(self.pid_file, f"{child.pid}\n")
+        self._save({"pid": child.pid, "start_ticks": me.start_ticks if me else None,
+                    "argv": self.start_argv, "started_at": started_at, "log_offset": offset,
+                    "stopped": False})
+
+    def _signal_group(self, pgid: int, sig: int) -> None:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _wait_group_gone(self, info: dict, until: float) -> list[int]:
+        while True:
+            left = self._group(info)
+            if not left or time.monotonic() >= until:
+                return left
+            time.sleep(0.05)
+
+    def stop(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        info = self._info()
+        stop_note = ""
+        if self.stop_argv:
+            r = proc.run(self.stop_argv, timeout=max(1.0, timeout_s))
+            if not r.ok:
+                said = (r.stderr or r.stdout).strip().splitlines()
+                stop_note = (f"`{' '.join(self.stop_argv)}` "
+                             f"{'timed out' if r.timed_out else f'exited {r.returncode}'}"
+                             f"{': ' + said[-1] if said else ''}")
+        if info is None:
+            if stop_note:
+                # Nothing recorded to check: the stop command's word is all there is.
+                raise ServiceError(f"cannot stop the service: {stop_note}",
+                                   hint=f"no service started by rewheel is recorded in {self.pid_file}")
+            return
+        pgid = int(info["pid"])
+        if self.stop_argv:
+            left = self._wait_group_gone(info, deadline)
+            if left:
+                self._signal_group(pgid, signal.SIGTERM)
+                left = self._wait_group_gone(info, time.monotonic() + min(10.0, max(1.0, timeout_s)))
+        else:
+            self._signal_group(pgid, signal.SIGTERM)
+            left = self._wait_group_gone(info, deadline)
+        if left:
+            self._signal_group(pgid, signal.SIGKILL)
+            left = self._wait_group_gone(info, time.monotonic() + 5.0)
+        if left:
+            raise ServiceError(
+                f"the service did not stop within {timeout_s:g}s: processes of its group "
+                f"{pgid} survived SIGKILL: {_describe_pids(left)}"
+                + (f" ({stop_note})" if stop_note else ""),
+                hint="they may be stuck in the kernel (state D); check `ps -o pid,stat,cmd -g "
+                     f"{pgid}`")
+        rc = self._poll_child(pgid)
+        self._save({**info, "stopped": True, "returncode": rc if rc is not None else info.get("returncode")})
+
+    def log_location(self, since_epoch: float) -> str:
+        return str(self.log_path)
+
+    def log_lines(self, since_epoch: float) -> Iterator[str]:
+        """service.log from the offset recorded at the last start (`since_epoch` unused: the
+        log has no timestamps of its own)."""
+        info = self._info() or {}
+        offset = int(info.get("log_offset", 0))
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        for raw in data.splitlines():
+            yield raw.decode("utf-8", errors="replace")
+
+
+def make_manager(spec: ServiceSpec, state_dir: Path, *, python: Path | str | None = None) -> ServiceManager:
+    """The manager a recipe's [service] asks for. `python` fills the `{python}` template in
+    the command manager's argv lists."""
+    if spec.manager == "systemd":
+        if not spec.unit:
+            raise ServiceError('service.unit is required with manager = "systemd"')
+        return SystemdManager(spec.unit, start_timeout_s=float(spec.ready_timeout_s))
+    if spec.manager == "command":
+        def expand(argv: Sequence[str]) -> list[str]:
+            return [a.replace("{python}", str(python)) if python is not None else a for a in argv]
+        return CommandManager(expand(spec.start), expand(spec.stop), state_dir)
+    raise ServiceError(f'service.manager: expected "systemd" or "command", got "{spec.manager}"')
+
+
+# --- readiness -------------------------------------------------------------------------------
+
+def _get(client: httpx.Client, url: str, timeout: float) -> tuple[int | None, str, str]:
+    """(status code or None, body, a short description of the answer)."""
+    try:
+        r = client.get(url, timeout=timeout)
+    except httpx.TimeoutException:
+        return None, "", f"no answer within {timeout:g}s"
+    except httpx.HTTPError as exc:
+        return None, "", f"{type(exc).__name__}: {exc}"
+    body = r.text
+    snippet = " ".join(body.split())[:200]
+    return r.status_code, body, f"HTTP {r.status_code}" + (f": {snippet}" if snippet else "")
+
+
+def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Client | None = None,
+               started_at: float, on_progress: Callable[[str], None] | None = None,
+               poll_s: float = 0.5) -> HealthResult:
+    """Wait until the started service is healthy, stays up, and passes its probe.
+
+    `started_at` (epoch seconds) is when `start()` was called: the ready timeout counts from
+    there and the log hint points there. Raises HealthCheckFailed (a ServiceError) at once when
+    the service becomes inactive/failed or its restart counter grows; after
+    `spec.ready_timeout_s` without a 200 from `spec.health_url`; when it dies or restarts
+    within `spec.settle_s` after its first 200; or when the probe fails.
+    """
+    own_client = client is None
+    http = client if client is not None else httpx.Client(timeout=10.0)
+    mono0 = time.monotonic() - max(0.0, time.time() - started_at)
+    deadline = mono0 + spec.ready_timeout_s
+    what = manager.describe()
+    log_hint = f"the service's log: {manager.log_location(started_at)}"
+    last = ""
+
+    def elapsed() -> float:
+        return time.monotonic() - mono0
+
+    def progress(text: str) -> None:
+        nonlocal last
+        if on_progress and text != last:
+            on_progress(text)
+        last = text
+
+    def fail(message: str, detail: str, n_restarts: int, hint: str = log_hint) -> HealthCheckFailed:
+        result = HealthResult(ok=False, seconds=elapsed(), detail=detail, health_url=spec.health_url,
+                              probe_url=spec.probe.url if spec.probe else None, n_restarts=n_restarts)
+        return HealthCheckFailed(message, result, hint=hint)
+
+    baseline = manager.status().n_restarts
+
+    def liveness(phase: str) -> int:
+        st = manager.status()
+        if st.n_restarts > baseline:
+            raise fail(f"{what} is restart-looping: it restarted {st.n_restarts - baseline} time(s) "
+                       f"{phase} (NRestarts {baseline} -> {st.n_restarts}, now {st.state}/{st.sub_state}"
+                       f", Result={st.result})", f"restarted {st.n_restarts - baseline} time(s)",
+                       st.n_restarts)
+        code = f", exit status {st.exit_status}" if st.exit_status not in (None, 0) else ""
+        if st.sub_state == "auto-restart":
+            raise fail(f"{what} is restart-looping: its main process exited {phase} and it is "
+                       f"waiting to be restarted ({st.state}/{st.sub_state}, Result={st.result}"
+                       f"{code}, NRestarts={st.n_restarts})", "restart-looping", st.n_restarts)
+        if st.result == "start-limit-hit":
+            raise fail(f"{what} is restart-looping: it hit systemd's start limit ({st.state}, "
+                       f"Result=start-limit-hit, NRestarts={st.n_restarts}{code})",
+                       "restart-looping", st.n_restarts)
+        if st.state in DOWN_STATES:
+            raise fail(f"{what} died {phase}: it is {st.state}/{st.sub_state} "
+                       f"(Result={st.result or '?'}{code}) {elapsed():.0f}s after start",
+                       f"service {st.state}", st.n_restarts)
+        return st.n_restarts
+
+    try:
+        healthy_detail = "no health_url: liveness only"
+        if spec.health_url:
+            while True:
+                restarts = liveness("while starting")
+                remaining = deadline - time.monotonic()
+                code, _body, said = _get(http, spec.health_url, max(0.5, min(10.0, remaining)))
+                if code == 200:
+                    healthy_detail = f"{spec.health_url} answered 200 after {elapsed():.1f}s"
+                    break
+                progress(f"waiting for {spec.health_url}: {said}")
+                if time.monotonic() >= deadline:
+                    raise fail(f"{what} did not become healthy within {spec.ready_timeout_s}s: "
+                               f"{spec.health_url} last answered: {said}", f"not healthy: {said}",
+                               restarts,
+                               hint=f"raise service.ready_timeout_s if the model needs longer to "
+                                    f"load; {log_hint}")
+                time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
+        # Up once is not up: a server that crashes right after binding its port would pass.
+        progress(f"{healthy_detail}; watching it for {spec.settle_s:g}s")
+        settle_end = time.monotonic() + spec.settle_s
+        while True:
+            restarts = liveness("right after becoming healthy" if spec.health_url else "while starting")
+            if spec.health_url:
+                code, _body, said = _get(http, spec.health_url, 10.0)
+                if code != 200:
+                    raise fail(f"{what} stopped being healthy right after its first 200: "
+                               f"{spec.health_url} answered: {said}", f"unhealthy: {said}", restarts)
+            if time.monotonic() >= settle_end:
+                break
+            time.sleep(max(0.0, min(poll_s, settle_end - time.monotonic())))
+        detail = healthy_detail
+        if spec.probe:
+            code, body, said = _get(http, spec.probe.url, 60.0)
+            if code != 200:
+                raise fail(f"probe {spec.probe.url} failed: {said}", f"probe failed: {said}", restarts)
+            if spec.probe.expect is not None and spec.probe.expect not in body:
+                raise fail(f"probe {spec.probe.url} answered 200 but without {spec.probe.expect!r}: "
+                           f"{said}", f"probe: {spec.probe.expect!r} missing", restarts,
+                           hint="the service runs, but not what the recipe expects (service.probe.expect)")
+            detail += f"; probe {spec.probe.url} ok"
+        return HealthResult(ok=True, seconds=elapsed(), detail=detail, health_url=spec.health_url,
+                            probe_url=spec.probe.url if spec.probe else None, n_restarts=restarts)
+    finally:
+        if own_client:
+            http.close()

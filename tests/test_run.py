@@ -1,0 +1,178 @@
+"""`rewheel run` end to end: a real venv, a real local index on 127.0.0.1, a real model
+server under the command manager, real smoke tests — and the documented exit codes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from support_index import closed_port
+from support_run import Host, make_host
+
+
+@pytest.fixture
+def host_factory(tmp_path: Path):
+    hosts: list[Host] = []
+
+    def make(new_version: str = "2.0.0", variant: str = "good", start: bool = True) -> Host:
+        h = make_host(tmp_path, new_version, variant)
+        hosts.append(h)
+        if start:
+            h.start_service()
+            assert h.served_version() == "1.0.0"
+        return h
+
+    yield make
+    for h in hosts:
+        h.stop_service()
+        h._index.stop()  # type: ignore[attr-defined]
+
+
+def test_good_upgrade_exits_0_and_serves_the_new_version(host_factory) -> None:
+    h = host_factory("2.0.0", "good")
+    code, rep = h.run_json()
+    assert code == 0, rep["_stderr"]
+    assert rep["status"] == "upgraded"
+    assert rep["before"]["toypkg"] == "1.0.0" and rep["after"]["toypkg"] == "2.0.0"
+    assert any(c["name"] == "toypkg" and c["change"] == "upgraded" for c in rep["changes"])
+    assert [s["name"] for s in rep["steps"] if s["ok"]][:2] == ["preflight", "stop"]
+    assert all(s["ok"] for s in rep["steps"])
+    assert h.served_version() == "2.0.0"
+    hist = h.rewheel("history", str(h.recipe), "--json")
+    assert hist.returncode == 0
+    assert '"status": "upgraded"' in hist.stdout
+
+
+def test_breaking_smoke_reverts_byte_exact_and_names_the_root_cause(host_factory) -> None:
+    h = host_factory("3.0.0", "smoke-fails")
+    before = h.state()
+    code, rep = h.run_json()
+    assert code == 1, rep["_stderr"]
+    assert rep["status"] == "reverted"
+    assert h.state() == before
+    assert h.served_version() == "1.0.0"
+    rc = rep["root_cause"]
+    assert rc["type"] == "ValueError"
+    assert "q_lora_rank 1536 must divide num_heads 7 on rank 4" in rc["message"]
+    assert rc["frame"]["file"].endswith("toypkg/layers.py")
+    assert [s["name"] for s in rep["steps"] if not s["ok"]] == ["smoke"]
+    assert rep["revert"]["restore"]["verified"] > 0
+    assert Path(rep["logs"]["smoke"]).read_text().count("Traceback") >= 1
+
+
+def test_service_that_fails_after_upgrade_is_reverted(host_factory) -> None:
+    h = host_factory("4.0.0", "service-fails")
+    before = h.state()
+    code, rep = h.run_json()
+    assert code == 1, rep["_stderr"]
+    assert h.state() == before
+    assert h.served_version() == "1.0.0"
+    assert rep["failure"]["step"] == "start"
+    assert "CUDA error" in (rep["root_cause"] or {}).get("message", ""), rep["root_cause"]
+
+
+def test_hanging_smoke_is_killed_and_reverted(host_factory) -> None:
+    h = host_factory("5.0.0", "smoke-hangs")
+    h.write_recipe(smoke__timeout_s=3)
+    before = h.state()
+    code, rep = h.run_json()
+    assert code == 1, rep["_stderr"]
+    assert h.state() == before
+    assert "timed out" in rep["failure"]["message"]
+    assert h.served_version() == "1.0.0"
+
+
+def test_service_that_never_becomes_healthy_is_reverted(host_factory) -> None:
+    h = host_factory("6.0.0", "never-healthy")
+    h.write_recipe(service__ready_timeout_s=4)
+    before = h.state()
+    code, rep = h.run_json()
+    assert code == 1, rep["_stderr"]
+    assert h.state() == before
+    assert h.served_version() == "1.0.0"
+    assert "did not become healthy within 4s" in rep["failure"]["message"]
+
+
+def test_revert_that_cannot_verify_the_old_service_exits_3(host_factory) -> None:
+    h = host_factory("2.0.0", "good")
+    # A health URL no build answers: the new build fails, and so does the restored old one.
+    h.write_recipe(service__health_url=f"http://127.0.0.1:{h.port}/never", service__ready_timeout_s=3)
+    before = h.state()
+    code, rep = h.run_json()
+    assert code == 3, rep["_stderr"]
+    assert rep["status"] == "failed"
+    assert h.state() == before  # the files were restored; the service could not be verified
+    assert "did not become healthy" in rep["revert"]["error"]
+    assert "rewheel rollback" in rep["revert"]["hint"]
+
+
+def test_dry_run_changes_nothing(host_factory) -> None:
+    h = host_factory("2.0.0", "good")
+    before = h.state()
+    code, rep = h.run_json("--dry-run")
+    assert code == 0
+    assert rep["status"] == "planned"
+    assert any(c["name"] == "toypkg" and c["new"] == "2.0.0" for c in rep["plan"]["changes"])
+    assert h.state() == before
+    assert h.served_version() == "1.0.0"
+
+
+def test_without_terminal_or_yes_nothing_changes(host_factory) -> None:
+    h = host_factory("2.0.0", "good")
+    before = h.state()
+    cp = h.rewheel("run", str(h.recipe))
+    assert cp.returncode == 2
+    assert "--yes" in cp.stderr
+    assert h.state() == before
+    assert h.served_version() == "1.0.0"
+
+
+@pytest.mark.parametrize("url, words", [
+    ("ftp://127.0.0.1/simple", "install.index_url"),
+    ("http://127.0.0.1:{closed}/simple", "127.0.0.1"),
+])
+def test_bad_or_unreachable_index_exits_2_unchanged(host_factory, url: str, words: str) -> None:
+    h = host_factory("2.0.0", "good")
+    h.write_recipe(install__index_url=url.format(closed=closed_port()))
+    before = h.state()
+    code, rep = h.run_json()
+    assert code == 2, rep["_stderr"]
+    assert words in rep["message"]
+    assert h.state() == before
+    assert h.served_version() == "1.0.0"  # never stopped
+
+
+def test_second_run_is_refused_with_4(host_factory) -> None:
+    from rewheel.journal import EnvLock
+    from rewheel.recipe import load_recipe
+    from rewheel.runner import open_target
+
+    h = host_factory("2.0.0", "good", start=False)
+    t = open_target(load_recipe(h.recipe))
+    with EnvLock(t.store.env_dir, "test holds it"):
+        code, rep = h.run_json()
+    assert code == 4
+    assert "another rewheel process" in rep["message"]
+
+
+def test_no_revert_leaves_the_failed_state(host_factory) -> None:
+    h = host_factory("3.0.0", "smoke-fails")
+    code, rep = h.run_json("--no-revert")
+    assert code == 3
+    assert rep["status"] == "failed"
+    assert rep["after"]["toypkg"] == "3.0.0"
+    # A person can restore by hand.
+    cp = h.rewheel("rollback", str(h.recipe), "--yes")
+    assert cp.returncode == 0, cp.stderr
+    assert h.served_version() == "1.0.0"
+
+
+def test_credentials_in_index_urls_are_redacted(host_factory) -> None:
+    h = host_factory("3.0.0", "smoke-fails")
+    secret_url = h.index_url.replace("http://", "http://deploy:s3cretToken@")
+    h.write_recipe(install__index_url=secret_url)
+    code, rep = h.run_json()
+    assert code == 1, rep["_stderr"]
+    for text in (rep["_stderr"], str(rep), *(Path(p).read_text() for p in rep["logs"].values())):
+        assert "s3cretToken" not in text

@@ -1,0 +1,373 @@
+"""Service managers against real service processes (a tiny HTTP server on 127.0.0.1):
+under the command manager, and under the systemctl/journalctl stand-ins (a mini-systemd)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rewheel.errors import PreflightError, ServiceError
+from rewheel.recipe import Probe, ServiceSpec
+from rewheel.service import (CommandManager, HealthCheckFailed, ServiceManager, SystemdManager,
+                             make_manager, wait_ready)
+from support_standins import FakeHost, free_port, group_members, http_service_argv, pid_alive, wait_for
+
+
+def spec_for(port: int, *, manager: str = "command", unit: str | None = None,
+             ready_timeout_s: int = 30, settle_s: float = 0.3, model: str = "tiny/model",
+             probe: bool = True, health: bool = True) -> ServiceSpec:
+    return ServiceSpec(
+        manager=manager, unit=unit, start=("x",) if manager == "command" else (),
+        health_url=f"http://127.0.0.1:{port}/health" if health else None,
+        ready_timeout_s=ready_timeout_s, settle_s=settle_s,
+        probe=Probe(url=f"http://127.0.0.1:{port}/v1/models", expect=model) if probe else None)
+
+
+@pytest.fixture
+def managed(fake_host: FakeHost):
+    """Command managers made here are stopped (and their groups killed) at teardown."""
+    made: list[CommandManager] = []
+
+    def make(start: list[str], stop: list[str] | None = None, state_dir: Path | None = None) -> CommandManager:
+        m = CommandManager(start, stop or [], state_dir or fake_host.root / "svc")
+        made.append(m)
+        return m
+
+    yield make
+    for m in made:
+        info = m._info()
+        if info:
+            fake_host.track_group(int(info["pid"]))
+
+
+# --- command manager ------------------------------------------------------------------------
+
+def test_command_manager_starts_a_real_service_and_proves_it(managed, tmp_path: Path) -> None:
+    port = free_port()
+    m = managed(http_service_argv(port, model="org/Model-A"))
+    assert isinstance(m, ServiceManager)
+    m.check()
+    started = time.time()
+    m.start()
+    pid = int((m.state_dir / "service.pid").read_text())
+    progress: list[str] = []
+    result = wait_ready(m, spec_for(port, model="org/Model-A"), started_at=started,
+                        on_progress=progress.append)
+    assert result.ok and "answered 200" in result.detail and "probe" in result.detail
+    assert result.to_json()["ok"] is True
+    st = m.status()
+    assert st.active and st.state == "active" and st.main_pid == pid and pid in st.pids
+    assert any("listening on" in line for line in m.log_lines(started))
+    m.stop(10)
+    assert not pid_alive(pid)
+    st = m.status()
+    assert not st.active and st.state == "inactive" and st.pids == []
+
+
+def test_command_manager_stop_waits_for_every_process_of_the_group(managed) -> None:
+    port = free_port()
+    m = managed(http_service_argv(port, workers=2, worker_linger_s=0.5))
+    m.start()
+    st = wait_for(lambda: (s := m.status()) and len(s.pids) == 3 and s)
+    m.stop(20)
+    assert [p for p in st.pids if pid_alive(p)] == []  # workers outlived SIGTERM by 0.5s
+
+
+def test_command_manager_kills_what_ignores_sigterm(managed) -> None:
+    port = free_port()
+    m = managed(http_service_argv(port, workers=1, ignore_sigterm=True))
+    m.start()
+    st = wait_for(lambda: (s := m.status()) and len(s.pids) == 2 and s)
+    m.stop(0.5)  # SIGTERM is ignored: SIGKILL after the timeout
+    assert [p for p in st.pids if pid_alive(p)] == []
+    assert m.status().state == "inactive"
+
+
+def test_command_manager_runs_the_stop_argv(managed, tmp_path: Path) -> None:
+    port = free_port()
+    marker = tmp_path / "stop-ran"
+    state_dir = tmp_path / "svc"
+    stop = [sys.executable, "-c",
+            "import os, signal, sys; open(sys.argv[2], 'w').close(); "
+            "os.kill(int(open(sys.argv[1]).read()), signal.SIGTERM)",
+            str(state_dir / "service.pid"), str(marker)]
+    m = managed(http_service_argv(port), stop, state_dir)
+    m.start()
+    pid = m.status().main_pid
+    wait_ready(m, spec_for(port, probe=False, settle_s=0), started_at=time.time())
+    m.stop(10)
+    assert marker.exists() and not pid_alive(pid)
+
+
+def test_a_later_rewheel_process_can_stop_the_recorded_service(managed, tmp_path: Path) -> None:
+    port = free_port()
+    first = managed(http_service_argv(port), state_dir=tmp_path / "svc")
+    first.start()
+    pid = first.status().main_pid
+    # A new manager knows the service only from the durable pid file (e.g. `rewheel resume`).
+    second = managed(http_service_argv(port), state_dir=tmp_path / "svc")
+    assert second.status().active and second.status().main_pid == pid
+    second.stop(10)
+    assert not pid_alive(pid)
+    assert json.loads((tmp_path / "svc" / "service.json").read_text())["stopped"] is True
+
+
+def test_command_service_that_crashes_at_start_fails_fast(managed) -> None:
+    port = free_port()
+    m = managed(http_service_argv(port, crash=True))
+    started = time.time()
+    m.start()
+    with pytest.raises(HealthCheckFailed) as exc:
+        wait_ready(m, spec_for(port, ready_timeout_s=600), started_at=started)
+    assert "died while starting" in exc.value.message and "exit status 1" in exc.value.message
+    assert str(m.log_path) in (exc.value.hint or "")
+    assert exc.value.result.ok is False
+    assert any("model init failed on purpose" in line for line in m.log_lines(started))
+    st = m.status()
+    assert st.state == "failed" and st.result == "exit-code" and st.exit_status == 1
+
+
+def test_service_that_never_becomes_healthy_times_out(managed) -> None:
+    port = free_port()
+    m = managed(http_service_argv(port, never_healthy=True))
+    started = time.time()
+    m.start()
+    with pytest.raises(HealthCheckFailed) as exc:
+        wait_ready(m, spec_for(port, ready_timeout_s=1), started_at=started)
+    msg = exc.value.message
+    assert msg.startswith(f"{m.describe()} did not become healthy within 1s")
+    assert f"http://127.0.0.1:{port}/health last answered: HTTP 503" in msg
+    assert "ready_timeout_s" in (exc.value.hint or "")
+    assert exc.value.exit_code == 1
+
+
+def test_probe_passes_and_fails(managed) -> None:
+    port = free_port()
+    m = managed(http_service_argv(port, model="org/Model-A"))
+    m.start()
+    with httpx.Client() as client:
+        ok = wait_ready(m, spec_for(port, model="org/Model-A"), client=client, started_at=time.time())
+        assert ok.probe_url == f"http://127.0.0.1:{port}/v1/models"
+        with pytest.raises(HealthCheckFailed) as exc:
+            wait_ready(m, spec_for(port, model="org/Model-B"), client=client, started_at=time.time())
+        assert "answered 200 but without 'org/Model-B'" in exc.value.message
+        wrong_url = ServiceSpec(manager="command", start=("x",), health_url=f"http://127.0.0.1:{port}/health",
+                                settle_s=0, probe=Probe(url=f"http://127.0.0.1:{port}/nope"))
+        with pytest.raises(HealthCheckFailed) as exc:
+            wait_ready(m, wrong_url, client=client, started_at=time.time())
+        assert f"probe http://127.0.0.1:{port}/nope failed: HTTP 404" in exc.value.message
+
+
+def test_without_health_url_only_liveness_is_checked(managed) -> None:
+    port = free_port()
+    m = managed(http_service_argv(port))
+    m.start()
+    result = wait_ready(m, spec_for(port, health=False, probe=False, settle_s=0.2), started_at=time.time())
+    assert result.ok and "liveness only" in result.detail
+
+
+def test_a_service_dying_while_settling_fails(managed) -> None:
+    port = free_port()
+    m = managed(http_service_argv(port, die_after_s=1.5))  # 1.5s after it starts listening
+    m.start()
+    with pytest.raises(HealthCheckFailed) as exc:
+        wait_ready(m, spec_for(port, settle_s=30, probe=False), started_at=time.time(), poll_s=0.05)
+    assert "right after" in exc.value.message
+
+
+def test_make_manager_expands_python_and_picks_the_manager(tmp_path: Path) -> None:
+    cmd = ServiceSpec(manager="command", start=("{python}", "-m", "srv"), stop=("{python}", "-m", "stop"))
+    m = make_manager(cmd, tmp_path, python="/env/bin/python")
+    assert isinstance(m, CommandManager)
+    assert m.start_argv == ["/env/bin/python", "-m", "srv"] and m.stop_argv[0] == "/env/bin/python"
+    sd = make_manager(ServiceSpec(manager="systemd", unit="vllm-kimi-k25"), tmp_path)
+    assert isinstance(sd, SystemdManager) and sd.describe() == "systemd unit vllm-kimi-k25.service"
+
+
+def test_command_check_names_a_missing_executable(tmp_path: Path) -> None:
+    m = CommandManager(["no-such-server-binary", "--port", "1"], [], tmp_path)
+    with pytest.raises(PreflightError) as exc:
+        m.check()
+    assert "service.start" in exc.value.message and "no-such-server-binary" in exc.value.message
+
+
+# --- systemd, through the stand-ins -------------------------------------------------------
+
+def test_systemd_healthy_unit_start_ready_log_stop(fake_host: FakeHost) -> None:
+    port = free_port()
+    fake_host.add_unit("tiny-llm", http_service_argv(port, model="org/Model-A", workers=2,
+                                                      worker_linger_s=0.5),
+                       restart="always", syslog_identifier="tiny-llm")
+    m = SystemdManager("tiny-llm")
+    m.check()
+    started = time.time()
+    m.start()
+    result = wait_ready(m, spec_for(port, manager="systemd", unit="tiny-llm", model="org/Model-A"),
+                        started_at=started)
+    assert result.ok and result.n_restarts == 0
+    st = wait_for(lambda: (s := m.status()) and len(s.pids) == 3 and s)
+    assert st.active and st.state == "active" and st.sub_state == "running" and st.main_pid in st.pids
+    lines = list(m.log_lines(started))
+    assert any(f"listening on http://127.0.0.1:{port}" in line for line in lines)
+    assert m.log_location(started) == f"journalctl -u tiny-llm.service --since @{int(started)} --no-pager"
+    m.stop(30)
+    assert [p for p in st.pids if pid_alive(p)] == []  # the workers too, not just MainPID
+    st = m.status()
+    assert st.state == "inactive" and st.main_pid == 0
+    calls = fake_host.calls("systemctl")
+    assert ["systemctl", "reset-failed", "tiny-llm.service"] in calls
+    assert ["systemctl", "start", "tiny-llm.service"] in calls
+    assert ["systemctl", "stop", "tiny-llm.service"] in calls
+    assert any(c[1] == "show" and "-p" in c for c in calls)
+    assert any(c[:3] == ["journalctl", "-u", "tiny-llm.service"] and "json" in c
+               for c in fake_host.calls("journalctl"))
+
+
+def test_systemd_restart_loop_fails_fast_then_hits_the_start_limit(fake_host: FakeHost) -> None:
+    port = free_port()
+    fake_host.add_unit("crashy", http_service_argv(port, crash=True), restart="always",
+                       restart_sec=0.2, start_limit_burst=3, start_limit_interval_s=30)
+    m = SystemdManager("crashy")
+    started = time.time()
+    m.start()
+    with pytest.raises(HealthCheckFailed) as exc:
+        wait_ready(m, spec_for(port, manager="systemd", unit="crashy", ready_timeout_s=60),
+                   started_at=started)
+    assert "systemd unit crashy.service is restart-looping" in exc.value.message
+    assert "journalctl -u crashy.service" in (exc.value.hint or "")
+    # Left alone, systemd gives up: failed, start-limit-hit, NRestarts grown.
+    st = wait_for(lambda: (s := m.status()) and s.state == "failed" and s)
+    assert st.result == "start-limit-hit" and st.n_restarts >= 2 and st.sub_state == "failed"
+    messages = fake_host.messages("crashy")
+    assert "crashy.service: Start request repeated too quickly." in messages
+    assert "RuntimeError: model init failed on purpose" in list(m.log_lines(started))
+    # A unit over its start limit refuses a plain start; the manager resets it first.
+    refused = fake_host.systemctl("start", "crashy")
+    assert refused.returncode == 1 and "Job for crashy.service failed." in refused.stderr
+    fake_host.add_unit("crashy", http_service_argv(port), restart="always")  # "the old build"
+    assert fake_host.systemctl("daemon-reload").returncode == 0
+    m.start()
+    assert wait_ready(m, spec_for(port, manager="systemd", unit="crashy"), started_at=time.time()).ok
+    m.stop(30)
+
+
+def test_systemd_unit_that_never_becomes_healthy(fake_host: FakeHost) -> None:
+    port = free_port()
+    fake_host.add_unit("slow", http_service_argv(port, never_healthy=True))
+    m = SystemdManager("slow")
+    m.start()
+    with pytest.raises(HealthCheckFailed) as exc:
+        wait_ready(m, spec_for(port, manager="systemd", unit="slow", ready_timeout_s=1),
+                   started_at=time.time())
+    assert exc.value.message.startswith("systemd unit slow.service did not become healthy within 1s")
+    assert "HTTP 503" in exc.value.message
+    m.stop(30)
+
+
+def test_systemd_check_without_systemctl(fake_host: FakeHost) -> None:
+    fake_host.hide("systemctl")
+    with pytest.raises(PreflightError) as exc:
+        SystemdManager("vllm-kimi-k25").check()
+    assert "systemctl is not on PATH" in exc.value.message and "vllm-kimi-k25.service" in exc.value.message
+
+
+def test_systemd_unknown_unit(fake_host: FakeHost) -> None:
+    m = SystemdManager("nosuch")
+    with pytest.raises(PreflightError) as exc:
+        m.check()
+    assert "nosuch.service" in exc.value.message and "not loaded" in exc.value.message
+    with pytest.raises(ServiceError) as exc:
+        m.stop(5)
+    assert "nosuch.service" in exc.value.message and "not loaded" in exc.value.message
+    with pytest.raises(ServiceError) as exc:
+        m.start()
+    assert "Unit nosuch.service not found." in exc.value.message
+    raw = fake_host.systemctl("stop", "nosuch")
+    assert raw.returncode == 5
+    assert raw.stderr == "Failed to stop nosuch.service: Unit nosuch.service not loaded.\n"
+
+
+def test_systemd_stop_waits_for_a_leftover_in_the_units_cgroup(fake_host: FakeHost, tmp_path: Path) -> None:
+    port = free_port()
+    fake_host.add_unit("leaky", http_service_argv(port))
+    leftover = fake_host.spawn([sys.executable, "-c", "import time; time.sleep(600)"])
+    cgroup_root = tmp_path / "cgroup"
+    (cgroup_root / "system.slice" / "leaky.service").mkdir(parents=True)
+    (cgroup_root / "system.slice" / "leaky.service" / "cgroup.procs").write_text(f"{leftover.pid}\n")
+    m = SystemdManager("leaky", cgroup_root=cgroup_root)
+    m.start()
+    assert leftover.pid in m.status().pids
+    with pytest.raises(ServiceError) as exc:
+        m.stop(0.5)
+    assert f"processes still running: {leftover.pid} (python" in exc.value.message
+    assert f"kill -9 {leftover.pid}" in (exc.value.hint or "")
+    leftover.kill()
+    leftover.wait()
+    m.stop(5)  # nothing left: passes
+
+
+def test_systemd_sigkills_a_service_that_ignores_sigterm(fake_host: FakeHost) -> None:
+    port = free_port()
+    fake_host.add_unit("stubborn", http_service_argv(port, ignore_sigterm=True, workers=1),
+                       timeout_stop_s=0.5)
+    m = SystemdManager("stubborn")
+    m.start()
+    st = wait_for(lambda: (s := m.status()) and len(s.pids) == 2 and s)
+    m.stop(30)
+    assert [p for p in st.pids if pid_alive(p)] == []
+    after = m.status()
+    assert (after.state, after.result) == ("failed", "timeout")
+    assert "stubborn.service: State 'stop-sigterm' timed out. Killing." in fake_host.messages("stubborn")
+
+
+# --- the stand-ins behave like the real tools ------------------------------------------------
+
+def test_systemctl_standin_show_is_in_systemds_order(fake_host: FakeHost) -> None:
+    fake_host.add_unit("u", [sys.executable, "-c", "import time; time.sleep(600)"])
+    asked = ["-p", "ActiveState", "-p", "SubState", "-p", "MainPID", "-p", "NRestarts",
+             "-p", "Result", "-p", "ExecMainStatus"]
+    out = fake_host.systemctl("show", "u", *asked).stdout.splitlines()
+    assert [line.split("=")[0] for line in out] == [
+        "MainPID", "NRestarts", "Result", "ExecMainStatus", "ActiveState", "SubState"]
+    assert "ActiveState=inactive" in out
+    assert fake_host.systemctl("is-active", "u").returncode == 3
+    assert fake_host.systemctl("start", "u").returncode == 0
+    assert fake_host.systemctl("is-active", "u").stdout == "active\n"
+    values = fake_host.systemctl("show", "u", "--value", "-p", "SubState,ActiveState").stdout
+    assert values == "active\nrunning\n"
+    assert fake_host.systemctl("stop", "--no-block", "u").returncode == 0
+    wait_for(lambda: fake_host.systemctl("is-active", "u").stdout == "inactive\n")
+    assert fake_host.systemctl("stop", "u").returncode == 0  # already inactive: still 0
+
+
+def test_journalctl_standin_formats_and_since(fake_host: FakeHost) -> None:
+    port = free_port()
+    fake_host.add_unit("vllm-kimi-k25", http_service_argv(port, crash=True), syslog_identifier="vllm-kimi")
+    assert fake_host.systemctl("start", "vllm-kimi-k25").returncode == 0
+    wait_for(lambda: fake_host.unit_state("vllm-kimi-k25").get("ActiveState") == "failed")
+    short = fake_host.journalctl("-u", "vllm-kimi-k25", "--no-pager").stdout.splitlines()
+    pattern = re.compile(r"^[A-Z][a-z]{2} \d{2} \d{2}:\d{2}:\d{2} \S+ vllm-kimi\[(\d+)\]: (.*)$")
+    service_lines = [m for m in map(pattern.match, short) if m]
+    assert [m.group(2) for m in service_lines][-1] == "RuntimeError: model init failed on purpose"
+    assert any(line.endswith("systemd[1]: vllm-kimi-k25.service: Main process exited, code=exited, "
+                             "status=1/FAILURE") for line in short)
+    records = [json.loads(x) for x in fake_host.journalctl("-u", "vllm-kimi-k25", "-o", "json").stdout.splitlines()]
+    own = [r for r in records if r["_SYSTEMD_UNIT"] == "vllm-kimi-k25.service"]
+    assert own and all(set(r) >= {"MESSAGE", "_PID", "__REALTIME_TIMESTAMP", "SYSLOG_IDENTIFIER"} for r in own)
+    assert own[0]["_PID"] == service_lines[0].group(1)
+    cat = fake_host.journalctl("-u", "vllm-kimi-k25", "-o", "cat").stdout
+    assert "RuntimeError: model init failed on purpose\n" in cat
+    future = fake_host.journalctl("-u", "vllm-kimi-k25", "--since", f"@{int(time.time()) + 60}")
+    assert future.stdout == "-- No entries --\n"
+    assert "RuntimeError" in fake_host.journalctl("-u", "vllm-kimi-k25", "--since", "20 min ago").stdout
+    day = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 3600))
+    assert "RuntimeError" in fake_host.journalctl("-u", "vllm-kimi-k25", "--since", day).stdout
+    assert len(fake_host.journalctl("-u", "vllm-kimi-k25", "-n", "2", "-o", "cat").stdout.splitlines()) == 2
+    bad = fake_host.journalctl("--since", "yesterdayish")
+    assert bad.returncode == 1 and "Failed to parse timestamp: yesterdayish" in bad.stderr
