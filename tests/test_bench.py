@@ -27,8 +27,8 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
     steps = [(r["step"], r["baseline"]) for r in result["rows"]]
     assert steps == [("snapshot", "cp -al"), ("snapshot", "cp -a (full copy)"),
                      ("patch scan", "stat walk"), ("patch scan", "sha256 of every file"),
-                     ("diff (snapshot vs live)", "cp -al"), ("rollback", "uv pip sync (warm cache)"),
-                     ("why", "grep -c Traceback")]
+                     ("diff (snapshot vs live)", "cp -al"), ("rollback", "uv pip sync (warm cache) + sync"),
+                     ("rollback", "uv pip sync (warm cache), not synced"), ("why", "grep -c Traceback")]
     for r in result["rows"]:
         assert r["baseline_s"] is not None and r["baseline_s"] > 0, r
         if r["available"]:

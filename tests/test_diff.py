@@ -102,7 +102,7 @@ def upgraded(tmp_path: Path) -> dict:
     return {"py": py, "before": before, "target": open_target(Recipe.for_python(py))}
 
 
-EXPECTED_DS_DIFF = f"""--- a/minivllm/models/deepseek_v2.py
+EXPECTED_DS_DIFF = """--- a/minivllm/models/deepseek_v2.py
 +++ b/minivllm/models/deepseek_v2.py
 @@ -4,5 +4,6 @@
  class DeepseekV2DecoderLayer:

@@ -28,7 +28,6 @@ import stat
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from packaging.utils import canonicalize_name

@@ -458,8 +458,8 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
                     continue
             data = _read_small(entry.path)
             sha = _sha256(data) if data is not None else _digest_file(entry.path, "sha256")
-            p = Patch(display_path(entry.path, sites, prefix), entry.path, dist.name, dist.version_text, "modified", sha, st.st_size,
-                      stat.S_IMODE(st.st_mode),
+            p = Patch(display_path(entry.path, sites, prefix), entry.path, dist.name,
+                      dist.version_text, "modified", sha, st.st_size, stat.S_IMODE(st.st_mode),
                       record_sha256=want if algo == "sha256" else None, record_size=entry.size,
                       patched_bytes=data)
             cache = get_cache() if st.st_nlink > 1 else None

@@ -279,12 +279,12 @@ def render_package_changes(console: Console, packages: list, unchanged: int = 0)
         return
     t = Table(title="packages", title_justify="left")
     for col in ("package", "old", "new", "change", "builds", "commits", "variant"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col not in ("commits", "variant"), overflow="fold")
     links = []
     for p in packages:
         style = _CHANGE_STYLE.get(p.change, "")
         dist = "" if p.dev_distance is None else f"{p.dev_distance:+d}"
-        shas = (f"{p.old_sha or '?'}…{p.new_sha or '?'}"
+        shas = (f"{p.old_sha or '?'} → {p.new_sha or '?'}"
                 if (p.old_sha or p.new_sha) and p.old_sha != p.new_sha else (p.new_sha or ""))
         t.add_row(escape(p.name), escape(p.old or "-"), escape(p.new or "-"),
                   f"[{style}]{p.change}[/]" if style else p.change, dist, shas,
@@ -369,3 +369,11 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                       + (" …" if len(scan.missing) > 10 else ""))
     for s in scan.skipped:
         console.print(f"[dim]not checked: {escape(s['distribution'])} ({escape(s['reason'])})[/]")
+
+
+def render_reapply(console: Console, results: list) -> None:  # patches.ReapplyResult items
+    style = {"clean": "green", "unchanged": "dim", "conflict": "bold red", "missing": "bold red"}
+    for r in results:
+        extra = f" — merge with markers in {escape(r.conflict_file)}" if r.conflict_file else ""
+        console.print(f" [{style.get(r.status, '')}]{r.status:9}[/] {escape(r.path)}: {escape(r.detail)}{extra}",
+                      soft_wrap=True)

@@ -9,12 +9,14 @@ times, in one run, each rewheel step against its baseline:
   snapshot  vs `cp -al` (one hard link per file: the physical floor) and `cp -a` (a copy)
   patches   vs a bare lstat walk, and vs hashing every file
   diff      (snapshot vs live, after upgrading a few large distributions) vs `cp -al`
-  rollback  (byte-exact, offline) vs `uv pip sync` of the old set from a warm uv cache
+  rollback  (byte-exact, offline, durable) vs `uv pip sync` of the old set from a warm uv
+            cache, followed by sync(2) so both are durable (the unsynced time is shown too)
   why       on a generated log vs `grep -c Traceback`, with its peak memory
 
 Timings are medians over `BENCH_REPS` repetitions, taken with a warm page cache (every
 timed step starts after `sync`, so nobody pays for the previous step's dirty pages).
-The table and `.bench/results.json` carry each ratio, its target and pass/fail.
+`cp -a` (a full copy) runs once. The table and `.bench/results.json` carry each ratio, its
+target and pass/fail; the exit status is 1 when a target is missed.
 
 Modules this measures that are not in the tree (yet) make their row "not available".
 """

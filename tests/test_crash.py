@@ -1,0 +1,76 @@
+"""Crash safety: `kill -9` of rewheel at every step boundary of a run, then resume.
+
+The fault hook (`REWHEEL_FAULT_AT`) SIGKILLs the process right after the named journal
+record is durable, which is what a power cut or an OOM kill at that boundary does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from support_run import make_host
+
+GOOD_RUN_BOUNDARIES = ["step:stop", "note", "step:snapshot", "snapshot", "step:reinstall", "step:diff",
+                       "step:smoke", "step:start", "healthy", "step:keep", "finished"]
+FAILING_RUN_BOUNDARIES = ["step:revert", "step:restore", "step:start"]
+
+
+@pytest.mark.parametrize("variant, fault", [("good", f) for f in GOOD_RUN_BOUNDARIES]
+                         + [("smoke-fails", f) for f in FAILING_RUN_BOUNDARIES])
+def test_kill_at_every_boundary_then_resume(tmp_path: Path, variant: str, fault: str) -> None:
+    h = make_host(tmp_path, "2.0.0", variant)
+    try:
+        h.start_service()
+        before = h.state()
+        cp = h.rewheel("run", str(h.recipe), "--yes", "--quiet", env={"REWHEEL_FAULT_AT": fault})
+        assert cp.returncode == -9, f"expected SIGKILL at {fault}: rc={cp.returncode}\n{cp.stderr}"
+
+        if fault == "finished":
+            # The run was complete and recorded before the kill: nothing is pending.
+            assert h.rewheel("history", str(h.recipe)).returncode == 0
+            assert h.served_version() == "2.0.0"
+            return
+
+        # Every command now reports the interrupted run and exits 4...
+        hist = h.rewheel("history", str(h.recipe), "--json")
+        assert hist.returncode == 4, hist.stderr
+        assert json.loads(hist.stdout)["interrupted_run"]
+        assert "interrupted" in hist.stderr
+        again = h.rewheel("run", str(h.recipe), "--yes")
+        assert again.returncode == 4 and "resume" in again.stderr
+
+        # ...until resume finishes or undoes it.
+        res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
+        assert res.returncode == 0, res.stderr
+        outcome = json.loads(res.stdout)
+        if fault == "step:keep":
+            assert outcome["status"] == "upgraded"  # every check had passed: finish recording
+            assert h.served_version() == "2.0.0"
+        else:
+            assert outcome["status"] in ("reverted", "aborted"), outcome
+            assert h.state() == before  # byte-exact
+            assert h.served_version() == "1.0.0"
+        assert h.rewheel("history", str(h.recipe)).returncode == 0
+    finally:
+        h.stop_service()
+        h._index.stop()  # type: ignore[attr-defined]
+
+
+def test_rollback_also_clears_an_interrupted_run(tmp_path: Path) -> None:
+    h = make_host(tmp_path, "3.0.0", "smoke-fails")
+    try:
+        h.start_service()
+        before = h.state()
+        cp = h.rewheel("run", str(h.recipe), "--yes", "--quiet", env={"REWHEEL_FAULT_AT": "step:smoke"})
+        assert cp.returncode == -9
+        rb = h.rewheel("rollback", str(h.recipe), "--yes", "--json")
+        assert rb.returncode == 0, rb.stderr
+        assert json.loads(rb.stdout)["finished_interrupted_run"]
+        assert h.state() == before
+        assert h.served_version() == "1.0.0"
+        assert h.rewheel("history", str(h.recipe)).returncode == 0
+    finally:
+        h.stop_service()
+        h._index.stop()  # type: ignore[attr-defined]
