@@ -80,6 +80,17 @@ def _target(target: str | None, python: str | None):  # -> runner.Target
     return runner.open_target(recipe.load_target(target, python))
 
 
+def _exit_if_interrupted(t, err: Console) -> None:  # t: runner.Target
+    """Read-only commands are how an operator investigates, so they report fully — then exit
+    4 like every other command while an interrupted run is pending."""
+    from rewheel import journal
+
+    j = journal.interrupted_run(t.store.env_dir)
+    if j is not None:
+        report.print_error(err, journal.interrupted_error(j, t.cli_ref))
+        raise typer.Exit(4)
+
+
 def _progress(err: Console):
     """A rich status line for long file work; returns (callback, status)."""
     status = err.status("working…")
@@ -132,17 +143,14 @@ def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOp
     """Snapshots and runs, newest first, with status and key versions."""
     from rewheel import runner
 
-    result = runner.history(_target(target, python))
+    t = _target(target, python)
+    result = runner.history(t)
     out, err = consoles(json_out)
     if json_out:
         emit_json(result.to_json())
     else:
         report.render_history(out, result)
-    if result.interrupted is not None:
-        # History is how an operator investigates, so it reports fully — then exits 4 like
-        # every other command while an interrupted run is pending.
-        report.print_error(err, runner.interrupted_error(result.interrupted, result.target))
-        raise typer.Exit(4)
+    _exit_if_interrupted(t, err)
 
 
 @app.command()
@@ -315,6 +323,7 @@ def diff(target: TargetArg = None,
         emit_json(result.to_json())
     else:
         report.render_diff(out, result, stat_only=stat_only)
+    _exit_if_interrupted(t, err)
 
 
 @app.command()
@@ -335,3 +344,74 @@ def patches(target: TargetArg = None, python: PythonOpt = None,
         emit_json(result.to_json())
     else:
         report.render_patches(out, result)
+    _exit_if_interrupted(t, err)
+
+
+@app.command()
+@handles_errors
+def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The recipe whose nightly to qualify.")],
+       junit: Annotated[str | None, typer.Option("--junit", metavar="FILE", help="Write JUnit XML (one test case per step).")] = None,
+       summary: Annotated[str | None, typer.Option("--summary", metavar="FILE", help="Append a Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")] = None,
+       promote: Annotated[bool, typer.Option("--promote", help="On success write lockfiles/pylock.<recipe>.toml.")] = False,
+       lockfiles: Annotated[str, typer.Option("--lockfiles", metavar="DIR", help="Where qualified locks live.")] = "lockfiles",
+       venv_python: Annotated[str | None, typer.Option("--venv-python", metavar="PATH|VERSION", help="Interpreter for the throwaway environment (default: the recipe's).")] = None,
+       quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
+       json_out: JsonOpt = False) -> None:
+    """Qualify the newest nightly in a throwaway environment; report for CI; promote its lock."""
+    from pathlib import Path
+
+    from rewheel import qualify
+    from rewheel import recipe as recipemod
+
+    rec = recipemod.load_recipe(recipe_path, check_interpreter=venv_python is None)
+    out, err = consoles(json_out)
+
+    def on_output(line: str) -> None:
+        if not quiet:
+            err.print("  │ " + line, style="dim", highlight=False, markup=False)
+
+    result = qualify.qualify(rec, lockfiles=Path(lockfiles), promote=promote, interpreter=venv_python,
+                             say=lambda m: err.print(m, highlight=False, markup=False), on_output=on_output)
+    qualify.write_reports(result, junit=Path(junit) if junit else None,
+                          summary=Path(summary) if summary else None)
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        qualify.render_ci(out, result)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+@handles_errors
+def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The recipe (its indexes and smoke test).")],
+           good: Annotated[str, typer.Option("--good", metavar="VERSION", help="A build that passes the smoke test.")],
+           bad: Annotated[str, typer.Option("--bad", metavar="VERSION", help="A later build that fails it.")],
+           package: Annotated[str | None, typer.Option("--package", help="The package to bisect (default: the recipe's first).")] = None,
+           repo: Annotated[str | None, typer.Option("--repo", metavar="PATH", help="A local git clone: the commits between good and bad.")] = None,
+           github: Annotated[str | None, typer.Option("--github", metavar="OWNER/REPO", help="Take the commits from this repository's compare API.")] = None,
+           github_api: Annotated[str, typer.Option("--github-api", metavar="URL", help="The GitHub API base URL.")] = "https://api.github.com",
+           commit_index_base: Annotated[str | None, typer.Option("--commit-index-base", metavar="URL", help="Base of the per-commit indexes <URL>/<sha>/ (default: from an extra index ending in /nightly).")] = None,
+           venv_python: Annotated[str | None, typer.Option("--venv-python", metavar="PATH|VERSION", help="Interpreter for the throwaway environments (default: the recipe's).")] = None,
+           restart: Annotated[bool, typer.Option("--restart", help="Forget verdicts journaled by an earlier run of this bisection.")] = False,
+           quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
+           json_out: JsonOpt = False) -> None:
+    """Find the first bad nightly between a good and a bad one (resumable)."""
+    from rewheel import bisection
+    from rewheel import recipe as recipemod
+
+    rec = recipemod.load_recipe(recipe_path, check_interpreter=venv_python is None)
+    out, err = consoles(json_out)
+
+    def on_output(line: str) -> None:
+        if not quiet:
+            err.print("  │ " + line, style="dim", highlight=False, markup=False)
+
+    result = bisection.bisect(rec, good=good, bad=bad, package=package, repo=repo, github=github,
+                              github_api=github_api, commit_base=commit_index_base,
+                              interpreter=venv_python, restart=restart,
+                              say=lambda m: err.print(m, highlight=False, markup=False), on_output=on_output)
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        bisection.render_bisect(out, result)
+    raise typer.Exit(result.exit_code)

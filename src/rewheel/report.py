@@ -155,10 +155,16 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
     console.print("[bold]what changed[/]")
     render_changes(console, rep.changes)
-    if rep.files and "error" not in rep.files:
-        f = rep.files
-        console.print(f"  source files: {f.get('changed', 0)} changed, {f.get('added', 0)} added, "
-                      f"{f.get('removed', 0)} removed")
+    if rep.files:
+        from collections import Counter
+
+        counts = Counter(f.get("change") for f in rep.files)
+        console.print("  source files: " + ", ".join(f"{n} {c}" for c, n in sorted(counts.items())))
+        for f in rep.files[:15]:
+            console.print(f"    {f.get('change', '?'):<9} {escape(str(f.get('path')))} "
+                          f"(+{f.get('added_lines') or 0} -{f.get('removed_lines') or 0})")
+        if len(rep.files) > 15:
+            console.print(f"    … and {len(rep.files) - 15} more (`rewheel diff` lists them all)")
     if rep.patches:
         console.print(f"[bold]local patches[/] ({len(rep.patches)}) — the reinstall replaced these files; "
                       f"saved as .patch files in {escape(str(rep.run_dir))}")
@@ -177,6 +183,9 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
         if r:
             console.print(f"[bold]reverted[/]: snapshot {rep.snapshot_id} restored — {r.get('written', 0):,} files "
                           f"written, {r.get('deleted', 0):,} removed, {r.get('verified', 0):,} verified")
+        if rv.get("failed_snapshot_id"):
+            console.print(f"  the failed build is kept as snapshot {rv['failed_snapshot_id']}: "
+                          f"`rewheel diff RECIPE {rep.snapshot_id} {rv['failed_snapshot_id']}` shows what it changed")
         if rv.get("service"):
             console.print(f"  service healthy again: {escape(str(rv['service'].get('detail')))}")
         if rv.get("error"):

@@ -249,7 +249,8 @@ class RunReport:
     before: dict[str, str] = field(default_factory=dict)
     after: dict[str, str] = field(default_factory=dict)
     changes: list[dict[str, Any]] = field(default_factory=list)
-    files: dict[str, Any] = field(default_factory=dict)
+    files: list[dict[str, Any]] = field(default_factory=list)
+    file_stats: dict[str, Any] = field(default_factory=dict)
     patches: list[dict[str, Any]] = field(default_factory=list)
     patch_files: list[str] = field(default_factory=list)
     reapply: list[dict[str, Any]] = field(default_factory=list)
@@ -370,7 +371,11 @@ class _Cycle:
 
         with _Step(self, "snapshot"):
             dists = self.t.env.distributions()
-            self.scan = patchmod.scan(self.t.env)
+            fetcher = patchmod.UvIndexFetcher.for_recipe(self.t.recipe)
+            try:
+                self.scan = patchmod.scan(self.t.env, store=self.t.store, fetcher=fetcher)
+            finally:
+                fetcher.close()
             res = take_snapshot(self.t.env, self.t.store, label=f"before run {self.j.id}",
                                 status="pre-upgrade", run_id=self.j.id, progress=self.progress, dists=dists)
             self.snap = res.meta
@@ -413,26 +418,27 @@ class _Cycle:
         from rewheel import patches as patchmod
 
         with _Step(self, "diff"):
-            after_dists = self.t.env.distributions()
-            self.report.after = {d.name: d.version_text for d in after_dists}
+            self.report.after = self.t.env.versions()
             assert self.snap is not None
-            changes = diffmod.diff_versions(self.snap.distributions, [d.to_json() for d in after_dists])
-            self.report.changes = [c.to_json() for c in changes if c.change != "unchanged"]
             try:
-                tree = diffmod.diff_trees(self.snap, self.t.env)
-                self.report.files = diffmod.summarise_files(tree)
-            except Exception as exc:  # a file summary is informative, never a reason to revert
-                self.report.files = {"error": str(exc)}
+                doc = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)}).to_json()
+                self.report.changes, self.report.files = doc["packages"], doc["files"]
+                self.report.file_stats = doc.get("stats", {})
+            except Exception as exc:  # the file list is informative, never a reason to revert
+                changes = diffmod.diff_versions(self.snap.distributions,
+                                                [d.to_json() for d in self.t.env.distributions()])
+                self.report.changes = [c.to_json() for c in changes]
+                self.report.file_stats = {"error": str(exc)}
             if self.t.recipe.patch_policy == "reapply" and self.scan.patches:
-                results = patchmod.reapply(self.scan, self.t.env, run_dir=self.j.dir)
+                results = patchmod.reapply(self.scan, self.t.env, self.j.dir)
                 self.report.reapply = [r.to_json() for r in results]
-                conflicts = [r for r in results if r.status == "conflict"]
-                if conflicts:
+                if patchmod.reapply_failed(results):
                     from rewheel.errors import PatchConflict
 
-                    raise PatchConflict("local patches do not apply to the new version: "
-                                        + ", ".join(r.path for r in conflicts),
-                                        hint=f"conflict files are in {self.j.dir}")
+                    bad = [r for r in results if r.status in ("conflict", "missing")]
+                    raise PatchConflict("local patches could not be carried onto the new version: "
+                                        + ", ".join(f"{r.path} ({r.status})" for r in bad),
+                                        hint=f"conflict files are in {self.j.dir / 'patches'}")
 
     def smoke(self) -> None:
         from rewheel.errors import SmokeFailed
@@ -507,6 +513,21 @@ class _Cycle:
         return f": {rc.get('type')}: {rc.get('message')}{where}"
 
     # -- revert ---------------------------------------------------------------------------
+    def _keep_failed_state(self, revert: dict[str, Any]) -> None:
+        """Snapshot the failed build before restoring, so it can be diffed and inspected later
+        (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
+        this costs little; if it fails, the restore goes ahead anyway."""
+        if self.j.first("failed-snapshot") is not None:
+            return
+        try:
+            res = take_snapshot(self.t.env, self.t.store, label=f"failed upgrade of run {self.j.id}",
+                                status="failed-upgrade", run_id=self.j.id, progress=self.progress)
+            self.j.append("failed-snapshot", failed_snapshot_id=res.meta.id)
+            revert["failed_snapshot_id"] = res.meta.id
+            self.say(f"kept the failed state as snapshot {res.meta.id} for inspection")
+        except Exception as exc:
+            revert["failed_snapshot_error"] = str(exc)
+
     def revert(self, reason: str) -> None:
         """Stop, restore the snapshot, move cleanup paths back, start, verify."""
         from rewheel.errors import RestoreError, RewheelError
@@ -520,6 +541,7 @@ class _Cycle:
             if self.svc is not None:
                 self.svc.stop()
             assert self.snap is not None
+            self._keep_failed_state(revert)
             self.j.append("step", name="restore", snapshot_id=self.snap.id)
             res = restore_snapshot(self.t.env, self.snap, progress=self.progress)
             res.cleanup_restored = unstash_cleanup(self.snap)

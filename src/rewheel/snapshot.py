@@ -30,6 +30,7 @@ import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,11 @@ def _kind(mode: int) -> str:
 def _safe_rel(rel: Any) -> bool:
     if not isinstance(rel, str) or not rel or rel.startswith("/") or "\x00" in rel:
         return False
-    parts = rel.split("/")
-    return all(p not in ("", ".", "..") for p in parts)
+    if "//" in rel or rel.endswith("/"):
+        return False  # an empty component
+    # "." and ".." components, by substring tests (this runs once per manifest entry).
+    wrapped = f"/{rel}/"
+    return "/./" not in wrapped and "/../" not in wrapped
 
 
 # --------------------------------------------------------------------------------------
@@ -509,22 +513,25 @@ def _live_walk(roots: list[Root], owned: set[str], skip: set[str]) -> dict[tuple
     return live
 
 
-def _stored_inodes(tree: Path, man: Manifest) -> dict[tuple[int, str], tuple[int, bool]]:
-    """(root, rel) -> (inode, is a regular file) for every stored file, from directory
+def _stored_inodes(tree: Path, n_roots: int) -> dict[tuple[int, str], tuple[int, bool]]:
+    """(root, rel) -> (inode, is a regular file) for everything stored, from directory
     listings alone (no stat per file)."""
     out: dict[tuple[int, str], tuple[int, bool]] = {}
-    dirs = [(e[0], e[1]) for e in man.entries if e[2] == "d"]
-    dirs += [(ri, "") for ri in range(len(man.roots))]
-    for ri, rel in dirs:
-        d = os.path.join(tree, str(ri), rel) if rel else os.path.join(tree, str(ri))
-        try:
-            it = os.scandir(d)
-        except OSError:
-            continue
-        prefix = f"{rel}/" if rel else ""
-        with it:
-            for de in it:
-                out[(ri, prefix + de.name)] = (de.inode(), de.is_file(follow_symlinks=False))
+    for ri in range(n_roots):
+        base = os.path.join(tree, str(ri))
+        base_len = len(base) + 1
+        stack = [base]
+        while stack:
+            d = stack.pop()
+            try:
+                it = os.scandir(d)
+            except OSError:
+                continue
+            with it:
+                for de in it:
+                    if de.is_dir(follow_symlinks=False):
+                        stack.append(de.path)
+                    out[(ri, de.path[base_len:])] = (de.inode(), de.is_file(follow_symlinks=False))
     return out
 
 
@@ -554,22 +561,36 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
     changed is checked again (`full_verify=True`: walk everything again instead).
     """
     t0 = time.monotonic()
-    man = Manifest.load(snap)
     live_roots = scope_of(env)
-    if [r.path for r in man.roots] != [r.path for r in live_roots]:
-        raise SnapshotError(
-            f"snapshot {snap.id} was taken of {', '.join(r.path for r in man.roots)}, "
-            f"not of {', '.join(r.path for r in live_roots)}")
-    roots = man.roots
     tree = snap.path / "tree"
-    # Sockets, FIFOs and devices are not content: neither captured nor removed.
-    want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
-    owned = _owned_now(roots, env)
-    owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
+    skip = {str(Path(snap.path).parents[3])}
+    # The live walk and the store's listing are system calls that release the GIL: run them
+    # in threads while this one parses the manifest. (Only for whole roots — a system
+    # interpreter's RECORD-owned scope needs the manifest first.)
+    pool = ThreadPoolExecutor(2)
+    try:
+        stored_f = pool.submit(_stored_inodes, tree, len(live_roots))
+        live_f = (pool.submit(_live_walk, [Root(r.path, True) for r in live_roots], set(), skip)
+                  if all(r.whole for r in live_roots) else None)
+        man = Manifest.load(snap)
+        if [r.path for r in man.roots] != [r.path for r in live_roots]:
+            raise SnapshotError(
+                f"snapshot {snap.id} was taken of {', '.join(r.path for r in man.roots)}, "
+                f"not of {', '.join(r.path for r in live_roots)}")
+        roots = man.roots
+        # Sockets, FIFOs and devices are not content: neither captured nor removed.
+        want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
+        if live_f is None:
+            owned = _owned_now(roots, env)
+            owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
+            live = _live_walk(roots, owned, skip)
+        else:
+            live = live_f.result()
+        stored = stored_f.result()
+    finally:
+        pool.shutdown(wait=True)
 
     # Plan ------------------------------------------------------------------------------
-    live = _live_walk(roots, owned, {str(Path(snap.path).parents[3])})
-    stored = _stored_inodes(tree, man)
     writes: list[list[Any]] = []
     stored_st: dict[int, os.stat_result] = {}
     chmods: list[list[Any]] = []

@@ -54,6 +54,7 @@ class Demo:
     index: Any = None
     manager: Any = None
     run_output: list[str] = field(default_factory=list)
+    diff_output: list[str] = field(default_factory=list)
     t0: float = field(default_factory=time.monotonic)
 
     # -- presentation ----------------------------------------------------------------------
@@ -208,9 +209,17 @@ def play(demo: Demo) -> None:
     demo.header(5, "rewheel history", "Snapshots and runs, newest first.")
     demo.rewheel("history", str(recipe_path))
 
+    fin = (run.last("finished") or {}) if run else {}
+    failed_snap = next((r.get("failed_snapshot_id") for r in (run.records if run else [])
+                        if r.get("failed_snapshot_id")), None)
+    pre_snap = run.snapshot_id if run else None
     demo.header(6, "rewheel diff",
-                "The live environment against the pre-upgrade snapshot: after the revert, nothing differs.")
-    demo.rewheel("diff", str(recipe_path), "--stat")
+                "What the failed nightly changed: the pre-upgrade snapshot against the failed build,\n"
+                "which the revert kept as a snapshot for inspection.")
+    if pre_snap and failed_snap:
+        demo.rewheel("diff", str(recipe_path), pre_snap, failed_snap, "--stat", capture=demo.diff_output)
+    demo.note("And the live environment against the pre-upgrade snapshot: after the revert, nothing differs.")
+    demo.rewheel("diff", str(recipe_path), pre_snap or "", "--stat")
 
     # 7 ---------------------------------------------------------------------------------
     demo.header(7, "Did the story play out as designed?")
@@ -220,6 +229,9 @@ def play(demo: Demo) -> None:
                f"status {fin.get('status')!r}, run {run.id if run else '?'}")
     text = "\n".join(demo.run_output)
     demo.check("the run showed dev313 -> dev344", "dev313" in text and "dev344" in text)
+    diff_text = "\n".join(demo.diff_output)
+    demo.check("`rewheel diff` of the failed build shows dev313 -> dev344 and deepseek_v2.py",
+               "dev344" in diff_text and "deepseek_v2.py" in diff_text)
     rcause = fin.get("root_cause") or {}
     rc_text = json.dumps(rcause)
     demo.check("root cause names Worker_TP4", "Worker_TP4" in rc_text,

@@ -1,0 +1,412 @@
+"""`rewheel ci`: qualify tonight's nightly in a throwaway environment, report it for a CI job
+(JUnit XML, a Markdown summary, JSON) and, once proven, promote it as a PEP 751 lock.
+
+The steps, each one JUnit test case:
+  environment  `uv venv` with the recipe's interpreter (same Python version), under
+               `$REWHEEL_HOME/ci/<recipe>/<run-id>/`, removed at the end
+  resolve      `uv pip compile --format pylock.toml --upgrade`: the newest nightly per the
+               recipe's packages, indexes, prerelease and uv_args, with wheel URLs and sha256
+               hashes — the exact set, written before anything is installed
+  install      `uv pip sync` of that lock into the throwaway environment, then a check that the
+               environment holds exactly the locked versions
+  diff         versions against the last qualified lock `lockfiles/pylock.<recipe>.toml`
+               (before the smoke test, so a failing nightly's report says what changed)
+  smoke        the recipe's smoke command with `{python}` = the throwaway interpreter
+  promote      (`--promote`, only when everything passed) the lock, copied atomically to
+               `lockfiles/pylock.<recipe>.toml` so `rewheel run RECIPE --lock` installs exactly it
+
+No service and no live environment is touched. Exit codes: 0 qualified; 1 the nightly failed
+(resolve, install or smoke); 2 usage or setup problems (recipe, interpreter, no smoke test).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from rewheel import nightly, proc
+from rewheel.errors import EXIT_OK, EXIT_REVERTED, InstallError, RewheelError, UsageError
+from rewheel.installer import error_lines, install, redact, redact_argv
+from rewheel.journal import new_run_id
+from rewheel.paths import atomic_write, ensure_private_dir, state_home
+from rewheel.recipe import Recipe
+
+Say = Callable[[str], None]
+STEPS = ("environment", "resolve", "install", "diff", "smoke", "promote")
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class CiStep:
+    name: str
+    status: str  # "passed" | "failed" | "skipped"
+    seconds: float = 0.0
+    message: str = ""
+    output: list[str] = field(default_factory=list)  # tail of the step's output, redacted
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "passed"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ok": self.ok, "status": self.status,
+                "seconds": round(self.seconds, 3), "message": self.message}
+
+
+@dataclass
+class CiReport:
+    status: str  # "qualified" | "failed"
+    recipe: str
+    recipe_name: str
+    package: str
+    python_version: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    lock: str | None = None            # the resolved lock kept in the run folder
+    baseline: str | None = None        # the last qualified lock compared against
+    changes: list[dict[str, Any]] = field(default_factory=list)
+    root_cause: dict[str, Any] | None = None
+    failure: dict[str, Any] | None = None
+    promoted: str | None = None
+    steps: list[CiStep] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)
+    run_dir: str | None = None
+    started: float = field(default_factory=time.time)
+    junit: str | None = None
+    summary: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_OK if self.status == "qualified" else EXIT_REVERTED
+
+    @property
+    def version(self) -> str | None:
+        return self.versions.get(self.package)
+
+    def step(self, name: str) -> CiStep | None:
+        return next((s for s in self.steps if s.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status, "recipe": self.recipe, "package": self.package,
+                "version": self.version, "python_version": self.python_version,
+                "versions": self.versions, "lock": self.lock, "baseline": self.baseline,
+                "changes": self.changes, "root_cause": self.root_cause, "failure": self.failure,
+                "promoted": self.promoted, "steps": [s.to_json() for s in self.steps],
+                "logs": self.logs, "run_dir": self.run_dir, "junit": self.junit,
+                "summary": self.summary, "exit_code": self.exit_code}
+
+
+class _StepFailed(Exception):
+    def __init__(self, message: str, output: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.output = output or []
+
+
+def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: bool = False,
+            interpreter: str | None = None, package: str | None = None, say: Say = _quiet,
+            on_output: Say = _quiet, work_dir: Path | None = None) -> CiReport:
+    """Install the newest nightly per `recipe` into a throwaway environment, smoke-test it, diff
+    it against the last qualified lock in `lockfiles`, and promote it there when asked and
+    everything passed. A failing nightly is a result (status "failed"), not an exception;
+    usage and setup problems raise RewheelError (exit 2)."""
+    if recipe.smoke is None:
+        raise UsageError(f"{recipe.source}: no [smoke] section; `rewheel ci` qualifies a nightly by "
+                         "its smoke test", hint="add [smoke] command = [...] to the recipe")
+    if recipe.smoke.gpus > 0:
+        from rewheel import gpu
+
+        gpu.require_gpus(recipe.smoke.gpus)
+    name = nightly.package_name(recipe, package)
+    rep = CiReport(status="failed", recipe=recipe.source, recipe_name=recipe.name, package=name)
+    run_dir = ensure_private_dir(work_dir or state_home() / "ci" / _slug(recipe.name)) / new_run_id()
+    run_dir.mkdir(parents=True)
+    rep.run_dir = str(run_dir)
+    baseline = lockfiles / nightly.lock_name(recipe)
+    pending = list(STEPS if promote else STEPS[:-1])
+    env_root = run_dir / "env"
+
+    def run_step(step: str, fn: Callable[[], str | None]) -> None:
+        pending.remove(step)
+        say(f"── {step}")
+        t0 = time.monotonic()
+        try:
+            msg = fn() or ""
+        except _StepFailed as exc:
+            rep.steps.append(CiStep(step, "failed", time.monotonic() - t0, exc.message, exc.output))
+            rep.failure = {"step": step, "message": exc.message}
+            raise
+        rep.steps.append(CiStep(step, "passed", time.monotonic() - t0, msg))
+
+    try:
+        run_step("environment", lambda: _environment(recipe, env_root, interpreter, rep))
+        scoped = nightly.scoped_recipe(recipe, env_root / "bin" / "python")
+        lock = run_dir / "pylock.toml"
+        rep.lock = str(lock)
+        run_step("resolve", lambda: _resolve(scoped, lock, run_dir, rep, on_output))
+        run_step("install", lambda: _install(scoped, lock, run_dir, rep, on_output))
+        run_step("diff", lambda: _diff(scoped, baseline, rep))
+        run_step("smoke", lambda: _smoke(scoped, name, run_dir, rep, on_output))
+        if promote:
+            run_step("promote", lambda: _promote(lock, baseline, rep))
+        rep.status = "qualified"
+    except _StepFailed:
+        rep.status = "failed"
+    finally:
+        shutil.rmtree(env_root, ignore_errors=True)
+    for step in pending:
+        rep.steps.append(CiStep(step, "skipped", 0.0,
+                                f"not run: {rep.failure['step']} failed" if rep.failure else "not run"))
+    return rep
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "recipe"
+
+
+def _environment(recipe: Recipe, env_root: Path, interpreter: str | None, rep: CiReport) -> str:
+    # Setup problems (no interpreter, uv venv failing) are not the nightly's fault: exit 2.
+    python = nightly.make_venv(recipe, env_root, interpreter=interpreter)
+    rep.python_version = nightly.env_python_version(python)
+    return f"Python {rep.python_version} at {env_root}"
+
+
+def _resolve(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say) -> str:
+    req = run_dir / "requirements.in"
+    req.write_text("".join(p + "\n" for p in scoped.install.packages), encoding="utf-8")
+    argv = nightly.compile_argv(scoped, req, lock)
+    log = run_dir / "resolve.log"
+    rep.logs["resolve"] = str(log)
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"[rewheel] $ {' '.join(redact_argv(argv))}\n")
+    env = dict(os.environ)
+    env.setdefault("UV_PREVIEW_FEATURES", "pylock")
+    cp = proc.stream(argv, on_line=on_output, timeout=nightly.COMPILE_TIMEOUT_S, env=env,
+                     log_path=log, redact=redact)
+    lines = cp.stdout.splitlines()
+    if cp.timed_out:
+        raise _StepFailed(f"uv could not resolve the nightly within {nightly.COMPILE_TIMEOUT_S:g}s",
+                          lines[-20:])
+    if cp.returncode != 0 or not lock.is_file():
+        raise _StepFailed(f"uv could not resolve {', '.join(scoped.install.packages)} "
+                          f"(exit {cp.returncode}): " + " ".join(error_lines(lines, 3)),
+                          error_lines(lines))
+    pkgs = nightly.read_lock(lock)
+    return f"{len(pkgs)} packages locked"
+
+
+def _install(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say) -> str:
+    from rewheel.environment import Environment
+
+    log = run_dir / "install.log"
+    rep.logs["install"] = str(log)
+    try:
+        install(scoped, lock=lock, on_line=on_output, log_path=log)
+    except InstallError as exc:
+        raise _StepFailed(exc.message.splitlines()[0], exc.message.splitlines()[1:]) from None
+    rep.versions = Environment.inspect(scoped.python).versions()
+    locked = {canonicalize_name(p["name"]): p["version"] for p in nightly.read_lock(lock)}
+    wrong = {n: (v, rep.versions.get(n)) for n, v in locked.items() if rep.versions.get(n) != v}
+    if wrong:
+        raise _StepFailed("the environment does not hold the locked versions: " +
+                          ", ".join(f"{n} {got} (locked {want})" for n, (want, got) in wrong.items()))
+    return f"{rep.package} {rep.versions.get(rep.package, '?')}"
+
+
+def _smoke(scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: Say) -> str:
+    from rewheel import diagnose
+    from rewheel.smoke import run_smoke
+
+    log = run_dir / "smoke.log"
+    rep.logs["smoke"] = str(log)
+    res = run_smoke(scoped, log_path=log, on_line=on_output)
+    if res.ok:
+        return res.summary
+    try:
+        pkg = nightly.import_name(scoped.python, name) or name.replace("-", "_")
+        rep.root_cause = diagnose.analyse_file(log, package=pkg).to_json()["root_cause"]
+    except (RewheelError, OSError):  # a diagnosis never hides the failure itself
+        rep.root_cause = None
+    cause = ""
+    if rep.root_cause:
+        cause = f": {rep.root_cause.get('type')}: {rep.root_cause.get('message')}"
+        if rep.root_cause.get("rank"):
+            cause += f" in {rep.root_cause['rank']}"
+    raise _StepFailed(res.summary + cause, res.tail[-40:])
+
+
+def _diff(scoped: Recipe, baseline: Path, rep: CiReport) -> str:
+    from rewheel.diff import diff_versions
+    from rewheel.environment import Environment
+
+    if not baseline.is_file():
+        return f"no qualified lock at {baseline} yet: nothing to compare"
+    rep.baseline = str(baseline)
+    old = [{"name": p["name"], "version": p["version"]} for p in nightly.read_lock(baseline)]
+    new = [d.to_json() for d in Environment.inspect(scoped.python).distributions()]
+    rep.changes = [c.to_json() for c in diff_versions(old, new)]
+    return f"{len(rep.changes)} change(s) since {baseline}"
+
+
+def _promote(lock: Path, target: Path, rep: CiReport) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    head = (f"# Qualified by `rewheel ci {rep.recipe}` on {stamp}: {rep.package} "
+            f"{rep.version}, Python {rep.python_version}; smoke test passed.\n"
+            f"# Install exactly this set: rewheel run {rep.recipe} --lock {target}\n")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(target, head + lock.read_text(encoding="utf-8"), mode=0o644)
+    rep.promoted = str(target)
+    return f"promoted to {target}"
+
+
+# --- reports for CI ---------------------------------------------------------------------------
+
+# XML 1.0 forbids most control characters (ANSI colour codes are common in logs).
+_XML_BAD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _xml_text(text: str) -> str:
+    return _XML_BAD.sub("", _ANSI.sub("", text))
+
+
+def junit_xml(rep: CiReport) -> str:
+    """JUnit XML: one test suite, one test case per step (failed: <failure>, not run: <skipped>)."""
+    failures = sum(1 for s in rep.steps if s.status == "failed")
+    skipped = sum(1 for s in rep.steps if s.status == "skipped")
+    total = sum(s.seconds for s in rep.steps)
+    stamp = datetime.fromtimestamp(rep.started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    suites = ET.Element("testsuites", name="rewheel ci", tests=str(len(rep.steps)),
+                        failures=str(failures), errors="0", skipped=str(skipped), time=f"{total:.3f}")
+    suite = ET.SubElement(suites, "testsuite", name=f"rewheel ci {rep.recipe_name}",
+                          tests=str(len(rep.steps)), failures=str(failures), errors="0",
+                          skipped=str(skipped), time=f"{total:.3f}", timestamp=stamp,
+                          hostname=socket.gethostname())
+    props = ET.SubElement(suite, "properties")
+    for key, value in (("recipe", rep.recipe), ("package", rep.package),
+                       ("version", rep.version or ""), ("python", rep.python_version or ""),
+                       ("status", rep.status)):
+        ET.SubElement(props, "property", name=key, value=_xml_text(value))
+    for s in rep.steps:
+        case = ET.SubElement(suite, "testcase", classname=f"rewheel.ci.{_slug(rep.recipe_name)}",
+                             name=s.name, time=f"{s.seconds:.3f}")
+        if s.status == "failed":
+            fail = ET.SubElement(case, "failure", message=_xml_text(s.message)[:1000],
+                                 type=f"{s.name}-failed")
+            body = [s.message]
+            if s.name == "smoke" and rep.root_cause:
+                rc = rep.root_cause
+                fr = rc.get("frame") or {}
+                body.append(f"root cause: {rc.get('type')}: {rc.get('message')}"
+                            + (f" (in {rc['rank']})" if rc.get("rank") else "")
+                            + (f" at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}"
+                               if fr.get("file") else ""))
+            fail.text = _xml_text("\n".join(body))
+        elif s.status == "skipped":
+            ET.SubElement(case, "skipped", message=_xml_text(s.message))
+        if s.output:
+            ET.SubElement(case, "system-out").text = _xml_text("\n".join(s.output))
+        elif s.message and s.status == "passed":
+            ET.SubElement(case, "system-out").text = _xml_text(s.message)
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def _md(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def summary_markdown(rep: CiReport) -> str:
+    """A Markdown report fit for a CI job summary ($GITHUB_STEP_SUMMARY)."""
+    ok = rep.status == "qualified"
+    out = [f"## {'✅' if ok else '❌'} rewheel ci: `{rep.package}` "
+           f"{rep.version or '(not installed)'} {'qualified' if ok else 'failed'}", ""]
+    out.append(f"Recipe `{rep.recipe}`, Python {rep.python_version or '?'}.")
+    if rep.promoted:
+        out.append(f"Promoted to `{rep.promoted}`: `rewheel run {rep.recipe} --lock {rep.promoted}` "
+                   "installs exactly this set.")
+    elif ok:
+        out.append("Not promoted (run with `--promote` to write the lock).")
+    out += ["", "| step | result | seconds | detail |", "| --- | --- | ---: | --- |"]
+    icons = {"passed": "✅ passed", "failed": "❌ failed", "skipped": "⏭️ skipped"}
+    for s in rep.steps:
+        out.append(f"| {s.name} | {icons[s.status]} | {s.seconds:.1f} | {_md(s.message)[:300]} |")
+    if rep.root_cause:
+        rc = rep.root_cause
+        fr = rc.get("frame") or {}
+        out += ["", "### Root cause", "", "```",
+                f"{rc.get('type')}: {rc.get('message')}"]
+        if rc.get("rank"):
+            out.append(f"in process {rc['rank']}")
+        if fr.get("file"):
+            out.append(f"at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}")
+        out.append("```")
+    out += ["", "### Changes since the last qualified lock", ""]
+    if rep.baseline is None:
+        out.append("No qualified lock to compare with yet.")
+    elif not rep.changes:
+        out.append(f"None: the same versions as `{rep.baseline}`.")
+    else:
+        out += ["| package | old | new | change | builds | compare |", "| --- | --- | --- | --- | ---: | --- |"]
+        for c in rep.changes:
+            dist = c.get("dev_distance")
+            link = f"[compare]({c['compare_url']})" if c.get("compare_url") else ""
+            out.append(f"| {_md(c['name'])} | {_md(c.get('old') or '')} | {_md(c.get('new') or '')} | "
+                       f"{c['change']} | {'' if dist is None else f'{dist:+d}'} | {link} |")
+    if rep.versions:
+        out += ["", "<details><summary>Installed versions "
+                f"({len(rep.versions)})</summary>", "", "| package | version |", "| --- | --- |"]
+        out += [f"| {_md(n)} | {_md(v)} |" for n, v in sorted(rep.versions.items())]
+        out += ["", "</details>"]
+    return "\n".join(out) + "\n"
+
+
+def write_reports(rep: CiReport, *, junit: Path | None, summary: Path | None) -> None:
+    """Write the JUnit XML and the Markdown summary where asked (appending to a summary file
+    that exists, as $GITHUB_STEP_SUMMARY expects)."""
+    if junit is not None:
+        junit.parent.mkdir(parents=True, exist_ok=True)
+        junit.write_text(junit_xml(rep), encoding="utf-8")
+        rep.junit = str(junit)
+    if summary is not None:
+        summary.parent.mkdir(parents=True, exist_ok=True)
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(summary_markdown(rep))
+        rep.summary = str(summary)
+
+
+def render_ci(console: Any, rep: CiReport) -> None:
+    """Human report on a rich console."""
+    from rich.markup import escape
+
+    from rewheel import report
+
+    colour = "bold green" if rep.status == "qualified" else "bold red"
+    console.print(f"[{colour}]{rep.status}[/]: {escape(rep.package)} {escape(rep.version or '(not installed)')} "
+                  f"(Python {escape(rep.python_version or '?')}) from {escape(rep.recipe)}")
+    for s in rep.steps:
+        mark = {"passed": "[green]✓[/]", "failed": "[red]✗[/]", "skipped": "[dim]-[/]"}[s.status]
+        console.print(f"  {mark} {s.name:<12} {s.seconds:6.1f}s  {escape(s.message)}")
+    if rep.root_cause:
+        report.render_root_cause(console, rep.root_cause)
+    if rep.baseline:
+        console.print(f"changes since {escape(rep.baseline)}:")
+        report.render_changes(console, rep.changes)
+    if rep.promoted:
+        console.print(f"promoted: {escape(rep.promoted)}")
+    for kind, path in (("junit", rep.junit), ("summary", rep.summary)):
+        if path:
+            console.print(f"{kind}: {escape(path)}")
