@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rewheel.installer_support import uv_bin  # noqa: F401  (re-exported for tests)
+from rewheel.installer import find_uv as uv_bin
 from rewheel.wheelbuild import build_wheel
 
 TESTS = Path(__file__).parent

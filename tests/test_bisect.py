@@ -123,7 +123,7 @@ def commit_series(tmp_path: Path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     versions = [nightly_version(100 + i, s) for i, s in enumerate(shas)]
-    for i, (sha, v) in enumerate(zip(shas, versions)):
+    for i, (sha, v) in enumerate(zip(shas, versions, strict=True)):
         if i != 2:
             build_toypkg(wheels / sha, v, bad=i >= 5)
     script, count = smoke_script(tmp_path)

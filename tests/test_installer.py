@@ -72,7 +72,7 @@ def test_install_argv_carries_every_recipe_option(tmp_path: Path) -> None:
     argv = installer.install_argv(r, uv="uv")
     assert argv[:3] == ["uv", "pip", "install"]
     assert argv[argv.index("--python") + 1] == str(r.python)
-    pairs = list(zip(argv, argv[1:]))
+    pairs = list(zip(argv, argv[1:], strict=False))
     assert ("--upgrade-package", "toypkg") in pairs and ("--upgrade-package", "toy-helper") in pairs
     assert ("--reinstall-package", "toypkg") in pairs and ("--reinstall-package", "toy-helper") in pairs
     assert "--reinstall" not in argv and "--upgrade" not in argv

@@ -316,7 +316,7 @@ def test_cli_patches(env1: Path) -> None:
 # --------------------------------------------------------------------------------------
 def _walk_stat(root: Path) -> int:
     n = 0
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for f in filenames:
             os.lstat(os.path.join(dirpath, f))
             n += 1

@@ -16,7 +16,7 @@ from rewheel.errors import PreflightError, ServiceError
 from rewheel.recipe import Probe, ServiceSpec
 from rewheel.service import (CommandManager, HealthCheckFailed, ServiceManager, SystemdManager,
                              make_manager, wait_ready)
-from support_standins import FakeHost, free_port, group_members, http_service_argv, pid_alive, wait_for
+from support_standins import FakeHost, free_port, http_service_argv, pid_alive, wait_for
 
 
 def spec_for(port: int, *, manager: str = "command", unit: str | None = None,

@@ -93,7 +93,7 @@ def _benign_traceback(rng: random.Random, clock: str, api: int) -> list[str]:
 
 def _crash(api: int, clock: str, n: int) -> list[str]:
     eng, w0 = api + 6, api + 12
-    out = [_j(clock, 1, f"Started vllm-kimi-k25.service - vLLM Kimi-K2.5.", ident="systemd"),
+    out = [_j(clock, 1, "Started vllm-kimi-k25.service - vLLM Kimi-K2.5.", ident="systemd"),
            _j(clock, api, f"(APIServer pid={api}) " + _hdr("INFO", "api_server.py:1891", clock)
               + "vLLM API server version 0.16.0rc2.dev344+g5719a4e4e")]
     for r in range(8):

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from rewheel import nightly
@@ -241,7 +240,8 @@ class _Bisection:
                 rc = None
             reason = res.summary
             if rc:
-                reason += f"; {rc.get('type')}: {rc.get('message')}"
+                msg = str(rc.get("message") or "").strip()
+                reason += f"; {rc.get('type')}: {msg.splitlines()[0] if msg else ''}"
             return Verdict(build, "bad", reason, rc, str(smoke_log), time.monotonic() - t0,
                            project_urls=urls)
 

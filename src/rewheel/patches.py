@@ -162,7 +162,7 @@ class UvCache:
     @classmethod
     def locate(cls, env: dict[str, str] | None = None) -> UvCache | None:
         """uv's cache as `uv cache dir` names it (honours UV_CACHE_DIR); None without uv."""
-        from rewheel.installer_support import uv_bin
+        from rewheel.installer import find_uv as uv_bin
 
         try:
             res = proc.run([uv_bin(), "cache", "dir"], timeout=30, env=env)
@@ -222,7 +222,7 @@ def clean_uv_cache_for(names: Iterable[str], *, env: dict[str, str] | None = Non
                        timeout: float = 600) -> proc.Completed:
     """`uv cache clean NAME...`: drop the cache entries a patch written in place corrupted,
     so that the next install fetches and unpacks fresh bytes."""
-    from rewheel.installer_support import uv_bin
+    from rewheel.installer import find_uv as uv_bin
 
     names = sorted({canonicalize_name(n) for n in names})
     if not names:
@@ -266,7 +266,7 @@ class UvIndexFetcher:
     def unpack(self, dist: Distribution) -> Path | None:
         if dist.name in self._done:
             return self._done[dist.name]
-        from rewheel.installer_support import uv_bin
+        from rewheel.installer import find_uv as uv_bin
 
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="rewheel-pristine-"))
@@ -591,7 +591,7 @@ def _attach_diffs(found: list[tuple[Patch, Distribution]], result: PatchScan, st
         p.diff = unified_diff(old_t, new_t, p.path, p.path)
         p.added_lines, p.removed_lines = count_lines(p.diff)
     if fetcher is not None and hasattr(fetcher, "notes"):
-        result.sources += list(getattr(fetcher, "notes"))
+        result.sources += list(fetcher.notes)
 
 
 def scan_target(t: Any, *, dists: Iterable[str] | None = None, offline: bool = False,

@@ -173,6 +173,12 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
     return rep
 
 
+def _first(message: Any) -> str:
+    """An exception message's first line: the message as the exception printed it (a log line
+    that follows it is not part of it)."""
+    return str(message or "").strip().splitlines()[0] if str(message or "").strip() else ""
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "recipe"
 
@@ -205,7 +211,7 @@ def _resolve(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output
                           f"(exit {cp.returncode}): " + " ".join(error_lines(lines, 3)),
                           error_lines(lines))
     pkgs = nightly.read_lock(lock)
-    return f"{len(pkgs)} packages locked"
+    return f"{len(pkgs)} package(s) locked"
 
 
 def _install(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say) -> str:
@@ -242,7 +248,7 @@ def _smoke(scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: S
         rep.root_cause = None
     cause = ""
     if rep.root_cause:
-        cause = f": {rep.root_cause.get('type')}: {rep.root_cause.get('message')}"
+        cause = f": {rep.root_cause.get('type')}: {_first(rep.root_cause.get('message'))}"
         if rep.root_cause.get("rank"):
             cause += f" in {rep.root_cause['rank']}"
     raise _StepFailed(res.summary + cause, res.tail[-40:])
@@ -310,7 +316,7 @@ def junit_xml(rep: CiReport) -> str:
             if s.name == "smoke" and rep.root_cause:
                 rc = rep.root_cause
                 fr = rc.get("frame") or {}
-                body.append(f"root cause: {rc.get('type')}: {rc.get('message')}"
+                body.append(f"root cause: {rc.get('type')}: {_first(rc.get('message'))}"
                             + (f" (in {rc['rank']})" if rc.get("rank") else "")
                             + (f" at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}"
                                if fr.get("file") else ""))
@@ -348,7 +354,7 @@ def summary_markdown(rep: CiReport) -> str:
         rc = rep.root_cause
         fr = rc.get("frame") or {}
         out += ["", "### Root cause", "", "```",
-                f"{rc.get('type')}: {rc.get('message')}"]
+                f"{rc.get('type')}: {_first(rc.get('message'))}"]
         if rc.get("rank"):
             out.append(f"in process {rc['rank']}")
         if fr.get("file"):

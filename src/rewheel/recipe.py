@@ -234,7 +234,8 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
         try:
             Requirement(req)
         except InvalidRequirement as exc:
-            raise RecipeError(path, f"install.packages[{i}]", f"not a valid requirement {_describe(req)}: {exc}")
+            raise RecipeError(path, f"install.packages[{i}]",
+                              f"not a valid requirement {_describe(req)}: {exc}") from None
     reinstall = inst.get("reinstall", "named")
     if reinstall not in REINSTALL:
         raise RecipeError(path, "install.reinstall", f'expected "all" or "named", got {_describe(reinstall)}')

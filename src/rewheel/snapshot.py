@@ -487,7 +487,7 @@ def _live_walk(roots: list[Root], owned: set[str], skip: set[str]) -> dict[tuple
     live: dict[tuple[int, str], os.stat_result] = {}
     for ri, root in enumerate(roots):
         if not root.whole:
-            for ri2, rel, st in _walk([root], owned, skip):
+            for _ri, rel, st in _walk([root], owned, skip):
                 if _kind(st.st_mode) != "o":
                     live[(ri, rel)] = st
             continue

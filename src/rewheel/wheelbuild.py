@@ -44,7 +44,7 @@ def build_wheel(out_dir: str | Path, name: str, version: str, files: Mapping[str
     dist = re.sub(r"[-_.]+", "_", canonicalize_name(name))
     ver = str(Version(version))
     info = f"{dist}-{ver}.dist-info"
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {ver}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {ver}"]
     if summary:
         meta.append(f"Summary: {summary}")
     for label, url in (project_urls or {}).items():

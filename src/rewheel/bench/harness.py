@@ -26,7 +26,7 @@ from rewheel import proc
 from rewheel.bench import profile as prof
 from rewheel.environment import Environment
 from rewheel.errors import RewheelError
-from rewheel.installer_support import uv_bin
+from rewheel.installer import find_uv as uv_bin
 from rewheel.snapshot import Store, restore_snapshot, take_snapshot
 
 DEFAULT_SCALE = 0.25
@@ -693,7 +693,7 @@ def render(result: dict[str, Any]) -> str:
                       "-" if r["target"] is None else f"<= {r['target']:g}x", ok))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
     for i, row in enumerate(table):
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines.append("")

@@ -197,7 +197,7 @@ def dist_files(s: Scaled, version: str) -> dict[str, bytes]:
     upgraded = version != p.version
     vrng = random.Random(f"{p.name}/{version}")
     files: dict[str, bytes] = {f"{p.top}/__init__.py": f'__version__ = "{version}"\n'.encode()}
-    for i, (path, sz, off) in enumerate(zip(paths, sizes, offsets)):
+    for path, sz, off in zip(paths, sizes, offsets, strict=True):
         if path in files:
             continue
         head = f"# {path}\n".encode()

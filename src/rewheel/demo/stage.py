@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rewheel import proc
 from rewheel.demo import toyvllm as toy
-from rewheel.installer_support import uv_bin
+from rewheel.installer import find_uv as uv_bin
 from rewheel.wheelbuild import build_wheel
 
 LOCAL_PATCH_MARKER = "# LOCAL PATCH (ops, 2026-02-18)"
