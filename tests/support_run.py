@@ -102,7 +102,9 @@ class Host:
         }
         for key, value in overrides.items():
             section, _, name = key.partition("__")
-            if value is None:
+            if value is None and not name:
+                doc.pop(section, None)
+            elif value is None:
                 doc[section].pop(name, None)
             elif name:
                 doc.setdefault(section, {})[name] = value

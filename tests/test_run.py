@@ -3,6 +3,7 @@ server under the command manager, real smoke tests — and the documented exit c
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,7 @@ def test_breaking_smoke_reverts_byte_exact_and_names_the_root_cause(host_factory
     assert h.served_version() == "1.0.0"
     rc = rep["root_cause"]
     assert rc["type"] == "ValueError"
-    assert "q_lora_rank 1536 must divide num_heads 7 on rank 4" in rc["message"]
+    assert rc["message"] == "q_lora_rank 1536 must divide num_heads 7 on rank 4"
     assert rc["frame"]["file"].endswith("toypkg/layers.py")
     assert [s["name"] for s in rep["steps"] if not s["ok"]] == ["smoke"]
     assert rep["revert"]["restore"]["verified"] > 0
@@ -174,5 +175,29 @@ def test_credentials_in_index_urls_are_redacted(host_factory) -> None:
     h.write_recipe(install__index_url=secret_url)
     code, rep = h.run_json()
     assert code == 1, rep["_stderr"]
-    for text in (rep["_stderr"], str(rep), *(Path(p).read_text() for p in rep["logs"].values())):
+    journal = Path(rep["run_dir"]) / "journal.jsonl"
+    for text in (rep["_stderr"], str(rep), journal.read_text(),
+                 *(Path(p).read_text() for p in rep["logs"].values())):
         assert "s3cretToken" not in text
+
+
+def test_smoke_command_checks_the_live_environment(host_factory) -> None:
+    h = host_factory("2.0.0", "good")
+    cp = h.rewheel("smoke", str(h.recipe), "--json")
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    assert doc["ok"] and doc["smoke"]["ok"] and doc["health"]["ok"]
+    # A smoke test that fails names the root cause; nothing is changed or reverted.
+    h.write_recipe(smoke__command=["{python}", "-c", "from toypkg.layers import build_attention; build_attention(4)"])
+    before = h.state()
+    cp = h.rewheel("smoke", str(h.recipe), "--json")
+    assert cp.returncode == 1
+    doc = json.loads(cp.stdout)
+    assert doc["root_cause"]["type"] == "ValueError"
+    assert h.state() == before
+    # And a service that is down fails the health check.
+    h.stop_service()
+    h.write_recipe(smoke=None, service__ready_timeout_s=2)
+    cp = h.rewheel("smoke", str(h.recipe), "--json")
+    assert cp.returncode == 1
+    assert json.loads(cp.stdout)["health"]["ok"] is False

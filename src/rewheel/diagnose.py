@@ -83,6 +83,8 @@ RECORD_START_RE = re.compile(
     r"(?:Process [\w\-]+:$|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s|\[[WEIF]\d{4} |\[rank\d+\]:\["
     r"|\S+\.py:\d+: \w*Warning|\s*warnings\.warn\(|\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\[\d{4}-\d\d-\d\d"
     r"|Exception ignored in|Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
+    # rewheel's own annotations in the logs it keeps (smoke.log: "[rewheel] smoke failed: ...")
+    r"|\[rewheel\] "
     # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)
     r"|[\w@.\-]+\.service: |(?:Started|Stopped|Starting|Stopping|Failed to start) [\w@.\-]+\.service)")
 IGNORABLE_IN_TB_RE = re.compile(r"(?:INFO|WARNING|DEBUG):\s|\S+:\s+\d+%\|")
