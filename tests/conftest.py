@@ -35,8 +35,6 @@ def uv_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _uv_env(uv_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache))
     monkeypatch.setenv("UV_NO_PROGRESS", "1")
-    # Copies, not hard links into the shared cache: tests patch installed files in place.
-    monkeypatch.setenv("UV_LINK_MODE", "copy")
     monkeypatch.delenv("UV_INDEX_URL", raising=False)
     monkeypatch.delenv("UV_EXTRA_INDEX_URL", raising=False)
     monkeypatch.delenv("VIRTUAL_ENV", raising=False)

@@ -3,7 +3,6 @@ folders of real wheels, a closed port, and process liveness that treats zombies 
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import tomli_w
 
 from rewheel.recipe import Recipe, load_recipe
+from support_standins import pid_alive
 from rewheel.wheelbuild import build_wheel
 
 # The nightly-style version a prerelease-only index offers (setuptools-scm form, REFERENCE.md).
@@ -52,20 +52,8 @@ def closed_port() -> int:
     return port
 
 
-def alive(pid: int) -> bool:
-    """True while `pid` runs. A zombie (dead, not yet reaped by whoever inherited it) is dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # The state field follows the parenthesised command name, which may contain spaces.
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+# True while a pid runs; a zombie (dead, not yet reaped by whoever inherited it) is dead.
+alive = pid_alive
 
 
 def live_group_members(pgid: int) -> list[int]:

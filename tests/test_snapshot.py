@@ -22,10 +22,15 @@ from rewheel.recipe import Recipe
 from rewheel.runner import open_target, rollback, snapshot_now
 
 
+COPY = ("--link-mode", "copy")
+
+
 @pytest.fixture
 def venv(tmp_path: Path, wheelhouse: Path) -> Path:
     py = make_venv(tmp_path / "env")
-    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse)
+    # Copies, not uv's default hard links into its cache: these tests edit installed and
+    # stored files in place, which would otherwise patch the cache every test shares.
+    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=COPY)
     # A hand-made patch, as left by debugging (the story's deepseek_v2.py).
     core = site_packages(py) / "toypkg" / "core.py"
     core.write_text(core.read_text() + "# local patch: keep attention on rank 4 alive\n")
@@ -38,7 +43,7 @@ def site_packages(py: Path) -> Path:
 
 def damage(py: Path, wheelhouse: Path) -> None:
     """Everything an upgrade and a debugging session do to an environment."""
-    uv_install(py, "toypkg==2.0.0", "toyhelper==1.1.0", find_links=wheelhouse, extra=("--reinstall",))
+    uv_install(py, "toypkg==2.0.0", "toyhelper==1.1.0", find_links=wheelhouse, extra=("--reinstall", *COPY))
     sp = site_packages(py)
     (sp / "toypkg" / "data" / "config.json").unlink(missing_ok=True)
     (sp / "toypkg" / "debug_dump.pt").write_bytes(os.urandom(4096))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from pathlib import Path
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -91,6 +92,20 @@ def _exit_if_interrupted(t, err: Console) -> None:  # t: runner.Target
         raise typer.Exit(4)
 
 
+def _streams(err: Console, quiet: bool = False) -> tuple[Callable[[str], None], Callable[[str], None]]:
+    """(say, on_output): rewheel's own progress lines, and a tool's streamed output (uv, the
+    smoke test), dimmed and indented; both to stderr so that --json stays one document."""
+
+    def say(msg: str) -> None:
+        err.print(msg, highlight=False, markup=False)
+
+    def on_output(line: str) -> None:
+        if not quiet:
+            err.print("  │ " + line, style="dim", highlight=False, markup=False)
+
+    return say, on_output
+
+
 def _progress(err: Console):
     """A rich status line for long file work; returns (callback, status)."""
     status = err.status("working…")
@@ -170,7 +185,7 @@ def rollback(target: TargetArg = None,
             f"{snap.created_iso})?", yes)
     cb, status = _progress(err)
     with status:
-        result = runner.rollback(t, snap.id, say=lambda m: err.print(m, highlight=False),
+        result = runner.rollback(t, snap.id, say=_streams(err)[0],
                                  progress=cb, service_ops=runner.service_ops_for(t))
     if json_out:
         emit_json(result.to_json())
@@ -190,26 +205,24 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
     from rewheel import recipe as recipemod
     from rewheel import runner
 
-    if lock is not None and not __import__("os").path.exists(lock):
+    if lock is not None and not Path(lock).is_file():
         from rewheel.errors import UsageError
 
         raise UsageError(f"--lock {lock}: no such file")
     t = runner.open_target(recipemod.load_recipe(recipe_path))
     out, err = consoles(json_out)
-
-    def say(msg: str) -> None:
-        err.print(msg, highlight=False, markup=False)
-
-    def on_output(line: str) -> None:
-        if not quiet:
-            err.print("  │ " + line, style="dim", highlight=False, markup=False)
+    say, on_output = _streams(err, quiet)
+    cb, status = _progress(err)
 
     def ask(rep) -> None:
+        status.stop()  # no spinner over a question
         report.render_plan(err, rep)
         confirm(f"Upgrade {t.env.prefix} as planned (the service is stopped during the upgrade)?", yes)
+        status.start()
 
-    result = runner.run(t, dry_run=dry_run, lock=lock, no_revert=no_revert, say=say,
-                        on_output=on_output, confirm=ask)
+    with status:
+        result = runner.run(t, dry_run=dry_run, lock=lock, no_revert=no_revert, say=say,
+                            on_output=on_output, progress=cb, confirm=ask)
     if json_out:
         emit_json(result.to_json())
     else:
@@ -231,7 +244,7 @@ def resume(target: TargetArg = None, python: PythonOpt = None, yes: YesOpt = Fal
     j = journal.interrupted_run(t.store.env_dir)
     if j is not None:
         confirm(f"Resume interrupted {j.kind} {j.id} on {t.env.prefix} (last step: {j.last_step})?", yes)
-    result = runner.resume(t, say=lambda m: err.print(m, highlight=False, markup=False))
+    result = runner.resume(t, say=_streams(err)[0])
     if json_out:
         emit_json(result.to_json())
     else:
@@ -247,9 +260,8 @@ def smoke(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE")], json_ou
 
     t = runner.open_target(recipemod.load_recipe(recipe_path))
     out, err = consoles(json_out)
-    result = runner.smoke_only(t, on_output=lambda line: err.print("  │ " + line, style="dim", markup=False,
-                                                                    highlight=False),
-                               say=lambda m: err.print(m, markup=False, highlight=False))
+    say, on_output = _streams(err)
+    result = runner.smoke_only(t, on_output=on_output, say=say)
     if json_out:
         emit_json(result.to_json())
     else:
@@ -366,12 +378,10 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
     rec = recipemod.load_recipe(recipe_path, check_interpreter=venv_python is None)
     out, err = consoles(json_out)
 
-    def on_output(line: str) -> None:
-        if not quiet:
-            err.print("  │ " + line, style="dim", highlight=False, markup=False)
+    say, on_output = _streams(err, quiet)
 
     result = qualify.qualify(rec, lockfiles=Path(lockfiles), promote=promote, interpreter=venv_python,
-                             say=lambda m: err.print(m, highlight=False, markup=False), on_output=on_output)
+                             say=say, on_output=on_output)
     qualify.write_reports(result, junit=Path(junit) if junit else None,
                           summary=Path(summary) if summary else None)
     if json_out:
@@ -402,14 +412,12 @@ def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Th
     rec = recipemod.load_recipe(recipe_path, check_interpreter=venv_python is None)
     out, err = consoles(json_out)
 
-    def on_output(line: str) -> None:
-        if not quiet:
-            err.print("  │ " + line, style="dim", highlight=False, markup=False)
+    say, on_output = _streams(err, quiet)
 
     result = bisection.bisect(rec, good=good, bad=bad, package=package, repo=repo, github=github,
                               github_api=github_api, commit_base=commit_index_base,
                               interpreter=venv_python, restart=restart,
-                              say=lambda m: err.print(m, highlight=False, markup=False), on_output=on_output)
+                              say=say, on_output=on_output)
     if json_out:
         emit_json(result.to_json())
     else:

@@ -98,6 +98,20 @@ class Distribution:
             entries.append(RecordEntry(full, digest, size))
         return entries
 
+    @cached_property
+    def import_names(self) -> list[str]:
+        """Top-level import packages and modules this distribution installed (from RECORD)."""
+        out: list[str] = []
+        for e in self.record:
+            rel = os.path.relpath(e.path, self.site)
+            top = rel.split(os.sep, 1)[0]
+            if top.endswith((".dist-info", ".data")) or top.startswith("..") or top == "__pycache__":
+                continue
+            top = top[:-3] if top.endswith(".py") else top
+            if top not in out:
+                out.append(top)
+        return out
+
     @property
     def wheel_name(self) -> str | None:
         """The wheel file this was most likely installed from, rebuilt from the WHEEL tags."""

@@ -135,14 +135,8 @@ def import_name(python: Path, dist: str) -> str | None:
 
     env = Environment.inspect(python)
     for d in env.distributions():
-        if d.name != canonicalize_name(dist):
-            continue
-        for e in d.record:
-            rel = os.path.relpath(e.path, d.site)
-            top = rel.split(os.sep, 1)[0]
-            if top.endswith((".dist-info", ".data")) or top.startswith("..") or top == "__pycache__":
-                continue
-            return top[:-3] if top.endswith(".py") else top
+        if d.name == canonicalize_name(dist) and d.import_names:
+            return d.import_names[0]
     return None
 
 

@@ -7,7 +7,6 @@ dataclasses; rendering and exit codes belong to the CLI.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -303,16 +302,8 @@ def _import_names(env: Environment, names: list[str]) -> list[str]:
     wanted = set(names)
     out: list[str] = []
     for d in env.distributions():
-        if d.name not in wanted:
-            continue
-        for e in d.record:
-            rel = os.path.relpath(e.path, d.site)
-            top = rel.split(os.sep, 1)[0]
-            if top.endswith((".dist-info", ".data")) or top.startswith("..") or top == "__pycache__":
-                continue
-            top = top[:-3] if top.endswith(".py") else top
-            if top not in out:
-                out.append(top)
+        if d.name in wanted:
+            out += [n for n in d.import_names if n not in out]
     return out
 
 

@@ -461,25 +461,6 @@ def _same_file(e: list[Any], st: os.stat_result) -> bool:
     return (stat.S_ISREG(st.st_mode) and st.st_size == e[4] and st.st_mtime_ns == e[5])
 
 
-def check_store(snap: SnapshotMeta, man: Manifest) -> None:
-    """Every stored file must exist with the size (and, when shared, mtime) it was taken with."""
-    tree = snap.path / "tree"
-    for e in man.entries:
-        if e[2] != "f":
-            continue
-        p = os.path.join(tree, str(e[0]), e[1])
-        try:
-            st = os.lstat(p)
-        except FileNotFoundError:
-            raise SnapshotDamaged(f"snapshot {snap.id}: stored file {e[1]} is missing ({p})",
-                                  hint="restore another snapshot (`rewheel history`)") from None
-        if not stat.S_ISREG(st.st_mode) or st.st_size != e[4] or st.st_mtime_ns != e[5]:
-            raise SnapshotDamaged(
-                f"snapshot {snap.id}: stored file {e[1]} was changed after the snapshot "
-                f"(size {st.st_size} vs {e[4]}, mtime differs: {st.st_mtime_ns != e[5]})",
-                hint="the file was edited in place or the store was tampered with; restore another snapshot")
-
-
 def _live_walk(roots: list[Root], owned: set[str], skip: set[str]) -> dict[tuple[int, str], os.stat_result]:
     """Every live entry (sockets and the like excepted) with its lstat: the plan's one walk.
     Unlike `_walk` it does not sort (a restore needs no order), which keeps it near the cost
