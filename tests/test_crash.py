@@ -12,7 +12,7 @@ import pytest
 
 from support_run import make_host
 
-GOOD_RUN_BOUNDARIES = ["step:stop", "note", "step:snapshot", "snapshot", "step:reinstall", "step:diff",
+GOOD_RUN_BOUNDARIES = ["step:stop", "note", "step:snapshot", "snapshot", "step:reinstall", "step:diff", "installed",
                        "step:smoke", "step:start", "healthy", "step:keep", "finished"]
 FAILING_RUN_BOUNDARIES = ["step:revert", "step:restore", "step:start"]
 
@@ -71,6 +71,28 @@ def test_rollback_also_clears_an_interrupted_run(tmp_path: Path) -> None:
         assert h.state() == before
         assert h.served_version() == "1.0.0"
         assert h.rewheel("history", str(h.recipe)).returncode == 0
+    finally:
+        h.stop_service()
+        h._index.stop()  # type: ignore[attr-defined]
+
+
+def test_interrupted_rollback_is_finished_by_resume(tmp_path: Path) -> None:
+    h = make_host(tmp_path, "2.0.0", "good")
+    try:
+        h.start_service()
+        before = h.state()
+        snap = json.loads(h.rewheel("snapshot", str(h.recipe), "--json").stdout)["id"]
+        code, rep = h.run_json()
+        assert code == 0 and h.served_version() == "2.0.0", rep["_stderr"]
+        cp = h.rewheel("rollback", str(h.recipe), snap, "--yes", env={"REWHEEL_FAULT_AT": "step:restore"})
+        assert cp.returncode == -9
+        assert h.rewheel("history", str(h.recipe)).returncode == 4
+        res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
+        assert res.returncode == 0, res.stderr
+        assert h.state() == before
+        assert h.served_version() == "1.0.0"
+        snaps = json.loads(h.rewheel("history", str(h.recipe), "--json").stdout)["snapshots"]
+        assert not any(s["status"] == "failed-upgrade" for s in snaps)
     finally:
         h.stop_service()
         h._index.stop()  # type: ignore[attr-defined]

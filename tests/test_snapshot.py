@@ -270,3 +270,34 @@ def test_cli_unknown_snapshot_is_a_usage_error(venv: Path) -> None:
                         capture_output=True, text=True)
     assert cp.returncode == 2
     assert "no snapshot 'nope'" in cp.stderr
+
+
+def test_a_restore_killed_while_staging_is_finished_by_the_next(venv: Path, wheelhouse: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    prefix = venv.parent.parent
+    before = tree_state(prefix)
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    damage(venv, wheelhouse)
+    calls = {"n": 0}
+    real = snapmod.copy_hashed
+
+    def dies_midway(src: str, dst: str):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # as a kill would, while staging
+        return real(src, dst)
+
+    monkeypatch.setattr(snapmod, "copy_hashed", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        rollback(open_target(Recipe.for_python(venv)), snap.id)
+    monkeypatch.setattr(snapmod, "copy_hashed", real)
+    # Simulate what a SIGKILL leaves behind: the staging folder.
+    (prefix / f"{snapmod.STAGING_PREFIX}dead").mkdir()
+    (prefix / f"{snapmod.STAGING_PREFIX}dead" / "0").write_text("half")
+    from rewheel.journal import list_runs
+
+    store_env = open_target(Recipe.for_python(venv)).store.env_dir
+    assert any(not j.finished for j in list_runs(store_env))
+    res = rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert res.finished_run is not None
+    assert tree_state(prefix) == before

@@ -141,10 +141,14 @@ class RunJournal:
     def summary(self) -> dict[str, Any]:
         start = self.first("started") or {}
         fin = self.last("finished") or {}
+        installed = self.last("installed") or {}
         return {"id": self.id, "kind": self.kind, "status": self.status,
                 "started": start.get("time"), "finished": fin.get("time"),
                 "snapshot_id": self.snapshot_id, "last_step": self.last_step,
-                "recipe": start.get("recipe"), "before": fin.get("before"), "after": fin.get("after")}
+                "recipe": start.get("recipe"), "before": fin.get("before") or start.get("before"),
+                "after": fin.get("after"),
+                # What the upgrade installed, also when it was reverted afterwards.
+                "attempted": installed.get("versions")}
 
 
 def _maybe_fault(event: str, data: dict[str, Any]) -> None:

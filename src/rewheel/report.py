@@ -28,6 +28,14 @@ def _versions_line(versions: dict[str, str], names: list[str], limit: int = 3) -
     return ", ".join(shown) if shown else f"{len(versions)} distributions"
 
 
+def _run_versions(summary: dict, names: list[str], limit: int = 2) -> str:
+    """`vllm 0.16.0rc2.dev313 → 0.16.0rc2.dev344` for the key packages a run changed."""
+    before = summary.get("before") or {}
+    after = summary.get("attempted") or summary.get("after") or {}
+    changed = [n for n in names if before.get(n) != after.get(n) and (n in before or n in after)]
+    return ", ".join(f"{n} {before.get(n, '-')} → {after.get(n, '-')}" for n in changed[:limit])
+
+
 def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommandResult
     r = result.result
     m = r.meta
@@ -57,11 +65,12 @@ def render_history(console: Console, hist) -> None:  # runner.History
     console.print(t if hist.snapshots else "no snapshots yet")
     if hist.runs:
         rt = Table(title="runs", title_justify="left")
-        for col in ("id", "kind", "status", "snapshot", "last step"):
+        for col in ("id", "kind", "status", "snapshot", "last step", "versions"):
             rt.add_column(col)
         for r in hist.runs:
             style = "bold red" if not r.finished else ""
-            rt.add_row(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "", style=style)
+            rt.add_row(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "",
+                       escape(_run_versions(r.summary(), hist.key_packages)), style=style)
         console.print(rt)
 
 

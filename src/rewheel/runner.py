@@ -410,6 +410,7 @@ class _Cycle:
 
         with _Step(self, "diff"):
             self.report.after = self.t.env.versions()
+            self.j.append("installed", versions=self.report.after)
             assert self.snap is not None
             try:
                 doc = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)}).to_json()
@@ -508,8 +509,8 @@ class _Cycle:
         """Snapshot the failed build before restoring, so it can be diffed and inspected later
         (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
         this costs little; if it fails, the restore goes ahead anyway."""
-        if self.j.first("failed-snapshot") is not None:
-            return
+        if self.j.kind != "run" or self.j.first("failed-snapshot") is not None:
+            return  # only a failed upgrade is worth keeping, and only once
         try:
             res = take_snapshot(self.t.env, self.t.store, label=f"failed upgrade of run {self.j.id}",
                                 status="failed-upgrade", run_id=self.j.id, progress=self.progress)

@@ -531,6 +531,19 @@ def _check_stored(snap: SnapshotMeta, tree: Path, e: list[Any]) -> os.stat_resul
     return st
 
 
+def _remove_stale_staging(roots: list[Root]) -> None:
+    """A restore killed mid-way leaves its staging folder at a root; the next restore (which
+    finishes the job) removes it, so no trace of rewheel stays in the environment."""
+    for r in roots:
+        try:
+            names = os.listdir(r.path)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(STAGING_PREFIX):
+                shutil.rmtree(os.path.join(r.path, name), ignore_errors=True)
+
+
 def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress | None = None,
                      full_verify: bool = False) -> RestoreResult:
     """Make the environment's files exactly the snapshot's, then verify. Offline; no uv.
@@ -545,6 +558,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
     live_roots = scope_of(env)
     tree = snap.path / "tree"
     skip = {str(Path(snap.path).parents[3])}
+    _remove_stale_staging(live_roots)
     # The live walk and the store's listing are system calls that release the GIL: run them
     # in threads while this one parses the manifest. (Only for whole roots — a system
     # interpreter's RECORD-owned scope needs the manifest first.)
