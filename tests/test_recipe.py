@@ -112,3 +112,11 @@ def test_cli_check_reports_the_bad_key(tmp_path: Path) -> None:
     cp = subprocess.run([sys.executable, "-m", "rewheel", "check", str(path)], capture_output=True, text=True)
     assert cp.returncode == 2
     assert 'smoke.timeout_s: expected an integer, got "ten"' in cp.stderr.replace("\n", "")
+
+
+def test_run_without_packages_is_refused_before_anything(tmp_path: Path) -> None:
+    path = write(tmp_path, f'[environment]\npython = "{sys.executable}"\n')
+    cp = subprocess.run([sys.executable, "-m", "rewheel", "run", str(path), "--yes"],
+                        capture_output=True, text=True)
+    assert cp.returncode == 2
+    assert "install.packages" in cp.stderr and str(path) in " ".join(cp.stderr.split())

@@ -30,9 +30,14 @@ PythonOpt = Annotated[str | None, typer.Option("--python", help="Target an inter
 TargetArg = Annotated[str | None, typer.Argument(help="A recipe file, or use --python PATH.", show_default=False)]
 
 
+def _stderr_console() -> Console:
+    # Messages name paths and URLs: never break them across lines (logs get grepped).
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
 def consoles(json_mode: bool) -> tuple[Console, Console]:
     """(report console, progress console). In JSON mode both human streams go to stderr."""
-    err = Console(stderr=True, highlight=False)
+    err = _stderr_console()
     out = err if json_mode else Console(highlight=False)
     return out, err
 
@@ -64,7 +69,7 @@ def handles_errors(fn: F) -> F:
         except RewheelError as exc:
             if json_mode:
                 emit_json(exc.to_json())
-            report.print_error(Console(stderr=True, highlight=False), exc)
+            report.print_error(_stderr_console(), exc)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]

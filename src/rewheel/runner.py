@@ -332,6 +332,12 @@ class _Cycle:
         from rewheel.errors import PreflightError
 
         t0 = time.monotonic()
+        if not self.t.recipe.install.packages and not self.lock:
+            from rewheel.errors import RecipeError
+
+            raise RecipeError(self.t.recipe.source, "install.packages",
+                              "missing: `rewheel run` needs the packages to upgrade (or --lock FILE)",
+                              hint='add [install] with packages = ["vllm"]')
         checks = preflight.run_checks(self.t.recipe, client=self.client)
         self.report.preflight = [c.to_json() for c in checks.checks]
         if not checks.ok:
