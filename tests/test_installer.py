@@ -153,8 +153,11 @@ def test_prerelease_only_when_the_recipe_allows_it(tmp_path: Path) -> None:
     assert installed_version(python, "toypkg") == NIGHTLY
 
 
-def _inode(python: Path, rel: str) -> int:
-    return (site_packages(python) / rel).stat().st_ino
+def _inode(python: Path, rel: str) -> tuple[int, int]:
+    """Identity of the file now at `rel`: a rewrite creates a new file, and the filesystem may
+    hand it the inode number just freed — but never the same change time."""
+    st = (site_packages(python) / rel).stat()
+    return st.st_ino, st.st_ctime_ns
 
 
 def test_reinstall_all_rewrites_every_file_named_only_the_packages(
