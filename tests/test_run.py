@@ -115,6 +115,11 @@ def test_dry_run_changes_nothing(host_factory) -> None:
     assert code == 0
     assert rep["status"] == "planned"
     assert any(c["name"] == "toypkg" and c["new"] == "2.0.0" for c in rep["plan"]["changes"])
+    human = h.rewheel("run", str(h.recipe), "--dry-run")
+    assert human.returncode == 0
+    text = " ".join(human.stdout.split())
+    assert "toypkg: 1.0.0 → 2.0.0" in text
+    assert "the service is stopped during the upgrade: service command" in text
     assert h.state() == before
     assert h.served_version() == "1.0.0"
 

@@ -107,6 +107,11 @@ def render_plan(console: Console, rep) -> None:  # runner.RunReport
         console.print(f"  {escape(str(c.get('name')))}: {escape(arrow)}")
     if len(changes) > 40:
         console.print(f"  … and {len(changes) - 40} more")
+    for check in rep.preflight:
+        if check.get("name") == "service":
+            console.print(f"  the service is stopped during the upgrade: {escape(str(check.get('detail')))}")
+        elif check.get("name") == "gpus":
+            console.print(f"  GPUs: {escape(str(check.get('detail')))}")
 
 
 def render_root_cause(console: Console, rc: dict | None) -> None:
