@@ -55,7 +55,7 @@ def test_corpus_is_complete() -> None:
                  "cuda_oom_worker_journald", "unsupported_gpu_arch", "import_undefined_symbol_restarts",
                  "config_validation_error", "nccl_error_interleaved", "nccl_abort_no_traceback",
                  "chained_during_handling", "chained_direct_cause", "truncated_end", "truncated_start",
-                 "empty", "healthy_no_errors", "host_oom_killer"):
+                 "empty", "healthy_no_errors", "host_oom_killer", "exception_group_taskgroup"):
         assert name in CORPUS
         assert (LOGS / f"{name}.expected.json").is_file()
 

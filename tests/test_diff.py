@@ -228,6 +228,13 @@ def test_cli_diff(upgraded: dict) -> None:
     assert "+        self.use_mla = config.use_mla" in cp.stdout
     cp = subprocess.run(rw + ["nope", "--json"], capture_output=True, text=True)
     assert cp.returncode == 2 and "no snapshot 'nope'" in cp.stderr
+    # A misspelt package is an error, not "nothing changed"; other spellings of a name work.
+    cp = subprocess.run(rw + [snap, "--package", "minivlm", "--json"], capture_output=True, text=True)
+    assert cp.returncode == 2
+    assert json.loads(cp.stdout)["error"] == "UsageError"
+    assert "did you mean minivllm" in cp.stderr
+    cp = subprocess.run(rw + [snap, "--package", "MiniVLLM", "--stat"], capture_output=True, text=True)
+    assert cp.returncode == 0 and "deepseek_v2.py" in cp.stdout
 
 
 def test_cli_diff_without_snapshots_is_a_usage_error(tmp_path: Path) -> None:

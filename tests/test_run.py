@@ -206,3 +206,43 @@ def test_smoke_command_checks_the_live_environment(host_factory) -> None:
     cp = h.rewheel("smoke", str(h.recipe), "--json")
     assert cp.returncode == 1
     assert json.loads(cp.stdout)["health"]["ok"] is False
+
+
+def test_ctrl_c_during_smoke_is_reported_kills_the_smoke_and_resume_undoes_it(host_factory) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    h = host_factory("2.0.0", "good")
+    before = h.state()
+    marker = h.tmp / "smoke-still-running"
+    # A smoke test that outlives a Ctrl-C of rewheel would keep holding the GPUs.
+    h.write_recipe(smoke__command=["{python}", "-c",
+                                   f"import time; time.sleep(4); open({str(marker)!r}, 'w').write('x')"])
+    err_path = h.tmp / "run.err"
+    with open(err_path, "w") as err:
+        p = subprocess.Popen([sys.executable, "-m", "rewheel", "run", str(h.recipe), "--yes", "--json"],
+                             stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True,
+                             env={**os.environ})
+        deadline = time.monotonic() + 120
+        while "── smoke" not in err_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=60)
+    assert p.returncode == 4, err_path.read_text()
+    doc = json.loads(out)  # one JSON document, even for a Ctrl-C
+    assert doc["error"] == "InterruptedRun" and "resume" in doc["hint"]
+    time.sleep(5)
+    assert not marker.exists(), "the smoke test's process group survived the Ctrl-C"
+    res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
+    assert res.returncode == 0, res.stderr
+    rdoc = json.loads(res.stdout)
+    assert rdoc["status"] == "reverted"
+    # It names the snapshot it restored (the human report said "snapshot None").
+    assert rdoc["report"]["snapshot_id"] == json.loads(
+        h.rewheel("history", str(h.recipe), "--json").stdout)["runs"][0]["snapshot_id"]
+    assert h.state() == before
+    assert h.served_version() == "1.0.0"

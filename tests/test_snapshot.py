@@ -226,11 +226,15 @@ def test_retention_keeps_newest_and_protects_pre_upgrade(venv: Path, tmp_path: P
     # Mark the first as the pre-upgrade snapshot a pending rollback would need.
     first.status = "pre-upgrade"
     first.save()
+    # What a snapshot and a deletion killed midway leave behind.
+    for leftover in (".tmp-deadbeef", ".deleting-cafebabe"):
+        (t.store.snapshots_dir / leftover / "tree").mkdir(parents=True)
     ids = [snapshot_now(t).result.meta.id for _ in range(3)]
     left = [m.id for m in t.store.list()]
     assert first.id in left
     assert ids[-1] in left
     assert len(left) == 2
+    assert sorted(p.name for p in t.store.snapshots_dir.iterdir()) == sorted(left)
 
 
 def test_state_home_is_private(venv: Path, rewheel_home: Path) -> None:
@@ -301,3 +305,60 @@ def test_a_restore_killed_while_staging_is_finished_by_the_next(venv: Path, whee
     res = rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert res.finished_run is not None
     assert tree_state(prefix) == before
+
+
+def test_label_with_a_slash_and_markup_is_found_and_shown_verbatim(venv: Path) -> None:
+    # A label is free text: "cu12.8/torch2.7" names a snapshot as well as its id does, and
+    # rich markup in it is printed as typed, not interpreted.
+    label = "cu12.8/torch2.7 [bold]x[/bold]"
+    rw = [sys.executable, "-m", "rewheel"]
+    cp = subprocess.run(rw + ["snapshot", "--python", str(venv), "--label", label],
+                        capture_output=True, text=True, check=True)
+    assert f"label {label!r}" in " ".join(cp.stdout.split())
+    t = open_target(Recipe.for_python(venv))
+    assert t.store.get(label).label == label
+    with pytest.raises(snapmod.SnapshotError, match="no snapshot"):
+        t.store.get("../x")
+
+
+def test_snapshot_through_a_symlinked_prefix_restores_by_the_real_path(venv: Path, wheelhouse: Path,
+                                                                      tmp_path: Path) -> None:
+    prefix = venv.parent.parent
+    link = tmp_path / "env-link"
+    link.symlink_to(prefix)
+    before = tree_state(prefix)
+    snap = snapshot_now(open_target(Recipe.for_python(link / "bin" / "python")), label="via-link").result.meta
+    damage(venv, wheelhouse)
+    # The same environment by its real path (and the symlink gone): restored, byte-exact.
+    link.unlink()
+    res = rollback(open_target(Recipe.for_python(venv)), "via-link")
+    assert res.snapshot.id == snap.id
+    assert tree_state(prefix) == before
+    assert snapmod.verify(Environment.inspect(venv), snap) > 0
+
+
+def test_refused_restore_leaves_no_interrupted_run(venv: Path, wheelhouse: Path) -> None:
+    from rewheel import journal
+
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t).result.meta
+    victim = next(e for e in json.loads((snap.path / "manifest.json").read_text())["entries"] if e[2] == "f")
+    (snap.path / "tree" / "0" / victim[1]).unlink()
+    damage(venv, wheelhouse)
+    with pytest.raises(SnapshotDamaged):
+        rollback(open_target(Recipe.for_python(venv)), snap.id)
+    # Nothing was changed, so nothing is pending: later commands are not refused with exit 4.
+    assert journal.interrupted_run(t.store.env_dir) is None
+    cp = subprocess.run([sys.executable, "-m", "rewheel", "history", "--python", str(venv), "--json"],
+                        capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    assert [r["status"] for r in json.loads(cp.stdout)["runs"]] == ["refused"]
+
+
+@pytest.mark.parametrize("args", [["history", "--bogus"], ["rollback", "a", "b", "c"], ["run"]])
+def test_usage_errors_with_json_are_one_json_document(args: list[str]) -> None:
+    cp = subprocess.run([sys.executable, "-m", "rewheel", *args, "--json"], capture_output=True, text=True)
+    assert cp.returncode == 2
+    doc = json.loads(cp.stdout)
+    assert doc["error"] == "UsageError" and doc["exit_code"] == 2 and doc["message"]
+    assert doc["message"] in cp.stderr

@@ -71,12 +71,45 @@ def handles_errors(fn: F) -> F:
                 emit_json(exc.to_json())
             report.print_error(_stderr_console(), exc)
             raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            # Ctrl-C: say what state things are in (a run's journal now shows it as
+            # interrupted) instead of a bare exit 130, and keep --json one document.
+            from rewheel.errors import InterruptedRun
+
+            exc = InterruptedRun(
+                "interrupted (Ctrl-C)",
+                hint="if this was changing an environment, its run is recorded as interrupted: "
+                     "`rewheel resume TARGET` finishes or undoes it, `rewheel history TARGET` shows it")
+            if json_mode:
+                emit_json(exc.to_json())
+            report.print_error(_stderr_console(), exc)
+            raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
 
 
 def main() -> None:
-    app()
+    if "--json" not in sys.argv[1:]:
+        app()
+        return
+    # A usage error (unknown option, missing argument) is reported by typer before any
+    # command runs, as human text only; with --json a script still gets one JSON document.
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        _stderr_console().print("aborted", markup=False)
+        sys.exit(1)
+    except Exception as exc:
+        fmt = getattr(exc, "format_message", None)
+        if fmt is None or not isinstance(getattr(exc, "exit_code", None), int):
+            raise
+        from rewheel.errors import UsageError
+
+        err = UsageError(fmt(), hint="`rewheel COMMAND --help` shows the usage")
+        emit_json(err.to_json())
+        report.print_error(_stderr_console(), err)
+        sys.exit(err.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 # ---- commands: one function each; parse, call one core function, render. ----

@@ -88,6 +88,14 @@ RECORD_START_RE = re.compile(
     # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)
     r"|[\w@.\-]+\.service: |(?:Started|Stopped|Starting|Stopping|Failed to start) [\w@.\-]+\.service)")
 IGNORABLE_IN_TB_RE = re.compile(r"(?:INFO|WARNING|DEBUG):\s|\S+:\s+\d+%\|")
+# Python 3.11+ exception groups (asyncio.TaskGroup): the group's traceback is drawn inside
+# `| ` margins, `+ Exception Group Traceback` opens it, `+-+---- 1 ----` / `+---- 2 ----`
+# separate the sub-exceptions and `+------` closes the group.
+EG_START_RE = re.compile(r"\s*\+ Exception Group Traceback \(most recent call last\):?\s*$")
+EG_MARGIN_RE = re.compile(r"\s*\|(?: |$)")
+EG_SEP_RE = re.compile(r"\s*\+(?:-\+)?-+ (?:\d+|\.\.\.) -+\s*$")
+EG_END_RE = re.compile(r"\s*\+-{8,}\s*$")
+GROUP_TYPES = {"ExceptionGroup", "BaseExceptionGroup"}
 
 # ---------------------------------------------------------------------------------------
 # What is a cascade (a consequence of another failure, never the root).
@@ -253,7 +261,7 @@ class _Stream:
     jpid: int | None
     ident: str | None
     level: str | None
-    state: str = "frames"             # frames | msg | after | chain
+    state: str = "frames"             # frames | msg | after | chain | group
     chain: list[_Exc] = field(default_factory=list)
     cur: _Exc | None = None
     pending: Frame | None = None      # frame awaiting its source line
@@ -370,6 +378,15 @@ class _Analyser:
                 line = line[m.end():]
         key = (jpid, label, pid, level is not None)
         st = self.streams.get(key)
+        if line[:1] in (" ", "|", "+"):
+            line, group_mark = _ungroup(line)
+            if group_mark and st is not None:
+                st.last_tick = self.tick
+                if group_mark == "sep":
+                    # the next sub-exception: chained after the group (and its siblings)
+                    st.chained_marker = True
+                    st.state = "group"
+                return
         if st is not None:
             st.last_tick = self.tick
             if self._continue(st, line, pos, header):
@@ -456,6 +473,14 @@ class _Analyser:
                 return True
             self._finish_stream(st)
             return False
+        if st.state == "group":
+            # After a sub-exception separator: its traceback, or (none) its exception line.
+            if not line.strip():
+                return True
+            self._next_traceback(st, pos)
+            if line.startswith("Traceback (most recent call last)"):
+                return True
+            return self._frames(st, line, pos)
         if st.state in ("after", "chain"):
             if not line.strip():
                 return True
@@ -711,6 +736,23 @@ def _decoration(text: str) -> bool:
         or text.startswith("[Previous line repeated")
 
 
+def _ungroup(line: str) -> tuple[str, str | None]:
+    """An exception-group line as a plain traceback line: margins stripped, the group's
+    header as a traceback header; separators come back as "sep", the closing rule as "end"."""
+    while True:
+        m = EG_MARGIN_RE.match(line)
+        if not m:
+            break
+        line = line[m.end():]
+    if EG_START_RE.match(line):
+        return "Traceback (most recent call last):", None
+    if EG_SEP_RE.match(line):
+        return line, "sep"
+    if EG_END_RE.match(line):
+        return line, "end"
+    return line, None
+
+
 def _pick_from_chain(chain: list[_Exc]) -> int:
     """The original exception of a chain — unless it is a cascade, or a bare lookup failure
     that the code answered with a more telling error (KeyError -> "model type not
@@ -721,7 +763,7 @@ def _pick_from_chain(chain: list[_Exc]) -> int:
         if _is_cascade(exc.type, exc.message):
             continue
         base = (exc.type or "").rsplit(".", 1)[-1]
-        if base in LOOKUP_TYPES and any(
+        if (base in LOOKUP_TYPES or base in GROUP_TYPES) and any(
                 not _is_cascade(e.type, e.message) for e in chain[i + 1:]):
             continue
         return i

@@ -570,6 +570,17 @@ def diff_target(env: Environment, store: Store, a: str | None = None, b: str | N
     else:
         old = store.get(a)
     new = None if b in (None, LIVE) else store.get(b)
+    if package is not None:
+        # A typo must not read as "nothing changed": the name has to exist on one side.
+        wanted = canonicalize_name(package)
+        names = {canonicalize_name(str(d.get("name", ""))) for d in old.distributions}
+        names |= ({canonicalize_name(str(d.get("name", ""))) for d in new.distributions} if new is not None
+                  else {d.name for d in env.distributions()})
+        if wanted not in names:
+            close = difflib.get_close_matches(wanted, sorted(names), n=3)
+            raise UsageError(f"--package {package}: no distribution of that name in either side of the diff",
+                             hint=("did you mean " + ", ".join(close) + "?") if close
+                             else "`rewheel history TARGET --json` lists each snapshot's versions")
     return diff_trees(env, old, new, package=package, path_glob=path_glob, with_diffs=with_diffs,
                       skip={str(store.home)}, progress=progress)
 

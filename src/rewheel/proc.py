@@ -162,6 +162,13 @@ def stream(argv: Sequence[str], *, on_line: Callable[[str], None] | None = None,
                 kill_group(proc.pid, grace_s=2.0)
             except ProcessLookupError:
                 pass
+    except BaseException:
+        # Ctrl-C, or an on_line callback that raised: the child runs in its own session, so
+        # nothing else would stop it (a uv still writing into the environment, a smoke test
+        # still holding the GPUs). Kill its group before giving up.
+        kill_group(proc.pid, grace_s=2.0)
+        proc.wait()
+        raise
     finally:
         sel.close()
         proc.stdout.close()

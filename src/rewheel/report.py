@@ -40,7 +40,7 @@ def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommand
     r = result.result
     m = r.meta
     console.print(f"[bold green]snapshot {m.id}[/] taken of {escape(m.prefix)}"
-                  + (f" — label {escape(m.label)!r}" if m.label else ""))
+                  + (f" — label {escape(repr(m.label))}" if m.label else ""))
     console.print(f"  {m.files:,} files, {human_bytes(m.bytes_total)} in all; "
                   f"{r.files_linked:,} shared by {m.link_mode} ({human_bytes(m.bytes_linked)}), "
                   f"{r.files_copied:,} copied ({human_bytes(m.bytes_copied)} of extra disk) "
@@ -199,7 +199,7 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
                           f"written, {r.get('deleted', 0):,} removed, {r.get('verified', 0):,} verified")
         if rv.get("failed_snapshot_id"):
             console.print(f"  the failed build is kept as snapshot {rv['failed_snapshot_id']}: "
-                          f"`rewheel diff RECIPE {rep.snapshot_id} {rv['failed_snapshot_id']}` shows what it changed")
+                          f"`rewheel diff {escape(rep.recipe)} {rep.snapshot_id} {rv['failed_snapshot_id']}` shows what it changed")
         if rv.get("service"):
             console.print(f"  service healthy again: {escape(str(rv['service'].get('detail')))}")
         if rv.get("error"):

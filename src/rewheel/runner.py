@@ -15,7 +15,7 @@ from typing import Any
 
 from rewheel import journal
 from rewheel.environment import Environment
-from rewheel.errors import SnapshotError
+from rewheel.errors import SnapshotDamaged, SnapshotError
 from rewheel.journal import EnvLock, RunJournal, interrupted_error  # noqa: F401 (re-exported)
 from rewheel.paths import state_home
 from rewheel.recipe import Recipe
@@ -158,7 +158,18 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         j.append("step", name="restore", snapshot_id=snap.id)
         say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
         t0 = time.monotonic()
-        res = restore_snapshot(t.env, snap, progress=progress)
+        try:
+            res = restore_snapshot(t.env, snap, progress=progress)
+        except (SnapshotError, SnapshotDamaged):
+            # Refused before anything changed (wrong environment, damaged store): this
+            # rollback is over — leaving it unfinished would block every later command with
+            # exit 4 — and the service it stopped goes back up.
+            try:
+                if svc:
+                    svc.start_and_verify()
+            finally:
+                j.append("finished", status="refused", snapshot_id=snap.id)
+            raise
         res.cleanup_restored = unstash_cleanup(snap)
         steps.append({"name": "restore", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
         service_state = None
@@ -247,6 +258,8 @@ class RunReport:
     snapshot_id: str | None = None
     before: dict[str, str] = field(default_factory=dict)
     after: dict[str, str] = field(default_factory=dict)
+    # What the reinstall installed, kept when a revert puts `after` back to `before`.
+    attempted: dict[str, str] = field(default_factory=dict)
     changes: list[dict[str, Any]] = field(default_factory=list)
     files: list[dict[str, Any]] = field(default_factory=list)
     file_stats: dict[str, Any] = field(default_factory=dict)
@@ -416,6 +429,7 @@ class _Cycle:
 
         with _Step(self, "diff"):
             self.report.after = self.t.env.versions()
+            self.report.attempted = dict(self.report.after)
             self.j.append("installed", versions=self.report.after)
             assert self.snap is not None
             try:
@@ -675,6 +689,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
             cyc.svc = ServiceSteps(t, j, cyc.report.steps, say, client)
         snap_id = j.snapshot_id
         cyc.snap = t.store.get(snap_id) if snap_id else None
+        cyc.report.snapshot_id = snap_id  # the report (and --json) names what was restored
 
         if j.kind == "run" and "keep" in steps_seen and "revert" not in steps_seen:
             assert cyc.snap is not None

@@ -201,11 +201,13 @@ class Store:
         return sorted(metas, key=lambda m: m.created, reverse=True)
 
     def get(self, ref: str) -> SnapshotMeta:
-        if not ref or "/" in ref or ref.startswith("."):
+        if not ref:
             raise SnapshotError(f"no snapshot {ref!r}")
-        exact = self.snapshots_dir / ref
-        if (exact / "meta.json").exists():
-            return SnapshotMeta.load(exact)
+        # An id is a plain folder name; a label may hold any text ("cu12.8/torch2.7").
+        if "/" not in ref and not ref.startswith("."):
+            exact = self.snapshots_dir / ref
+            if (exact / "meta.json").exists():
+                return SnapshotMeta.load(exact)
         matches = [m for m in self.list() if m.id.startswith(ref) or m.label == ref]
         if len(matches) == 1:
             return matches[0]
@@ -222,7 +224,12 @@ class Store:
         shutil.rmtree(trash, ignore_errors=True)
 
     def prune(self, keep: int, protect: set[str] = frozenset()) -> list[str]:
-        """Keep the newest `keep` snapshots; never delete a protected one. Oldest go first."""
+        """Keep the newest `keep` snapshots; never delete a protected one. Oldest go first.
+        Called under the environment's lock, it also clears what killed snapshots and
+        deletions left behind (`.tmp-*`, `.deleting-*`)."""
+        for leftover in self.snapshots_dir.iterdir():
+            if leftover.name.startswith((".tmp-", ".deleting-")):
+                shutil.rmtree(leftover, ignore_errors=True)
         removed = []
         metas = self.list()
         surplus = len(metas) - keep
@@ -380,6 +387,9 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
             if progress and i % 500 == 0:
                 progress("snapshot", i, 0)
         manifest = {"version": MANIFEST_VERSION, "roots": [r.__dict__ for r in roots],
+                    # Where the roots really were (a prefix reached through a symlink is
+                    # the same environment by its real path, even once the symlink is gone).
+                    "real_roots": [os.path.realpath(r.path) for r in roots],
                     "fields": ["root", "path", "type", "mode", "size", "mtime_ns", "sha256", "stored", "target"],
                     "entries": entries}
         atomic_write(tmp / "manifest.json", json.dumps(manifest, separators=(",", ":")))
@@ -409,6 +419,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
 class Manifest:
     roots: list[Root]
     entries: list[list[Any]]
+    real_roots: list[str] | None = None
 
     @classmethod
     def load(cls, snap: SnapshotMeta) -> Manifest:
@@ -417,6 +428,7 @@ class Manifest:
             doc = json.loads(path.read_text())
             roots = [Root(str(r["path"]), bool(r["whole"])) for r in doc["roots"]]
             entries = doc["entries"]
+            real_roots = [str(r) for r in doc["real_roots"]] if "real_roots" in doc else None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",
                                   hint="restore another snapshot (`rewheel history`)") from None
@@ -431,7 +443,7 @@ class Manifest:
             if e[2] == "l" and not isinstance(e[8], str):
                 raise SnapshotDamaged(f"snapshot {snap.id}: symlink entry {e[1]} has no target")
             seen.add((e[0], e[1]))
-        return cls(roots, entries)
+        return cls(roots, entries, real_roots)
 
 
 @dataclass
@@ -449,6 +461,18 @@ class RestoreResult:
         return {"snapshot_id": self.snapshot_id, "written": self.written, "deleted": self.deleted,
                 "chmodded": self.chmodded, "unchanged": self.unchanged, "verified": self.verified,
                 "seconds": round(self.seconds, 3), "cleanup_restored": self.cleanup_restored}
+
+
+def _live_roots(snap: SnapshotMeta, man: Manifest, live_roots: list[Root]) -> list[Root]:
+    """The manifest's roots at the paths the environment is reached by now. The same prefix
+    reached through a symlink (`/srv/env` -> `/data/env`) is the same environment: compare
+    real paths, and act on the live paths (the symlink a snapshot went through may be gone)."""
+    real = man.real_roots or [os.path.realpath(r.path) for r in man.roots]
+    if real != [os.path.realpath(r.path) for r in live_roots]:
+        raise SnapshotError(
+            f"snapshot {snap.id} was taken of {', '.join(r.path for r in man.roots)}, "
+            f"not of {', '.join(r.path for r in live_roots)}")
+    return [Root(lr.path, mr.whole) for lr, mr in zip(live_roots, man.roots, strict=True)]
 
 
 def _owned_now(roots: list[Root], env: Environment) -> set[str]:
@@ -568,11 +592,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
         live_f = (pool.submit(_live_walk, [Root(r.path, True) for r in live_roots], set(), skip)
                   if all(r.whole for r in live_roots) else None)
         man = Manifest.load(snap)
-        if [r.path for r in man.roots] != [r.path for r in live_roots]:
-            raise SnapshotError(
-                f"snapshot {snap.id} was taken of {', '.join(r.path for r in man.roots)}, "
-                f"not of {', '.join(r.path for r in live_roots)}")
-        roots = man.roots
+        roots = _live_roots(snap, man, live_roots)
         # Sockets, FIFOs and devices are not content: neither captured nor removed.
         want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
         if live_f is None:
@@ -785,7 +805,7 @@ def _verify_changed(env: Environment, snap: SnapshotMeta, roots: list[Root], wan
 def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) -> int:
     """Check the live environment against the manifest; raise RestoreError on any difference."""
     man = man or Manifest.load(snap)
-    roots = man.roots
+    roots = _live_roots(snap, man, scope_of(env))
     owned = _owned_now(roots, env)
     owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
     want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}

@@ -669,6 +669,41 @@ def build_all() -> None:
         "message": "vllm-kimi-k25.service: A process of this unit has been killed by the OOM killer.",
         "rank": None, "frame": None, "kind": "error-line", "count": 1, "restarts": 1, "secondary_types": None})
 
+    # 17. Python 3.11+ exception group (asyncio.TaskGroup in the API server): the root is the
+    # sub-exception inside the `| ` margins, not the group or the cancelled sibling task.
+    pa = "(APIServer pid=72000) "
+    ha = hdr("ERROR", "api_server.py:1820", "03-30 09:12:44")
+    group = [
+        "  + Exception Group Traceback (most recent call last):",
+        f'  |   File "{SP}/vllm/entrypoints/openai/api_server.py", line 1811, in run_server',
+        "  |     async with asyncio.TaskGroup() as tg:",
+        "  |                ^^^^^^^^^^^^^^^^^^^",
+        '  |   File "/usr/lib/python3.12/asyncio/taskgroups.py", line 145, in __aexit__',
+        "  |     raise me from None",
+        "  | ExceptionGroup: unhandled errors in a TaskGroup (2 sub-exceptions)",
+        "  +-+---------------- 1 ----------------",
+        "    | asyncio.exceptions.CancelledError",
+        "    +---------------- 2 ----------------",
+        "    | Traceback (most recent call last):",
+        f'    |   File "{SP}/vllm/entrypoints/openai/api_server.py", line 1790, in build_app_state',
+        "    |     await init_app_state(engine_client, vllm_config, app.state, args)",
+        f'    |   File "{SP}/vllm/entrypoints/openai/serving_models.py", line 88, in init_app_state',
+        "    |     raise ValueError(f\"served model name {name!r} is not a valid identifier\")",
+        "    | ValueError: served model name 'Kimi K2.5' is not a valid identifier",
+        "    +------------------------------------",
+    ]
+    body = [pa + hdr("INFO", "api_server.py:1700", "03-30 09:12:40") + "vLLM API server version " + VERSION]
+    body += mark(logged(pa, ha, group))
+    body += [pa + hdr("INFO", "launcher.py:80", "03-30 09:12:44") + "Shutting down FastAPI HTTP server."]
+    write("exception_group_taskgroup", body, {
+        "type": "ValueError", "message": "served model name 'Kimi K2.5' is not a valid identifier",
+        "rank": "APIServer",
+        "frame": {"file": f"{SP}/vllm/entrypoints/openai/serving_models.py", "line": 88,
+                  "function": "init_app_state",
+                  "source": "raise ValueError(f\"served model name {name!r} is not a valid identifier\")"},
+        "kind": "traceback", "count": 1, "restarts": 1,
+        "secondary_types": ["ExceptionGroup", "asyncio.exceptions.CancelledError"]})
+
 
 if __name__ == "__main__":
     build_all()
