@@ -251,3 +251,21 @@ def test_unified_diff_format() -> None:
     assert diffmod.unified_diff(None, "x\n", None, "n.py") == "--- /dev/null\n+++ b/n.py\n@@ -0,0 +1 @@\n+x\n"
     assert diffmod.unified_diff("same\n", "same\n", "p", "p") == ""
     assert DS_OLD != DS_NEW
+
+
+def test_diff_through_a_symlinked_prefix_sees_the_same_files(tmp_path: Path, wheelhouse: Path) -> None:
+    from conftest import uv_install
+
+    py = make_venv(tmp_path / "real-env")
+    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
+    link = tmp_path / "env-link"
+    link.symlink_to(tmp_path / "real-env")
+    rw = [sys.executable, "-m", "rewheel"]
+    snap = json.loads(subprocess.run(rw + ["snapshot", "--python", str(link / "bin" / "python"), "--json"],
+                                     capture_output=True, text=True, check=True).stdout)["id"]
+    core = next((tmp_path / "real-env" / "lib").glob("python3*/site-packages")) / "toypkg" / "core.py"
+    core.write_text(core.read_text() + "# edited\n")
+    cp = subprocess.run(rw + ["diff", "--python", str(py), snap, "--json"], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    files = json.loads(cp.stdout)["files"]
+    assert [(f["path"], f["change"]) for f in files] == [("toypkg/core.py", "changed")]

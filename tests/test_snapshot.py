@@ -362,3 +362,19 @@ def test_usage_errors_with_json_are_one_json_document(args: list[str]) -> None:
     doc = json.loads(cp.stdout)
     assert doc["error"] == "UsageError" and doc["exit_code"] == 2 and doc["message"]
     assert doc["message"] in cp.stderr
+
+
+def test_history_names_a_damaged_snapshot(venv: Path) -> None:
+    t = open_target(Recipe.for_python(venv))
+    good = snapshot_now(t).result.meta
+    bad = snapshot_now(t).result.meta
+    (bad.path / "meta.json").write_text("{ not json")
+    cp = subprocess.run([sys.executable, "-m", "rewheel", "history", "--python", str(venv), "--json"],
+                        capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    assert [s["id"] for s in doc["snapshots"]] == [good.id]
+    assert doc["damaged_snapshots"] == [bad.id]
+    human = subprocess.run([sys.executable, "-m", "rewheel", "history", "--python", str(venv)],
+                           capture_output=True, text=True)
+    assert f"snapshot {bad.id} is damaged" in " ".join(human.stdout.split())

@@ -35,7 +35,7 @@ from packaging.utils import canonicalize_name
 from rewheel import versions as vers
 from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotError, UsageError
-from rewheel.snapshot import (Manifest, Progress, SnapshotMeta, Store, _kind, _record_index,
+from rewheel.snapshot import (Manifest, Progress, SnapshotMeta, Store, _kind, _live_roots, _record_index,
                               _walk, hash_file, scope_of)
 
 # Files an installer writes into a .dist-info folder at install time; not part of the wheel's
@@ -458,6 +458,13 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
     """
     t0 = time.monotonic()
     old_man = Manifest.load(old_snap)
+    if new_snap is None:
+        # The same prefix may be reached through another path now (a symlink): compare files
+        # at the paths the live environment has.
+        try:
+            old_man.roots = _live_roots(old_snap, old_man, scope_of(env))
+        except SnapshotError:
+            pass  # another environment's snapshot: compared as recorded
     stats = {"by_manifest": 0, "by_record": 0, "hashed_files": 0, "hashed_bytes": 0}
     owners = _Owners()
     old_items = _manifest_items(old_man)

@@ -63,6 +63,9 @@ def render_history(console: Console, hist) -> None:  # runner.History
                   escape(_versions_line(s.versions, hist.key_packages)),
                   f"{human_bytes(s.bytes_total)} ({human_bytes(s.bytes_copied)})")
     console.print(t if hist.snapshots else "no snapshots yet")
+    for bad in hist.damaged:
+        console.print(f"[yellow]snapshot {bad} is damaged (unreadable meta.json) and cannot be restored; "
+                      f"inspect or delete its folder in the store[/]")
     if hist.runs:
         rt = Table(title="runs", title_justify="left")
         for col in ("id", "kind", "status", "snapshot", "last step", "versions"):

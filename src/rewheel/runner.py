@@ -91,6 +91,7 @@ class History:
     snapshots: list[SnapshotMeta]
     runs: list[RunJournal]
     key_packages: list[str] = field(default_factory=list)
+    damaged: list[str] = field(default_factory=list)
 
     @property
     def interrupted(self) -> RunJournal | None:
@@ -99,7 +100,8 @@ class History:
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "snapshots": [s.to_json() for s in self.snapshots],
                 "runs": [r.summary() for r in self.runs],
-                "interrupted_run": self.interrupted.id if self.interrupted else None}
+                "interrupted_run": self.interrupted.id if self.interrupted else None,
+                "damaged_snapshots": self.damaged}
 
 
 def history(t: Target) -> History:
@@ -107,7 +109,8 @@ def history(t: Target) -> History:
 
     names = [canonicalize_name(r.name) for r in t.recipe.install.requirements]
     names += [k for k in KEY_PACKAGES if k not in names]
-    return History(t.cli_ref, t.store.list(), journal.list_runs(t.store.env_dir), names)
+    return History(t.cli_ref, t.store.list(), journal.list_runs(t.store.env_dir), names,
+                   t.store.damaged())
 
 
 # --------------------------------------------------------------------------------------

@@ -200,6 +200,17 @@ class Store:
                     continue
         return sorted(metas, key=lambda m: m.created, reverse=True)
 
+    def damaged(self) -> list[str]:
+        """Snapshot folders that `list` leaves out because their metadata cannot be read."""
+        bad = []
+        for d in sorted(self.snapshots_dir.iterdir()):
+            if d.is_dir() and not d.name.startswith("."):
+                try:
+                    SnapshotMeta.load(d)
+                except SnapshotDamaged:
+                    bad.append(d.name)
+        return bad
+
     def get(self, ref: str) -> SnapshotMeta:
         if not ref:
             raise SnapshotError(f"no snapshot {ref!r}")
