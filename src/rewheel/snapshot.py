@@ -486,6 +486,29 @@ def _live_roots(snap: SnapshotMeta, man: Manifest, live_roots: list[Root]) -> li
     return [Root(lr.path, mr.whole) for lr, mr in zip(live_roots, man.roots, strict=True)]
 
 
+def _raise_if_problems(env: Environment, snap: SnapshotMeta, problems: list[str]) -> None:
+    if problems:
+        raise RestoreError(
+            f"environment {env.prefix} does not match snapshot {snap.id} after restore: "
+            + "; ".join(problems[:10]) + (f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""),
+            hint=f"run `rewheel rollback --python {env.python} {snap.id} --yes` again; if it keeps failing, "
+                 "recreate the environment by hand")
+
+
+def _entry_problem(e: list[Any], st: os.stat_result, path: str) -> str | None:
+    """How a live entry differs from its manifest entry, or None when it matches."""
+    kind = _kind(st.st_mode)
+    if kind != e[2]:
+        return f"type differs: {e[1]}"
+    if kind == "f" and not _same_file(e, st):
+        return f"content differs: {e[1]}"
+    if kind in ("f", "d") and stat.S_IMODE(st.st_mode) != e[3]:
+        return f"mode differs: {e[1]} ({oct(stat.S_IMODE(st.st_mode))} vs {oct(e[3])})"
+    if kind == "l" and os.readlink(path) != e[8]:
+        return f"symlink target differs: {e[1]}"
+    return None
+
+
 def _owned_now(roots: list[Root], env: Environment) -> set[str]:
     if all(r.whole for r in roots):
         return set()
@@ -778,15 +801,9 @@ def _verify_changed(env: Environment, snap: SnapshotMeta, roots: list[Root], wan
         except FileNotFoundError:
             problems.append(f"missing: {e[1]}")
             continue
-        kind = _kind(st.st_mode)
-        if kind != e[2]:
-            problems.append(f"type differs: {e[1]}")
-        elif kind == "f" and not _same_file(e, st):
-            problems.append(f"content differs: {e[1]}")
-        elif kind in ("f", "d") and stat.S_IMODE(st.st_mode) != e[3]:
-            problems.append(f"mode differs: {e[1]}")
-        elif kind == "l" and os.readlink(p) != e[8]:
-            problems.append(f"symlink target differs: {e[1]}")
+        problem = _entry_problem(e, st, p)
+        if problem:
+            problems.append(problem)
     for key in extras:
         if key not in want and os.path.lexists(os.path.join(roots[key[0]].path, key[1])):
             problems.append(f"extra: {key[1]}")
@@ -804,12 +821,7 @@ def _verify_changed(env: Environment, snap: SnapshotMeta, roots: list[Root], wan
                                 problems.append(f"extra: {prefix + de.name}")
             except FileNotFoundError:
                 problems.append(f"missing: {rel}")
-    if problems:
-        raise RestoreError(
-            f"environment {env.prefix} does not match snapshot {snap.id} after restore: "
-            + "; ".join(problems[:10]) + (f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""),
-            hint=f"run `rewheel rollback --python {env.python} {snap.id} --yes` again; if it keeps failing, "
-                 "recreate the environment by hand")
+    _raise_if_problems(env, snap, problems)
     return seen_ok + len(changed)
 
 
@@ -829,23 +841,12 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
                 problems.append(f"extra: {rel}")
             continue
         seen += 1
-        kind = _kind(st.st_mode)
-        if kind != e[2]:
-            problems.append(f"type differs: {rel}")
-        elif kind == "f" and not _same_file(e, st):
-            problems.append(f"content differs: {rel}")
-        elif kind in ("f", "d") and stat.S_IMODE(st.st_mode) != e[3]:
-            problems.append(f"mode differs: {rel} ({oct(stat.S_IMODE(st.st_mode))} vs {oct(e[3])})")
-        elif kind == "l" and os.readlink(os.path.join(roots[ri].path, rel)) != e[8]:
-            problems.append(f"symlink target differs: {rel}")
+        problem = _entry_problem(e, st, os.path.join(roots[ri].path, rel))
+        if problem:
+            problems.append(problem)
     if seen != len(want):
         problems.append(f"missing: {len(want) - seen} entries")
-    if problems:
-        raise RestoreError(
-            f"environment {env.prefix} does not match snapshot {snap.id} after restore: "
-            + "; ".join(problems[:10]) + (f" (+{len(problems) - 10} more)" if len(problems) > 10 else ""),
-            hint=f"run `rewheel rollback --python {env.python} {snap.id} --yes` again; if it keeps failing, "
-                 "recreate the environment by hand")
+    _raise_if_problems(env, snap, problems)
     return seen
 
 
