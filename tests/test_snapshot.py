@@ -378,3 +378,10 @@ def test_history_names_a_damaged_snapshot(venv: Path) -> None:
     human = subprocess.run([sys.executable, "-m", "rewheel", "history", "--python", str(venv)],
                            capture_output=True, text=True)
     assert f"snapshot {bad.id} is damaged" in " ".join(human.stdout.split())
+
+
+def test_import_name_of_the_upgraded_distribution(venv: Path) -> None:
+    env = Environment.inspect(venv)
+    assert env.import_name(["ToyPkg"]) == "toypkg"  # any spelling of the distribution name
+    assert env.import_name(["flashinfer-python"]) == "flashinfer_python"  # not installed
+    assert env.import_name([]) is None

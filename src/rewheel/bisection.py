@@ -234,7 +234,7 @@ class _Bisection:
                 return Verdict(build, "good", res.summary, log=str(smoke_log),
                                seconds=time.monotonic() - t0, project_urls=urls)
             try:
-                pkg = nightly.import_name(python, self.name) or self.name.replace("-", "_")
+                pkg = nightly.import_name(python, self.name)
                 rc = diagnose.analyse_file(smoke_log, package=pkg).to_json()["root_cause"]
             except (RewheelError, OSError):
                 rc = None

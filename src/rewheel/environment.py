@@ -245,6 +245,18 @@ class Environment:
                     seen[dist.name] = dist
         return sorted(seen.values(), key=lambda d: d.name)
 
+    def import_name(self, dists: list[str]) -> str | None:
+        """The top-level package a traceback of these distributions runs through (for "the
+        deepest frame inside the upgraded package"): the first import name their RECORDs
+        list, else the first name spelled as a module."""
+        wanted = [canonicalize_name(n) for n in dists]
+        installed = {d.name: d for d in self.distributions()}
+        for name in wanted:
+            d = installed.get(name)
+            if d is not None and d.import_names:
+                return d.import_names[0]
+        return wanted[0].replace("-", "_") if wanted else None
+
     def versions(self) -> dict[str, str]:
         return {d.name: d.version_text for d in self.distributions()}
 

@@ -133,11 +133,7 @@ def import_name(python: Path, dist: str) -> str | None:
     """The top-level import package of `dist` in the environment of `python` (for diagnosis)."""
     from rewheel.environment import Environment
 
-    env = Environment.inspect(python)
-    for d in env.distributions():
-        if d.name == canonicalize_name(dist) and d.import_names:
-            return d.import_names[0]
-    return None
+    return Environment.inspect(python).import_name([dist])
 
 
 # --- what an index offers ---------------------------------------------------------------------

@@ -242,7 +242,7 @@ def _smoke(scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: S
     if res.ok:
         return res.summary
     try:
-        pkg = nightly.import_name(scoped.python, name) or name.replace("-", "_")
+        pkg = nightly.import_name(scoped.python, name)
         rep.root_cause = diagnose.analyse_file(log, package=pkg).to_json()["root_cause"]
     except (RewheelError, OSError):  # a diagnosis never hides the failure itself
         rep.root_cause = None

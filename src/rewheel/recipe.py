@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from rewheel.errors import RecipeError
 
@@ -56,6 +57,11 @@ class InstallSpec:
     @property
     def requirements(self) -> list[Requirement]:
         return [Requirement(p) for p in self.packages]
+
+    @property
+    def names(self) -> list[str]:
+        """The canonical names of the packages to upgrade."""
+        return [canonicalize_name(r.name) for r in self.requirements]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 from rewheel import journal
 from rewheel.environment import Environment
 from rewheel.errors import SnapshotDamaged, SnapshotError
-from rewheel.journal import EnvLock, RunJournal, interrupted_error  # noqa: F401 (re-exported)
+from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
 from rewheel.recipe import Recipe
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, SnapshotResult, Store,
@@ -105,9 +105,7 @@ class History:
 
 
 def history(t: Target) -> History:
-    from packaging.utils import canonicalize_name
-
-    names = [canonicalize_name(r.name) for r in t.recipe.install.requirements]
+    names = t.recipe.install.names
     names += [k for k in KEY_PACKAGES if k not in names]
     return History(t.cli_ref, t.store.list(), journal.list_runs(t.store.env_dir), names,
                    t.store.damaged())
@@ -313,21 +311,9 @@ class _Step:
                                       "seconds": round(time.monotonic() - self.t0, 3)})
 
 
-def _import_names(env: Environment, names: list[str]) -> list[str]:
-    """The top-level import packages of the named distributions (for "deepest frame inside")."""
-    wanted = set(names)
-    out: list[str] = []
-    for d in env.distributions():
-        if d.name in wanted:
-            out += [n for n in d.import_names if n not in out]
-    return out
-
-
 class _Cycle:
     def __init__(self, t: Target, *, lock: str | None, no_revert: bool, say: Say,
                  on_output: Say, progress: Progress | None, client: Any) -> None:
-        from packaging.utils import canonicalize_name
-
         self.t = t
         self.lock = lock
         self.no_revert = no_revert
@@ -339,7 +325,7 @@ class _Cycle:
         self.svc: ServiceSteps | None = None
         self.snap: SnapshotMeta | None = None
         self.was_active = False
-        self.named = [canonicalize_name(r.name) for r in t.recipe.install.requirements]
+        self.named = t.recipe.install.names
         self.j: RunJournal  # set in run()
 
     # -- steps --------------------------------------------------------------------------
@@ -492,14 +478,14 @@ class _Cycle:
                 self.say("pruned old snapshots: " + ", ".join(pruned))
 
     # -- diagnosis ------------------------------------------------------------------------
-    def _packages(self) -> list[str]:
-        return _import_names(self.t.env, self.named) or [n.replace("-", "_") for n in self.named]
+    def _package(self) -> str | None:
+        return self.t.env.import_name(self.named)
 
     def diagnose_file(self, log: Path) -> None:
         from rewheel import diagnose
 
         try:
-            d = diagnose.analyse_file(log, package=(self._packages() or [None])[0])
+            d = diagnose.analyse_file(log, package=self._package())
         except Exception as exc:  # diagnosis must never mask the failure itself
             self.report.diagnosis = {"error": str(exc)}
             return
@@ -512,7 +498,7 @@ class _Cycle:
         if self.svc is None:
             return
         try:
-            d = diagnose.analyse_lines(self.svc.log_lines(), package=(self._packages() or [None])[0])
+            d = diagnose.analyse_lines(self.svc.log_lines(), package=self._package())
         except Exception as exc:
             self.report.diagnosis = {"error": str(exc)}
             return
@@ -742,8 +728,7 @@ def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet, client:
 
     journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
     rep = SmokeReport(ok=True)
-    pkgs = [canonical.replace("-", "_") for canonical in
-            (_import_names(t.env, [r.name.lower() for r in t.recipe.install.requirements]) or [])]
+    package = t.env.import_name(t.recipe.install.names)
     if t.recipe.smoke is not None:
         logs = t.store.env_dir / "smoke"
         logs.mkdir(exist_ok=True)
@@ -752,7 +737,7 @@ def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet, client:
         rep.smoke = res.to_json()
         if not res.ok:
             rep.ok = False
-            rep.root_cause = diagnose.analyse_file(log, package=pkgs[0] if pkgs else None).to_json()["root_cause"]
+            rep.root_cause = diagnose.analyse_file(log, package=package).to_json()["root_cause"]
     if t.recipe.service is not None:
         mgr = service.make_manager(t.recipe.service, t.store.env_dir, python=t.recipe.python)
         try:
@@ -761,5 +746,6 @@ def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet, client:
         except ServiceError as exc:
             rep.ok = False
             rep.error = str(exc)
-            rep.health = getattr(exc, "result", None).to_json() if getattr(exc, "result", None) else None
+            result = getattr(exc, "result", None)  # HealthCheckFailed carries what it saw
+            rep.health = result.to_json() if result is not None else None
     return rep
