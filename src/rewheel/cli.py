@@ -64,26 +64,24 @@ def handles_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         json_mode = bool(kwargs.get("json_out"))
+        failure: RewheelError
         try:
             return fn(*args, **kwargs)
         except RewheelError as exc:
-            if json_mode:
-                emit_json(exc.to_json())
-            report.print_error(_stderr_console(), exc)
-            raise typer.Exit(exc.exit_code) from None
+            failure = exc
         except KeyboardInterrupt:
             # Ctrl-C: say what state things are in (a run's journal now shows it as
             # interrupted) instead of a bare exit 130, and keep --json one document.
             from rewheel.errors import InterruptedRun
 
-            exc = InterruptedRun(
+            failure = InterruptedRun(
                 "interrupted (Ctrl-C)",
                 hint="if this was changing an environment, its run is recorded as interrupted: "
                      "`rewheel resume TARGET` finishes or undoes it, `rewheel history TARGET` shows it")
-            if json_mode:
-                emit_json(exc.to_json())
-            report.print_error(_stderr_console(), exc)
-            raise typer.Exit(exc.exit_code) from None
+        if json_mode:
+            emit_json(failure.to_json())
+        report.print_error(_stderr_console(), failure)
+        raise typer.Exit(failure.exit_code)
 
     return wrapper  # type: ignore[return-value]
 

@@ -312,11 +312,10 @@ class _Step:
 
 
 class _Cycle:
-    def __init__(self, t: Target, *, lock: str | None, no_revert: bool, say: Say,
+    def __init__(self, t: Target, *, lock: str | None, say: Say,
                  on_output: Say, progress: Progress | None, client: Any) -> None:
         self.t = t
         self.lock = lock
-        self.no_revert = no_revert
         self.say = say
         self.on_output = on_output
         self.progress = progress
@@ -477,6 +476,16 @@ class _Cycle:
             if pruned:
                 self.say("pruned old snapshots: " + ", ".join(pruned))
 
+    def record_failure(self, exc: Exception) -> str:
+        """Put the failure into the report (at the step the journal last announced); returns
+        its message."""
+        from rewheel.errors import RewheelError
+
+        doc = exc.to_json() if isinstance(exc, RewheelError) else {
+            "error": type(exc).__name__, "message": str(exc)}
+        self.report.failure = {"step": self.j.last_step, **doc}
+        return str(doc["message"])
+
     # -- diagnosis ------------------------------------------------------------------------
     def _package(self) -> str | None:
         return self.t.env.import_name(self.named)
@@ -568,11 +577,12 @@ class _Cycle:
 def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert: bool = False,
         say: Say = _quiet, on_output: Say = _quiet, progress: Progress | None = None,
         confirm: Callable[[RunReport], None] | None = None, client: Any = None) -> RunReport:
-    """The whole cycle of SPEC.md. Returns the report; raises only for preflight/usage
-    problems (nothing changed) and for a revert that failed (RestoreError, exit 3)."""
+    """The whole cycle of SPEC.md. Returns the report — status "failed" (exit 3) when a revert
+    could not verify the old state. Raises for preflight and usage problems (nothing changed)
+    and for a failure before the reinstall (the service is put back as it was)."""
     from rewheel.errors import RewheelError
 
-    cyc = _Cycle(t, lock=lock, no_revert=no_revert, say=say, on_output=on_output,
+    cyc = _Cycle(t, lock=lock, say=say, on_output=on_output,
                  progress=progress, client=client)
     with EnvLock(t.store.env_dir, "run"):
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
@@ -587,9 +597,7 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             cyc.snapshot()
         except Exception as exc:
             # Nothing was installed yet: put the service back as it was and stop here.
-            cyc.report.failure = {"step": cyc.j.last_step,
-                                  **(exc.to_json() if isinstance(exc, RewheelError)
-                                     else {"error": type(exc).__name__, "message": str(exc)})}
+            cyc.record_failure(exc)
             _restart_after_abort(cyc)
             cyc.j.append("finished", status="failed", error=str(exc))
             raise
@@ -600,17 +608,14 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             cyc.start()
             cyc.keep()
         except Exception as exc:  # any failure after the reinstall began is reverted
-            err = exc if isinstance(exc, RewheelError) else None
-            cyc.report.failure = {"step": cyc.j.last_step,
-                                  **(err.to_json() if err else {"error": type(exc).__name__, "message": str(exc)})}
+            reason = f"{cyc.j.last_step} failed: {cyc.record_failure(exc)}"
             if not cyc.report.steps or cyc.report.steps[-1]["name"] != cyc.j.last_step:
                 cyc.report.steps.append({"name": cyc.j.last_step or "?", "ok": False, "seconds": 0.0})
-            reason = f"{cyc.j.last_step} failed: {err.message if err else exc}"
             if no_revert:
                 cyc.report.status = "failed"
-                cyc.j.append("finished", status="failed", kept_failed_state=True, before=cyc.report.before,
-                             after=t.env.versions())
                 cyc.report.after = t.env.versions()
+                cyc.j.append("finished", status="failed", kept_failed_state=True, before=cyc.report.before,
+                             after=cyc.report.after)
                 return cyc.report
             try:
                 cyc.revert(reason)
@@ -669,7 +674,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
             return ResumeResult("nothing-to-resume", None, "no interrupted run")
         was_active = any(r.get("service_was_active") for r in j.records if r["event"] == "note")
         steps_seen = [r.get("name") for r in j.records if r["event"] == "step"]
-        cyc = _Cycle(t, lock=None, no_revert=False, say=say, on_output=say, progress=progress, client=client)
+        cyc = _Cycle(t, lock=None, say=say, on_output=say, progress=progress, client=client)
         cyc.j = j
         cyc.report.run_id = j.id
         cyc.report.before = (j.first("started") or {}).get("before") or {}
