@@ -138,23 +138,18 @@ def render_root_cause(console: Console, rc: dict | None) -> None:
         console.print(f"    [dim]secondary: {escape(str(text))[:200]}[/]")
 
 
-def render_changes(console: Console, changes: list[dict]) -> None:
-    from rich.table import Table
+def render_changes(console: Console, changes: list[dict], limit: int = 60) -> None:
+    """The package table of a run or CI report, from its JSON form: the same table `diff`
+    prints (builds, commits, variant, compare links)."""
+    from types import SimpleNamespace
 
     if not changes:
         console.print("  no version changes")
         return
-    t = Table(show_edge=False, pad_edge=False)
-    for col in ("package", "old", "new", "change", "builds", "compare"):
-        t.add_column(col)
-    for c in changes[:60]:
-        dist = c.get("dev_distance")
-        t.add_row(escape(str(c.get("name"))), escape(str(c.get("old") or "")), escape(str(c.get("new") or "")),
-                  str(c.get("change")), "" if dist is None else f"{dist:+d}" if isinstance(dist, int) else str(dist),
-                  escape(str(c.get("compare_url") or "")))
-    console.print(t)
-    if len(changes) > 60:
-        console.print(f"  … and {len(changes) - 60} more")
+    fields = ("name", "old", "new", "change", "dev_distance", "old_sha", "new_sha", "variant", "compare_url")
+    render_package_changes(console, [SimpleNamespace(**{k: c.get(k) for k in fields}) for c in changes[:limit]])
+    if len(changes) > limit:
+        console.print(f"  … and {len(changes) - limit} more")
 
 
 def render_run(console: Console, rep) -> None:  # runner.RunReport
