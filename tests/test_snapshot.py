@@ -53,6 +53,18 @@ def damage(py: Path, wheelhouse: Path) -> None:
     subprocess.run([str(py), "-c", "import toypkg, toyhelper"], check=True)  # writes __pycache__
 
 
+def manifest_entries(snap_path: Path) -> list[list]:
+    """Every entry of a snapshot's manifest (stored by folder since version 2)."""
+    doc = json.loads((snap_path / "manifest.json").read_text())
+    return [e for _ri, _rel, kids in doc["folders"] for e in kids.values()]
+
+
+def needed_by_restore(entries: list[list]) -> list:
+    """A shared file that `damage` replaces (toypkg is reinstalled), so a restore needs its
+    stored copy."""
+    return next(e for e in entries if e[2] == "f" and e[7] == "link" and e[1].endswith("/toypkg/__init__.py"))
+
+
 def block_network(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*a, **k):
         raise AssertionError("restore tried to use the network")
@@ -138,28 +150,63 @@ def test_store_where_links_fail(venv: Path, wheelhouse: Path, tmp_path: Path, ho
             shutil.rmtree(request_cleanup, ignore_errors=True)
 
 
-def test_tampered_manifest_escaping_prefix_is_refused(venv: Path, wheelhouse: Path) -> None:
+def _to_version_1(doc: dict) -> dict:
+    """The flat layout snapshots were written in before manifest version 2."""
+    entries = [e[:9] for _ri, _rel, kids in doc["folders"] for e in kids.values()]
+    return {"version": 1, "roots": doc["roots"], "real_roots": doc["real_roots"],
+            "fields": doc["fields"][:9], "entries": entries}
+
+
+def _tamper(doc: dict, how: str) -> dict:
+    evil = [0, "../../etc/evil", "f", 0o644, 1, 0, None, "copy", None, None]
+    if how == "folder outside the prefix":
+        doc["folders"].append([0, "../../etc", {"evil": evil}])
+    elif how == "name that climbs":
+        root = next(kids for ri, rel, kids in doc["folders"] if rel == "")
+        root[".."] = [0, "..", "d", 0o755, 0, 0, None, None, None, None]
+    elif how == "entry path that disagrees with its name":
+        root = next(kids for ri, rel, kids in doc["folders"] if rel == "")
+        root["innocent.txt"] = evil
+    elif how == "version 1":
+        doc = _to_version_1(doc)
+        doc["entries"].append(evil[:9])
+    return doc
+
+
+@pytest.mark.parametrize("how", ["folder outside the prefix", "name that climbs",
+                                 "entry path that disagrees with its name", "version 1"])
+def test_tampered_manifest_escaping_prefix_is_refused(venv: Path, wheelhouse: Path, how: str) -> None:
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
     damage(venv, wheelhouse)
     damaged = tree_state(venv.parent.parent)
     man_path = snap.path / "manifest.json"
-    doc = json.loads(man_path.read_text())
-    doc["entries"].append([0, "../../etc/evil", "f", 0o644, 1, 0, None, "copy", None])
-    man_path.write_text(json.dumps(doc))
+    man_path.write_text(json.dumps(_tamper(json.loads(man_path.read_text()), how)))
     with pytest.raises(SnapshotDamaged, match="escapes the prefix"):
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert tree_state(venv.parent.parent) == damaged  # never half-applied
+
+
+def test_a_version_1_manifest_still_restores_byte_for_byte(venv: Path, wheelhouse: Path) -> None:
+    """Snapshots taken before manifest version 2 (flat entries, no inode numbers)."""
+    prefix = venv.parent.parent
+    before = tree_state(prefix)
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    man_path = snap.path / "manifest.json"
+    man_path.write_text(json.dumps(_to_version_1(json.loads(man_path.read_text()))))
+    damage(venv, wheelhouse)
+    res = rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert res.restore.written > 0 and res.restore.deleted > 0
+    assert tree_state(prefix) == before
 
 
 @pytest.mark.parametrize("kind", ["missing", "changed-copy", "changed-shared"])
 def test_damaged_store_is_refused_before_anything_changes(venv: Path, wheelhouse: Path, kind: str) -> None:
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
-    man = json.loads((snap.path / "manifest.json").read_text())
-    files = [e for e in man["entries"] if e[2] == "f"]
+    files = [e for e in manifest_entries(snap.path) if e[2] == "f"]
     if kind == "missing":
-        victim = files[len(files) // 2]
+        victim = needed_by_restore(files)
         (snap.path / "tree" / "0" / victim[1]).unlink()
     elif kind == "changed-copy":
         victim = next(e for e in files if e[7] == "copy" and e[1].endswith("core.py"))
@@ -179,6 +226,22 @@ def test_damaged_store_is_refused_before_anything_changes(venv: Path, wheelhouse
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert err.value.exit_code == 3
     assert tree_state(venv.parent.parent) == damaged
+
+
+def test_damage_to_a_stored_file_the_restore_does_not_need_does_not_block_it(venv: Path, wheelhouse: Path) -> None:
+    """The restore checks what it uses. A stored file whose live twin is untouched is not
+    needed: the environment still comes back byte for byte."""
+    prefix = venv.parent.parent
+    before = tree_state(prefix)
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t).result.meta
+    files = [e for e in manifest_entries(snap.path) if e[2] == "f"]
+    untouched = next(e for e in files if e[1] == "bin/activate")  # stored as a copy; damage() leaves it
+    (snap.path / "tree" / "0" / untouched[1]).unlink()
+    damage(venv, wheelhouse)
+    res = rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert res.restore.written > 0
+    assert tree_state(prefix) == before
 
 
 def test_restore_is_idempotent_and_noop_when_unchanged(venv: Path) -> None:
@@ -342,7 +405,7 @@ def test_refused_restore_leaves_no_interrupted_run(venv: Path, wheelhouse: Path)
 
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
-    victim = next(e for e in json.loads((snap.path / "manifest.json").read_text())["entries"] if e[2] == "f")
+    victim = needed_by_restore(manifest_entries(snap.path))
     (snap.path / "tree" / "0" / victim[1]).unlink()
     damage(venv, wheelhouse)
     with pytest.raises(SnapshotDamaged):

@@ -20,7 +20,7 @@ from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
 from rewheel.recipe import Recipe
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, SnapshotResult, Store,
-                              restore_snapshot, take_snapshot, unstash_cleanup)
+                              remove_displaced, restore_snapshot, take_snapshot, unstash_cleanup)
 
 Say = Callable[[str], None]
 
@@ -160,7 +160,9 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
         t0 = time.monotonic()
         try:
-            res = restore_snapshot(t.env, snap, progress=progress)
+            # What the restore moved out (a failed build's new folders) is deleted once the
+            # service is back up: the environment is restored and synced already.
+            res = restore_snapshot(t.env, snap, progress=progress, defer_removal=True)
         except (SnapshotError, SnapshotDamaged):
             # Refused before anything changed (wrong environment, damaged store): this
             # rollback is over — leaving it unfinished would block every later command with
@@ -174,8 +176,11 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         res.cleanup_restored = unstash_cleanup(snap)
         steps.append({"name": "restore", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
         service_state = None
-        if svc:
-            service_state = svc.start_and_verify()
+        try:
+            if svc:
+                service_state = svc.start_and_verify()
+        finally:
+            remove_displaced(res)
         if interrupted is not None:
             interrupted.append("finished", status="rolled-back", by_run=j.id)
         j.append("finished", status="restored", snapshot_id=snap.id)
@@ -553,15 +558,18 @@ class _Cycle:
             assert self.snap is not None
             self._keep_failed_state(revert)
             self.j.append("step", name="restore", snapshot_id=self.snap.id)
-            res = restore_snapshot(self.t.env, self.snap, progress=self.progress)
+            res = restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=True)
             res.cleanup_restored = unstash_cleanup(self.snap)
             revert["restore"] = res.to_json()
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
                      f"{res.deleted:,} removed, {res.verified:,} verified")
             self.report.after = self.t.env.versions()
-            if self.svc is not None and self.was_active:
-                revert["service"] = self.svc.start_and_verify()
-                self.say("the old service is healthy again")
+            try:
+                if self.svc is not None and self.was_active:
+                    revert["service"] = self.svc.start_and_verify()
+                    self.say("the old service is healthy again")
+            finally:
+                remove_displaced(res)  # the failed build's folders, moved out by the restore
         except RewheelError as exc:
             revert["error"] = str(exc)
             self.report.steps.append({"name": "revert", "ok": False, "seconds": round(time.monotonic() - t0, 3)})

@@ -19,7 +19,9 @@ restore is idempotent, so a restore interrupted mid-commit is finished by runnin
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gc
 import fcntl
 import glob
 import hashlib
@@ -28,9 +30,9 @@ import os
 import secrets
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +41,7 @@ from rewheel.environment import Distribution, Environment
 from rewheel.errors import RestoreError, SnapshotDamaged, SnapshotError
 from rewheel.paths import atomic_write, ensure_private_dir, env_dir, fsync_dir, state_home
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2 added "ino" (shared files); version 1 manifests still restore
 _FICLONE = 0x40049409
 _CHUNK = 1 << 20
 _TIE_HASH_MAX = 1 << 20  # files up to this size with RECORD's mtime are checked by hash
@@ -106,6 +108,18 @@ def _walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str]) -
                 if stat.S_ISDIR(st.st_mode):
                     subdirs.append(crel)
             stack.extend(reversed(subdirs))
+
+
+def _by_folder(entries: list[list[Any]]) -> list[list[Any]]:
+    """[[root, folder, {name: entry}], ...]: the manifest's layout since version 2."""
+    folders: dict[tuple[int, str], dict[str, list[Any]]] = {}
+    for e in entries:
+        parent, _, name = e[1].rpartition("/")
+        kids = folders.get((e[0], parent))
+        if kids is None:
+            kids = folders[(e[0], parent)] = {}
+        kids[name] = e
+    return [[ri, rel, kids] for (ri, rel), kids in folders.items()]
 
 
 def _kind(mode: int) -> str:
@@ -361,9 +375,9 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                     os.mkdir(dst)
                 except FileExistsError:
                     pass
-                entries.append([ri, rel, "d", mode, 0, st.st_mtime_ns, None, None, None])
+                entries.append([ri, rel, "d", mode, 0, st.st_mtime_ns, None, None, None, None])
             elif kind == "l":
-                entries.append([ri, rel, "l", mode, 0, 0, None, None, os.readlink(src)])
+                entries.append([ri, rel, "l", mode, 0, 0, None, None, os.readlink(src), None])
             elif kind == "f":
                 if not roots[ri].whole:  # RECORD-listed files only: no parent entries walked
                     os.makedirs(os.path.dirname(dst), exist_ok=True)
@@ -392,17 +406,20 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                     bytes_copied += size
                     n_copied += 1
                     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-                entries.append([ri, rel, "f", mode, size, st.st_mtime_ns, sha, how, None])
+                # A shared file's inode is the stored one: a restore that finds another inode at
+                # that path knows the file was replaced without stat'ing it.
+                entries.append([ri, rel, "f", mode, size, st.st_mtime_ns, sha, how, None,
+                                st.st_ino if how == "link" else None])
             else:
-                entries.append([ri, rel, "o", mode, 0, 0, None, None, None])
+                entries.append([ri, rel, "o", mode, 0, 0, None, None, None, None])
             if progress and i % 500 == 0:
                 progress("snapshot", i, 0)
         manifest = {"version": MANIFEST_VERSION, "roots": [r.__dict__ for r in roots],
                     # Where the roots really were (a prefix reached through a symlink is
                     # the same environment by its real path, even once the symlink is gone).
                     "real_roots": [os.path.realpath(r.path) for r in roots],
-                    "fields": ["root", "path", "type", "mode", "size", "mtime_ns", "sha256", "stored", "target"],
-                    "entries": entries}
+                    "fields": ["root", "path", "type", "mode", "size", "mtime_ns", "sha256", "stored", "target", "ino"],
+                    "folders": _by_folder(entries)}
         atomic_write(tmp / "manifest.json", json.dumps(manifest, separators=(",", ":")))
         meta = SnapshotMeta(
             id=snap_id, path=store.snapshots_dir / snap_id, label=label, status=status,
@@ -428,33 +445,57 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
 # --------------------------------------------------------------------------------------
 @dataclass
 class Manifest:
+    """A snapshot's manifest, by folder: (root, folder) -> {name: entry}, an entry being
+    [root, path, type, mode, size, mtime_ns, sha256, stored, target, ino]. Stored that way
+    (version 2), reading it builds the folders a restore walks with no work per entry."""
     roots: list[Root]
-    entries: list[list[Any]]
+    folders: dict[tuple[int, str], dict[str, list[Any]]]
     real_roots: list[str] | None = None
 
+    @property
+    def entries(self) -> list[list[Any]]:
+        return [e for kids in self.folders.values() for e in kids.values()]
+
     @classmethod
-    def load(cls, snap: SnapshotMeta) -> Manifest:
+    def load(cls, snap: SnapshotMeta, *, validate: bool = True) -> Manifest:
+        """Read a snapshot's manifest. `validate=False` checks only its shape, for the
+        restore, which checks the folders as it walks them and each entry it acts on."""
         path = snap.path / "manifest.json"
+        entries: Any = None
         try:
             doc = json.loads(path.read_text())
             roots = [Root(str(r["path"]), bool(r["whole"])) for r in doc["roots"]]
-            entries = doc["entries"]
             real_roots = [str(r) for r in doc["real_roots"]] if "real_roots" in doc else None
+            if "folders" in doc:
+                folders = {(ri, rel): kids for ri, rel, kids in doc["folders"]}
+                if not all(type(ri) is int and 0 <= ri < len(roots) and type(rel) is str and type(kids) is dict
+                           for (ri, rel), kids in folders.items()):
+                    raise TypeError("a folder is not [root, path, {name: entry}]")
+            else:  # version 1: one flat list
+                entries = doc["entries"]
+                if not isinstance(entries, list):
+                    raise TypeError("entries is not a list")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",
                                   hint="restore another snapshot (`rewheel history`)") from None
-        seen = set()
-        for e in entries:
-            if (not isinstance(e, list) or len(e) != 9 or not isinstance(e[0], int)
-                    or not 0 <= e[0] < len(roots) or not _safe_rel(e[1])
-                    or e[2] not in ("f", "d", "l", "o") or (e[0], e[1]) in seen):
-                raise SnapshotDamaged(
-                    f"snapshot {snap.id}: manifest entry {str(e)[:200]} is invalid or escapes the prefix",
-                    hint="the snapshot was tampered with or damaged; restore another one")
-            if e[2] == "l" and not isinstance(e[8], str):
-                raise SnapshotDamaged(f"snapshot {snap.id}: symlink entry {e[1]} has no target")
-            seen.add((e[0], e[1]))
-        return cls(roots, entries, real_roots)
+        man = cls(roots, _group(snap, entries, len(roots)) if entries is not None else folders, real_roots)
+        if validate:
+            seen = set()
+            for e in man.entries:
+                if (not isinstance(e, list) or len(e) not in (9, 10) or not isinstance(e[0], int)
+                        or not 0 <= e[0] < len(roots) or not _safe_rel(e[1])
+                        or e[2] not in ("f", "d", "l", "o") or (e[0], e[1]) in seen):
+                    raise _bad_entry(snap, e)
+                if e[2] == "l" and not isinstance(e[8], str):
+                    raise SnapshotDamaged(f"snapshot {snap.id}: symlink entry {e[1]} has no target")
+                seen.add((e[0], e[1]))
+        return man
+
+
+def _bad_entry(snap: SnapshotMeta, e: Any) -> SnapshotDamaged:
+    return SnapshotDamaged(
+        f"snapshot {snap.id}: manifest entry {str(e)[:200]} is invalid or escapes the prefix",
+        hint="the snapshot was tampered with or damaged; restore another one")
 
 
 @dataclass
@@ -467,11 +508,16 @@ class RestoreResult:
     verified: int
     seconds: float
     cleanup_restored: int = 0
+    folders_rebuilt: int = 0  # folders built whole from the store and swapped in
+    displaced: list[str] = field(default_factory=list)  # moved out, not yet deleted
+    removal_seconds: float = 0.0  # deleting what was moved out (after `seconds`, if deferred)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: load, scan, stage, commit, verify
 
     def to_json(self) -> dict[str, Any]:
         return {"snapshot_id": self.snapshot_id, "written": self.written, "deleted": self.deleted,
                 "chmodded": self.chmodded, "unchanged": self.unchanged, "verified": self.verified,
-                "seconds": round(self.seconds, 3), "cleanup_restored": self.cleanup_restored}
+                "seconds": round(self.seconds, 3), "cleanup_restored": self.cleanup_restored,
+                "folders_rebuilt": self.folders_rebuilt, "removal_seconds": round(self.removal_seconds, 3)}
 
 
 def _live_roots(snap: SnapshotMeta, man: Manifest, live_roots: list[Root]) -> list[Root]:
@@ -519,62 +565,20 @@ def _same_file(e: list[Any], st: os.stat_result) -> bool:
     return (stat.S_ISREG(st.st_mode) and st.st_size == e[4] and st.st_mtime_ns == e[5])
 
 
-def _live_walk(roots: list[Root], owned: set[str], skip: set[str]) -> dict[tuple[int, str], os.stat_result]:
-    """Every live entry (sockets and the like excepted) with its lstat: the plan's one walk.
-    Unlike `_walk` it does not sort (a restore needs no order), which keeps it near the cost
-    of a bare stat walk."""
-    live: dict[tuple[int, str], os.stat_result] = {}
-    for ri, root in enumerate(roots):
-        if not root.whole:
-            for _ri, rel, st in _walk([root], owned, skip):
-                if _kind(st.st_mode) != "o":
-                    live[(ri, rel)] = st
-            continue
-        base_len = len(root.path.rstrip("/")) + 1
-        stack = [root.path]
-        while stack:
-            d = stack.pop()
-            try:
-                it = os.scandir(d)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            with it:
-                for de in it:
-                    if de.name.startswith(STAGING_PREFIX) or de.path in skip:
-                        continue
-                    st = de.stat(follow_symlinks=False)
-                    m = st.st_mode
-                    if stat.S_ISDIR(m):
-                        stack.append(de.path)
-                    elif not (stat.S_ISREG(m) or stat.S_ISLNK(m)):
-                        continue
-                    live[(ri, de.path[base_len:])] = st
-    return live
+_NOT_NAMES = ("", ".", "..")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_LINK = (errno.EXDEV, errno.EMLINK, errno.EPERM, errno.ENOTSUP)  # link(2) cannot: copy instead
 
 
-def _stored_inodes(tree: Path, n_roots: int) -> dict[tuple[int, str], tuple[int, bool]]:
-    """(root, rel) -> (inode, is a regular file) for everything stored, from directory
-    listings alone (no stat per file)."""
-    out: dict[tuple[int, str], tuple[int, bool]] = {}
-    for ri in range(n_roots):
-        base = os.path.join(tree, str(ri))
-        base_len = len(base) + 1
-        stack = [base]
-        while stack:
-            d = stack.pop()
-            try:
-                it = os.scandir(d)
-            except OSError:
-                continue
-            with it:
-                for de in it:
-                    if de.is_dir(follow_symlinks=False):
-                        stack.append(de.path)
-                    out[(ri, de.path[base_len:])] = (de.inode(), de.is_file(follow_symlinks=False))
-    return out
+def _check_fields(snap: SnapshotMeta, e: list[Any]) -> None:
+    """The fields a restore acts on have the types it needs (checked for the entries it
+    acts on only, before it acts)."""
+    if (type(e[3]) is not int or type(e[5]) is not int or (e[2] == "f" and type(e[4]) is not int)
+            or (e[2] == "l" and type(e[8]) is not str) or e[2] not in ("f", "d", "l")):
+        raise _bad_entry(snap, e)
 
 
-def _check_stored(snap: SnapshotMeta, tree: Path, e: list[Any]) -> os.stat_result:
+def _check_stored(snap: SnapshotMeta, tree: str, e: list[Any]) -> os.stat_result:
     p = f"{tree}/{e[0]}/{e[1]}"  # hot: plain concatenation, not os.path.join
     try:
         st = os.lstat(p)
@@ -602,227 +606,643 @@ def _remove_stale_staging(roots: list[Root]) -> None:
                 shutil.rmtree(os.path.join(r.path, name), ignore_errors=True)
 
 
-def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress | None = None,
-                     full_verify: bool = False) -> RestoreResult:
-    """Make the environment's files exactly the snapshot's, then verify. Offline; no uv.
-
-    Cost: one stat walk of the environment, directory listings of the store, and work in
-    proportion to what changed — a rollback after upgrading torch and vllm touches their
-    files only. Verification: the plan compares every live entry with the manifest; after
-    the commit every path it wrote, removed or re-moded and every folder whose entries it
-    changed is checked again (`full_verify=True`: walk everything again instead).
-    """
-    t0 = time.monotonic()
-    live_roots = scope_of(env)
-    tree = snap.path / "tree"
-    skip = {str(Path(snap.path).parents[3])}
-    _remove_stale_staging(live_roots)
-    # The live walk and the store's listing are system calls that release the GIL: run them
-    # in threads while this one parses the manifest. (Only for whole roots — a system
-    # interpreter's RECORD-owned scope needs the manifest first.)
-    pool = ThreadPoolExecutor(2)
+def _group(snap: SnapshotMeta, entries: list[Any], n_roots: int) -> dict[tuple[int, str], dict[str, list[Any]]]:
+    """A version 1 manifest's flat entries, by folder."""
+    folders: dict[tuple[int, str], dict[str, list[Any]]] = {}
+    e: Any = None
     try:
-        stored_f = pool.submit(_stored_inodes, tree, len(live_roots))
-        live_f = (pool.submit(_live_walk, [Root(r.path, True) for r in live_roots], set(), skip)
-                  if all(r.whole for r in live_roots) else None)
-        man = Manifest.load(snap)
-        roots = _live_roots(snap, man, live_roots)
-        # Sockets, FIFOs and devices are not content: neither captured nor removed.
-        want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
-        if live_f is None:
-            owned = _owned_now(roots, env)
-            owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
-            live = _live_walk(roots, owned, skip)
+        for e in entries:
+            ri = e[0]
+            parent, _, name = e[1].rpartition("/")
+            if type(ri) is not int or not 0 <= ri < n_roots:
+                raise ValueError
+            d = folders.get((ri, parent))
+            if d is None:
+                d = folders[(ri, parent)] = {}
+            if name in d:
+                raise ValueError
+            d[name] = e
+    except (ValueError, TypeError, IndexError, AttributeError, KeyError):
+        raise _bad_entry(snap, e) from None
+    return folders
+
+
+def _check_tree(snap: SnapshotMeta, man: Manifest) -> None:
+    """What a restore needs of the manifest's folders before it walks them.
+
+    It only ever acts on paths joined from the folders' names, walking down from a root,
+    so a folder is safe when its names are plain names and it is itself a folder entry of
+    its parent — `../../etc/evil` has no such chain. That costs a few operations per folder;
+    each entry is checked when the restore reads it (`_Restore.scan`) and when it acts on it
+    (`_Restore.own`)."""
+    e: Any = None
+    try:
+        for (ri, rel), kids in man.folders.items():
+            e = next(iter(kids.values()), None)
+            if not man.roots[ri].whole:
+                if not all(type(k) is list and len(k) in (9, 10) and _safe_rel(k[1]) and k[2] in ("f", "l")
+                           for k in kids.values()):
+                    raise ValueError
+                continue
+            names = "\n".join(kids)
+            if "/" in names or "\x00" in names or "" in kids or "." in kids or ".." in kids:
+                raise ValueError
+            if rel:
+                parent, _, name = rel.rpartition("/")
+                own = man.folders.get((ri, parent), {}).get(name)
+                if own is None or own[2] != "d":
+                    raise ValueError
+    except (ValueError, TypeError, IndexError, AttributeError, KeyError):
+        raise _bad_entry(snap, e) from None
+
+
+@dataclass(eq=False)
+class _Dir:
+    """One live folder compared with the manifest: what it needs."""
+    ri: int
+    rel: str  # "" for a root
+    path: str
+    entry: list[Any] | None  # the folder's own manifest entry (None for a root)
+    st: os.stat_result | None  # its lstat (None for a root)
+    writes: list[list[Any]] = field(default_factory=list)  # files and symlinks to (re)place
+    chmods: list[list[Any]] = field(default_factory=list)
+    extras: list[tuple[str, bool]] = field(default_factory=list)  # (path, is a folder)
+    missing: list[list[Any]] = field(default_factory=list)  # folders to build whole
+
+    @property
+    def touched(self) -> bool:
+        return bool(self.writes or self.extras or self.missing)
+
+    @property
+    def attrs_off(self) -> bool:
+        e, st = self.entry, self.st
+        return e is not None and st is not None and (stat.S_IMODE(st.st_mode) != e[3] or st.st_mtime_ns != e[5])
+
+
+class _Restore:
+    """One restore: scan (compare the live tree with the manifest), check and stage, commit,
+    verify. Nothing in the environment changes before the commit, and the commit starts
+    only once every stored file it will use has been checked."""
+
+    def __init__(self, env: Environment, snap: SnapshotMeta, man: Manifest, roots: list[Root],
+                 progress: Progress | None) -> None:
+        self.env, self.snap, self.roots = env, snap, roots
+        self.tree = str(snap.path / "tree")
+        self.progress = progress
+        _check_tree(snap, man)
+        self.folders = man.folders
+        home = Path(snap.path).parents[3]  # the store's home, when it lives inside the prefix
+        self.skip = {str(home.parent): home.name}
+        self.staging: dict[int, str] = {}
+        self.n = 0  # staged names
+        self.written = 0
+        self.others = 0  # sockets, FIFOs, devices in the manifest: not content, not verified
+        self.todo = 0
+        self.dirs: list[_Dir] = []  # every live folder compared, parents first
+        # What the commit puts in place, by entry: the stored inode it links (checked),
+        # or the staged copy / built folder it renames.
+        self.links: dict[int, os.stat_result] = {}
+        self.staged: dict[int, str] = {}
+
+    # Scan ------------------------------------------------------------------------------
+    def scan_root(self, ri: int) -> None:
+        path = self.roots[ri].path
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:  # the root itself is gone: everything is missing
+            d = _Dir(ri, "", path, None, None)
+            self.dirs.append(d)
+            self.add_missing(d, self.folders.get((ri, ""), {}), set())
+            return
+        try:
+            self.scan(ri, "", path, None, None, fd)
+        finally:
+            os.close(fd)
+
+    def scan(self, ri: int, rel: str, path: str, entry: list[Any] | None, st: os.stat_result | None,
+             fd: int) -> _Dir:
+        """Compare folder `rel` (open as fd: every stat is relative to it) with the manifest."""
+        d = _Dir(ri, rel, path, entry, st)
+        self.dirs.append(d)
+        kids = self.folders.get((ri, rel), {})
+        prefix = f"{rel}/" if rel else ""
+        skip = self.skip.get(path)
+        matched = 0
+        e: Any = None
+        try:
+            with os.scandir(fd) as it:
+                for de in it:
+                    name = de.name
+                    e = kids.get(name)
+                    if e is None:
+                        if name == skip or (not rel and name.startswith(STAGING_PREFIX)):
+                            continue
+                        if de.is_dir(follow_symlinks=False):
+                            d.extras.append((f"{path}/{name}", True))
+                        elif de.is_file(follow_symlinks=False) or de.is_symlink():
+                            d.extras.append((f"{path}/{name}", False))
+                        # sockets, FIFOs, devices are not content: neither captured nor removed
+                        continue
+                    matched += 1
+                    kind = e[2]
+                    if kind == "f":
+                        # A shared file at another inode was replaced: no stat needed to know.
+                        ino = e[9] if len(e) > 9 else None
+                        if ino is None or de.inode() == ino:
+                            lst = de.stat(follow_symlinks=False)
+                            if _same_file(e, lst):
+                                if stat.S_IMODE(lst.st_mode) != e[3]:
+                                    self.own(e, ri, prefix + name)
+                                    d.chmods.append(e)
+                                continue
+                    elif kind == "d":
+                        if de.is_dir(follow_symlinks=False):
+                            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                            try:
+                                self.scan(ri, prefix + name, f"{path}/{name}", e, os.fstat(sub), sub)
+                            finally:
+                                os.close(sub)
+                            continue
+                        d.extras.append((f"{path}/{name}", False))
+                        self.own(e, ri, prefix + name)
+                        d.missing.append(e)
+                        continue
+                    elif kind == "l":
+                        if de.is_symlink() and os.readlink(name, dir_fd=fd) == e[8]:
+                            continue
+                    else:
+                        self.others += 1
+                        continue  # "o": whatever is there now stays
+                    if de.is_dir(follow_symlinks=False):
+                        d.extras.append((f"{path}/{name}", True))
+                    self.own(e, ri, prefix + name)
+                    d.writes.append(e)
+        except (TypeError, IndexError, KeyError):
+            if type(e) is not list or len(e) not in (9, 10):  # a damaged manifest, not a bug here
+                raise _bad_entry(self.snap, e) from None
+            raise
+        if matched < len(kids):
+            self.add_missing(d, kids, set(os.listdir(fd)) if matched else set())
+        return d
+
+    def add_missing(self, d: _Dir, kids: dict[str, list[Any]], present: set[str]) -> None:
+        prefix = f"{d.rel}/" if d.rel else ""
+        for name, e in kids.items():
+            if name not in present:
+                self.own(e, d.ri, prefix + name)
+                if e[2] == "o":
+                    self.others += 1
+                else:
+                    (d.missing if e[2] == "d" else d.writes).append(e)
+
+    def own(self, e: list[Any], ri: int, rel: str) -> None:
+        """An entry the restore acts on is the one its folder and name say it is."""
+        if type(e) is not list or len(e) not in (9, 10) or e[0] != ri or e[1] != rel:
+            raise _bad_entry(self.snap, e)
+
+    def scan_listed(self, ri: int) -> _Dir:
+        """A root of which only RECORD-listed files are ours (a system interpreter's
+        scripts folder): compare those files one by one."""
+        root = self.roots[ri]
+        d = _Dir(ri, "", root.path, None, None)
+        self.dirs.append(d)
+        want = {e[1]: e for kids in (v for (r, _), v in self.folders.items() if r == ri)
+                for e in kids.values()}
+        base = root.path.rstrip("/") + "/"
+        owned = {p[len(base):] for p in _owned_now(self.roots, self.env) if p.startswith(base)}
+        for rel, e in want.items():
+            self.own(e, ri, rel)
+            p = base + rel
+            try:
+                lst = os.lstat(p)
+            except FileNotFoundError:
+                d.writes.append(e)
+                continue
+            if e[2] == "f" and _same_file(e, lst):
+                if stat.S_IMODE(lst.st_mode) != e[3]:
+                    d.chmods.append(e)
+                continue
+            if e[2] == "l" and stat.S_ISLNK(lst.st_mode) and os.readlink(p) == e[8]:
+                continue
+            if stat.S_ISDIR(lst.st_mode):
+                d.extras.append((p, True))
+            d.writes.append(e)
+        d.extras.extend((base + rel, False) for rel in owned - want.keys() if os.path.lexists(base + rel))
+        return d
+
+    def count(self, ri: int, rel: str) -> int:
+        n = 0
+        for name, e in self.folders.get((ri, rel), {}).items():
+            if e[2] != "o":
+                n += 1
+                if e[2] == "d":
+                    n += self.count(ri, f"{rel}/{name}" if rel else name)
+        return n
+
+    def path_of(self, d: _Dir, e: list[Any]) -> str:
+        if self.roots[d.ri].whole:
+            return f"{d.path}/{e[1].rpartition('/')[2]}"
+        return f"{d.path.rstrip('/')}/{e[1]}"
+
+    # Check and stage ---------------------------------------------------------------------
+    def stage_path(self, ri: int) -> str:
+        s = self.staging.get(ri)
+        if s is None:
+            root = self.roots[ri].path
+            os.makedirs(root, exist_ok=True)
+            s = self.staging[ri] = os.path.join(root, STAGING_PREFIX + secrets.token_hex(4))
+            os.mkdir(s, 0o700)
+        self.n += 1
+        return f"{s}/{self.n}"
+
+    def check_links(self, d: _Dir) -> None:
+        """Before the commit: every stored inode folder d's files will be linked to exists
+        and still has the manifest's size and mtime (one fstatat each, in its folder)."""
+        links = [e for e in d.writes if e[2] == "f" and e[7] == "link"]
+        if not links:
+            return
+        try:
+            sfd = os.open(self.stored_folder(d), _DIR_FLAGS)
+        except OSError:
+            _check_stored(self.snap, self.tree, links[0])  # raises, naming the file
+            raise
+        try:
+            for e in links:
+                try:
+                    st = os.lstat(e[1].rpartition("/")[2], dir_fd=sfd)
+                except FileNotFoundError:
+                    st = None
+                if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != e[4] or st.st_mtime_ns != e[5]:
+                    _check_stored(self.snap, self.tree, e)  # raises, naming the file
+                self.links[id(e)] = st
+        finally:
+            os.close(sfd)
+
+    def stored_folder(self, d: _Dir) -> str:
+        return f"{self.tree}/{d.ri}/{d.rel}" if d.rel else f"{self.tree}/{d.ri}"
+
+    def place(self, e: list[Any], dst: str) -> None:
+        """Put entry e (a file or symlink) at dst, a path that is free: a link to the
+        stored inode (checked against the manifest first) or a checked copy."""
+        if e[2] == "l":
+            os.symlink(e[8], dst)
         else:
-            live = live_f.result()
-        stored = stored_f.result()
-    finally:
-        pool.shutdown(wait=True)
-
-    # Plan ------------------------------------------------------------------------------
-    writes: list[list[Any]] = []
-    stored_st: dict[int, os.stat_result] = {}
-    chmods: list[list[Any]] = []
-    unchanged = 0
-    for key, e in want.items():
-        st = live.get(key)
-        kind = e[2]
-        if kind == "f":
-            # The store must hold every file, intact, before anything changes. A shared
-            # file whose live twin is unchanged and still the very same inode is proven by
-            # the listing alone; everything else is stat'ed.
-            s_ino = stored.get(key)
-            if s_ino is None or not s_ino[1]:
-                _check_stored(snap, tree, e)  # raises: missing or not a regular file
-            same = st is not None and _same_file(e, st)
-            if not (same and e[7] == "link" and s_ino[0] == st.st_ino):
-                stored_st[id(e)] = _check_stored(snap, tree, e)
-            if same:
-                if stat.S_IMODE(st.st_mode) != e[3]:
-                    chmods.append(e)
-                else:
-                    unchanged += 1
-            else:
-                writes.append(e)
-        elif kind == "l":
-            if st is not None and stat.S_ISLNK(st.st_mode) and os.readlink(os.path.join(roots[e[0]].path, e[1])) == e[8]:
-                unchanged += 1
-            else:
-                writes.append(e)
-        elif kind == "d":
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                unchanged += 1
-            # directories are created/fixed during commit
-    extras = [k for k, st in live.items() if k not in want or (want[k][2] == "d") != stat.S_ISDIR(st.st_mode)]
-
-    # Stage -----------------------------------------------------------------------------
-    staging: dict[int, str] = {}
-    staged: list[tuple[list[Any], str]] = []
-    try:
-        for n, e in enumerate(writes):
-            root = roots[e[0]].path
-            if e[0] not in staging:
-                os.makedirs(root, exist_ok=True)
-                staging[e[0]] = os.path.join(root, STAGING_PREFIX + secrets.token_hex(4))
-                os.mkdir(staging[e[0]], 0o700)
-            tmp = f"{staging[e[0]]}/{n}"
-            if e[2] == "l":
-                os.symlink(e[8], tmp)
-            else:
-                src = f"{tree}/{e[0]}/{e[1]}"
-                sst = stored_st.get(id(e))
-                if e[7] == "link":
-                    try:
-                        os.link(src, tmp)
-                    except OSError:
-                        shutil.copyfile(src, tmp)
-                        sst = None
-                else:
-                    sha, size = copy_hashed(src, tmp)
+            sst = self.links.get(id(e))
+            if e[7] == "link":
+                if sst is None:
+                    sst = self.links[id(e)] = _check_stored(self.snap, self.tree, e)
+                try:
+                    os.link(f"{self.tree}/{e[0]}/{e[1]}", dst)
+                except OSError as exc:
+                    if exc.errno not in _NO_LINK:
+                        raise
+                    del self.links[id(e)]  # another filesystem now: copy instead
                     sst = None
-                    if e[6] and sha != e[6]:
-                        raise SnapshotDamaged(
-                            f"snapshot {snap.id}: stored file {e[1]} does not match its recorded sha256 "
-                            f"(expected {e[6][:12]}…, found {sha[:12]}…)",
-                            hint="the store was tampered with or damaged; restore another snapshot")
-                # A hard link shares the stored inode: its mode and mtime are already right
-                # unless someone changed them; only then pay for chmod and utime.
-                if sst is None or stat.S_IMODE(sst.st_mode) != e[3]:
-                    os.chmod(tmp, e[3])
-                if sst is None or sst.st_mtime_ns != e[5]:
-                    os.utime(tmp, ns=(e[5], e[5]))
-            staged.append((e, tmp))
-            if progress and n % 500 == 0:
-                progress("stage", n, len(writes))
-    except BaseException:
-        for s in staging.values():
-            shutil.rmtree(s, ignore_errors=True)
-        raise
+                    self.copy(e, dst)
+            else:
+                self.copy(e, dst)
+            # A link shares the stored inode: its mode and mtime are already right unless
+            # someone changed them; only then pay for chmod and utime.
+            if sst is None or stat.S_IMODE(sst.st_mode) != e[3]:
+                os.chmod(dst, e[3])
+            if sst is None or sst.st_mtime_ns != e[5]:
+                os.utime(dst, ns=(e[5], e[5]))
+        self.count_written()
+
+    def count_written(self) -> None:
+        self.written += 1
+        if self.progress and self.written % 500 == 0:
+            self.progress("restore", self.written, self.todo)
+
+    def copy(self, e: list[Any], dst: str) -> None:
+        src = f"{self.tree}/{e[0]}/{e[1]}"
+        if e[7] == "link":
+            _check_stored(self.snap, self.tree, e)
+        sha, _ = copy_hashed(src, dst)
+        if e[6] and sha != e[6]:
+            raise SnapshotDamaged(
+                f"snapshot {self.snap.id}: stored file {e[1]} does not match its recorded sha256 "
+                f"(expected {e[6][:12]}…, found {sha[:12]}…)",
+                hint="the store was tampered with or damaged; restore another snapshot")
+
+    def build(self, ri: int, rel: str, e: list[Any], dst: str) -> None:
+        """Build folder `rel` whole at dst, exactly as the manifest has it."""
+        os.mkdir(dst, 0o700)
+        prefix = f"{rel}/" if rel else ""
+        for name, k in self.folders.get((ri, rel), {}).items():
+            self.own(k, ri, prefix + name)
+            if k[2] == "o":
+                self.others += 1
+            else:
+                _check_fields(self.snap, k)
+                if k[2] == "d":
+                    self.build(ri, prefix + name, k, f"{dst}/{name}")
+                else:
+                    self.place(k, f"{dst}/{name}")
+        os.chmod(dst, e[3])
+        os.utime(dst, ns=(e[5], e[5]))  # last: any entry added below would change it
+
+    def stage(self) -> None:
+        for d in self.dirs:
+            self.todo += len(d.writes) + sum(1 + self.count(d.ri, e[1]) for e in d.missing)
+        for d in self.dirs:
+            for e in d.writes:
+                _check_fields(self.snap, e)
+            for e in d.chmods:
+                _check_fields(self.snap, e)
+            if d.entry is not None:
+                _check_fields(self.snap, d.entry)
+            if self.roots[d.ri].whole:
+                self.check_links(d)
+            for e in d.writes:
+                if e[2] == "f" and (e[7] != "link" or not self.roots[d.ri].whole):
+                    # A copy is staged (its sha256 checked on the way) and renamed in.
+                    tmp = self.stage_path(d.ri)
+                    self.place(e, tmp)
+                    self.staged[id(e)] = tmp
+            for e in d.missing:
+                tmp = self.stage_path(d.ri)
+                self.build(d.ri, e[1], e, tmp)
+                self.staged[id(e)] = tmp
 
     # Commit ----------------------------------------------------------------------------
-    dirs = sorted((e for e in man.entries if e[2] == "d"), key=lambda e: e[1].count("/"))
-    touched: set[tuple[int, str]] = set()  # folders whose entries the commit changes
-    created: list[list[Any]] = []
-    try:
-        for key in sorted(extras, key=lambda k: k[1].count("/"), reverse=True):
-            p = os.path.join(roots[key[0]].path, key[1])
-            st = live[key]
-            touched.add((key[0], key[1].rpartition("/")[0]))
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(p, ignore_errors=True)
+    def commit(self) -> None:
+        for d in self.dirs:
+            if self.roots[d.ri].whole:
+                self.commit_folder(d)
+            else:
+                self.commit_listed(d)
+
+    def commit_folder(self, d: _Dir) -> None:
+        """Apply folder d's changes, every call relative to the open folder (and to the
+        open stored folder for links): no path is resolved again per file."""
+        e = d.entry
+        attrs_off = d.attrs_off
+        if not (d.touched or d.chmods or attrs_off):
+            return
+        try:
+            fd = os.open(d.path, _DIR_FLAGS)
+        except FileNotFoundError:
+            if e is not None:
+                raise
+            os.makedirs(d.path)  # the root itself was gone
+            fd = os.open(d.path, _DIR_FLAGS)
+        sfd = -1
+        try:
+            for p, is_dir in d.extras:
+                name = p.rpartition("/")[2]
+                if is_dir:
+                    # One rename out of the environment; deleted once it is back.
+                    try:
+                        os.rename(name, self.stage_path(d.ri), src_dir_fd=fd)
+                    except OSError as exc:
+                        if exc.errno != errno.EXDEV:  # a mount point inside the prefix
+                            raise
+                        shutil.rmtree(p)
+                else:
+                    try:
+                        os.unlink(name, dir_fd=fd)
+                    except FileNotFoundError:
+                        pass
+            for k in d.missing:
+                os.rename(self.staged[id(k)], k[1].rpartition("/")[2], dst_dir_fd=fd)
+            for k in d.writes:
+                name = k[1].rpartition("/")[2]
+                tmp = self.staged.get(id(k))
+                if tmp is not None:
+                    os.replace(tmp, name, dst_dir_fd=fd)
+                    continue
+                # Replaced in place: an unlink and a link cost less than staging a link and
+                # renaming it (the service is stopped; a restore cut short here is finished
+                # by the next).
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except FileNotFoundError:
+                    pass
+                if k[2] == "l":
+                    os.symlink(k[8], name, dir_fd=fd)
+                    self.count_written()
+                    continue
+                if sfd < 0:
+                    sfd = os.open(self.stored_folder(d), _DIR_FLAGS)
+                sst = self.links[id(k)]
+                try:
+                    os.link(name, name, src_dir_fd=sfd, dst_dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno not in _NO_LINK:
+                        raise
+                    del self.links[id(k)]
+                    self.place(k, f"{d.path}/{name}")  # copies
+                    continue
+                if stat.S_IMODE(sst.st_mode) != k[3]:
+                    os.chmod(name, k[3], dir_fd=fd)
+                if sst.st_mtime_ns != k[5]:
+                    os.utime(name, ns=(k[5], k[5]), dir_fd=fd)
+                self.count_written()
+            for k in d.chmods:
+                os.chmod(k[1].rpartition("/")[2], k[3], dir_fd=fd)
+            # The folder itself last: every change above altered its mtime.
+            if e is not None and d.st is not None:
+                if stat.S_IMODE(d.st.st_mode) != e[3]:
+                    os.chmod(fd, e[3])
+                if d.touched or attrs_off:
+                    os.utime(fd, ns=(e[5], e[5]))
+        finally:
+            os.close(fd)
+            if sfd >= 0:
+                os.close(sfd)
+
+    def commit_listed(self, d: _Dir) -> None:
+        for p, is_dir in d.extras:
+            if is_dir:
+                os.rename(p, self.stage_path(d.ri))
             else:
                 try:
                     os.unlink(p)
                 except FileNotFoundError:
                     pass
-        removed = set(extras)
-        for e in dirs:
-            key = (e[0], e[1])
-            st = live.get(key)
-            if st is None or key in removed or not stat.S_ISDIR(st.st_mode):
-                p = os.path.join(roots[e[0]].path, e[1])
-                if os.path.lexists(p) and not os.path.isdir(p):
+        for e in d.writes:
+            p = self.path_of(d, e)
+            tmp = self.staged.get(id(e))
+            if tmp is None:  # a symlink
+                try:
                     os.unlink(p)
-                os.makedirs(p, exist_ok=True)
-                created.append(e)
-                touched.add((e[0], e[1].rpartition("/")[0]))
-        for e, tmp in staged:
-            p = f"{roots[e[0]].path}/{e[1]}"
-            key = (e[0], e[1])
-            st = live.get(key)
-            if st is not None and key not in removed and stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(p)
+                except FileNotFoundError:
+                    pass
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                self.place(e, p)
+                continue
             try:
                 os.replace(tmp, p)
-            except FileNotFoundError:
+            except FileNotFoundError:  # the file's folder may be gone
                 os.makedirs(os.path.dirname(p), exist_ok=True)
                 os.replace(tmp, p)
-            if st is None or key in removed:
-                touched.add((e[0], e[1].rpartition("/")[0]))
-        for e in chmods:
-            os.chmod(os.path.join(roots[e[0]].path, e[1]), e[3])
-        created_keys = {(e[0], e[1]) for e in created}
-        for e in reversed(dirs):
-            key = (e[0], e[1])
-            st = live.get(key)
-            fresh = key in created_keys or st is None
-            if fresh or key in touched or stat.S_IMODE(st.st_mode) != e[3] or st.st_mtime_ns != e[5]:
-                p = os.path.join(roots[e[0]].path, e[1])
-                if fresh or stat.S_IMODE(st.st_mode) != e[3]:
-                    os.chmod(p, e[3])
-                os.utime(p, ns=(e[5], e[5]))
-    except OSError as exc:
-        raise RestoreError(f"restoring snapshot {snap.id} into {env.prefix} failed midway: {exc}",
-                           hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python {env.python} {snap.id}` again; the restore is idempotent") from exc
-    finally:
-        for s in staging.values():
-            shutil.rmtree(s, ignore_errors=True)
-    os.sync()
+        for e in d.chmods:
+            os.chmod(self.path_of(d, e), e[3])
 
-    if full_verify:
-        verified = verify(env, snap, man)
-    else:
-        verified = _verify_changed(env, snap, roots, want, [e for e, _ in staged] + chmods + created,
-                                   extras, touched, len(want) - len(writes) - len(chmods))
-    return RestoreResult(snap.id, len(writes), len(extras), len(chmods), unchanged, verified,
-                         time.monotonic() - t0)
+    # Verify ----------------------------------------------------------------------------
+    def verify(self) -> int:
+        """Every folder the commit changed lists exactly the manifest's entries, with the
+        manifest's mode and mtime, and each linked file there is the very stored inode whose
+        size and mtime were checked just before; copies, symlinks and modes it wrote are
+        stat'ed again. Copies had their sha256 checked while they were made."""
+        problems: list[str] = []
+        for d in self.dirs:
+            for e in d.writes + d.chmods:
+                if id(e) in self.links and self.roots[d.ri].whole:
+                    continue  # checked by inode in its folder's listing below
+                p = self.path_of(d, e)
+                try:
+                    st = os.lstat(p)
+                except FileNotFoundError:
+                    problems.append(f"missing: {e[1]}")
+                    continue
+                problem = _entry_problem(e, st, p)
+                if problem:
+                    problems.append(problem)
+            if not self.roots[d.ri].whole:
+                problems.extend(f"extra: {p}" for p, _ in d.extras if os.path.lexists(p))
+            elif d.touched or d.attrs_off:
+                self.check_folder(d.ri, d.rel, d.path, d.entry, problems, deep=False)
+                for e in d.missing:
+                    self.check_folder(d.ri, e[1], self.path_of(d, e), e, problems, deep=True)
+        _raise_if_problems(self.env, self.snap, problems)
+        return sum(map(len, self.folders.values())) - self.others
 
-
-def _verify_changed(env: Environment, snap: SnapshotMeta, roots: list[Root], want: dict[tuple[int, str], list[Any]],
-                    changed: list[list[Any]], extras: list[tuple[int, str]], touched: set[tuple[int, str]],
-                    seen_ok: int) -> int:
-    """After a commit: every entry it wrote or re-moded matches the manifest, every extra is
-    gone, and every folder whose entries it changed lists exactly the manifest's entries."""
-    problems: list[str] = []
-    for e in changed:
-        p = f"{roots[e[0]].path}/{e[1]}"
-        try:
-            st = os.lstat(p)
-        except FileNotFoundError:
-            problems.append(f"missing: {e[1]}")
-            continue
-        problem = _entry_problem(e, st, p)
-        if problem:
-            problems.append(problem)
-    for key in extras:
-        if key not in want and os.path.lexists(os.path.join(roots[key[0]].path, key[1])):
-            problems.append(f"extra: {key[1]}")
-    for ri, rel in touched:
-        if rel and (ri, rel) not in want:
-            continue  # a folder that was itself extra and is gone (checked above)
-        if roots[ri].whole:
-            d = os.path.join(roots[ri].path, rel) if rel else roots[ri].path
-            prefix = f"{rel}/" if rel else ""
+    def check_folder(self, ri: int, rel: str, path: str, e: list[Any] | None, problems: list[str],
+                     deep: bool) -> None:
+        if e is not None:
             try:
-                with os.scandir(d) as it:
-                    for de in it:
-                        if (ri, prefix + de.name) not in want and not de.name.startswith(STAGING_PREFIX):
-                            if _kind(de.stat(follow_symlinks=False).st_mode) != "o":
-                                problems.append(f"extra: {prefix + de.name}")
+                st = os.lstat(path)
             except FileNotFoundError:
                 problems.append(f"missing: {rel}")
-    _raise_if_problems(env, snap, problems)
-    return seen_ok + len(changed)
+                return
+            if not stat.S_ISDIR(st.st_mode):
+                problems.append(f"type differs: {rel}")
+                return
+            if stat.S_IMODE(st.st_mode) != e[3] or st.st_mtime_ns != e[5]:
+                problems.append(f"folder mode or mtime differs: {rel}")
+        kids = self.folders.get((ri, rel), {})
+        prefix = f"{rel}/" if rel else ""
+        skip = self.skip.get(path)
+        matched = 0
+        with os.scandir(path) as it:
+            for de in it:
+                k = kids.get(de.name)
+                if k is None:
+                    if de.name != skip and not de.name.startswith(STAGING_PREFIX) and (
+                            de.is_dir(follow_symlinks=False) or de.is_file(follow_symlinks=False) or de.is_symlink()):
+                        problems.append(f"extra: {prefix}{de.name}")
+                    continue
+                matched += 1
+                if k[2] == "o":
+                    continue
+                if (k[2] == "d") != de.is_dir(follow_symlinks=False):
+                    problems.append(f"type differs: {prefix}{de.name}")
+                elif k[2] == "d":
+                    if deep:
+                        self.check_folder(ri, prefix + de.name, de.path, k, problems, deep)
+                else:
+                    sst = self.links.get(id(k))
+                    if sst is not None and (de.inode() != sst.st_ino or not de.is_file(follow_symlinks=False)):
+                        problems.append(f"content differs: {prefix}{de.name}")
+        if matched < len(kids):
+            try:
+                present = set(os.listdir(path))
+            except FileNotFoundError:
+                present = set()
+            problems.extend(f"missing: {prefix}{name}" for name, k in kids.items()
+                            if k[2] != "o" and name not in present)
+
+
+def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress | None = None,
+                     full_verify: bool = False, defer_removal: bool = False) -> RestoreResult:
+    """Make the environment's files exactly the snapshot's, then verify. Offline; no uv.
+
+    Cost: one listing of the environment, a stat of each file that may be unchanged (a
+    shared file found at another inode needs none), and work in proportion to what
+    changed: a link and an unlink per replaced file. Folders that must go (a failed
+    build's new subpackages and dist-info) leave in one rename each and are deleted after
+    the environment is back — by the caller, once it has restarted the service, with
+    `defer_removal=True` (`RestoreResult.displaced`, `remove_displaced`).
+    `full_verify=True` walks the whole environment again after the commit.
+    """
+    t0 = time.perf_counter()
+    phases: dict[str, float] = {}
+
+    def mark(name: str) -> None:
+        phases[name] = time.perf_counter() - t0 - sum(phases.values())
+
+    # Tens of thousands of small lists and stat results, none of them in a cycle: the
+    # cyclic collector would only walk them again and again.
+    with _gc_paused():
+        live_roots = scope_of(env)
+        _remove_stale_staging(live_roots)
+        man = Manifest.load(snap, validate=False)
+        roots = _live_roots(snap, man, live_roots)
+        r = _Restore(env, snap, man, roots, progress)  # indexes the manifest, validating it
+        mark("load")
+        for ri, root in enumerate(roots):
+            if root.whole:
+                r.scan_root(ri)
+            else:
+                r.scan_listed(ri)
+        mark("scan")
+        try:
+            r.stage()  # every stored file the commit will use is checked here
+            mark("stage")
+            try:
+                r.commit()
+            except OSError as exc:
+                raise RestoreError(
+                    f"restoring snapshot {snap.id} into {env.prefix} failed midway: {exc}",
+                    hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python {env.python} "
+                         f"{snap.id}` again; the restore is idempotent") from exc
+            mark("commit")
+            # The flush runs while the verification reads the tree back (both wait on the
+            # kernel); it has finished when this returns, so the restore is durable.
+            syncer = threading.Thread(target=os.sync, name="rewheel-sync", daemon=True)
+            syncer.start()
+            try:
+                verified = verify(env, snap, man) if full_verify else r.verify()
+            finally:
+                syncer.join()
+            mark("verify")
+        except BaseException:
+            for s in r.staging.values():
+                shutil.rmtree(s, ignore_errors=True)
+            raise
+        chmodded = sum(len(d.chmods) for d in r.dirs)
+        res = RestoreResult(snap.id, r.written, sum(len(d.extras) for d in r.dirs), chmodded,
+                            verified - r.written - chmodded, verified, 0.0,
+                            folders_rebuilt=sum(len(d.missing) for d in r.dirs),
+                            displaced=list(r.staging.values()), phases=phases)
+        del r, man  # freed here, so the collector has nothing of theirs to walk once back on
+    if not defer_removal:
+        remove_displaced(res)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def remove_displaced(res: RestoreResult) -> float:
+    """Delete what a restore moved out of the environment (a failed build's files)."""
+    t0 = time.monotonic()
+    for p in res.displaced:
+        shutil.rmtree(p, ignore_errors=True)
+    res.displaced = []
+    res.removal_seconds = time.monotonic() - t0
+    return res.removal_seconds
 
 
 def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) -> int:

@@ -480,6 +480,7 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
     extra_disk: list[int] = []
     snap_info: dict[str, Any] = {}
     byte_exact: list[bool] = []
+    restore_phases: list[dict[str, float]] = []
     env_files = env_bytes = env_disk = 0
     scan_found: int | None = None
     diff_info: dict[str, Any] = {}
@@ -530,6 +531,7 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
         with offline():
             dt, rr = timed(lambda: restore_snapshot(env, res.meta))
         s["rollback"].append(dt)
+        restore_phases.append(rr.phases)
         after = fingerprint(prefix)
         exact = after == before
         byte_exact.append(exact)
@@ -585,7 +587,11 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
         "snapshot": {**snap_info, "extra_disk_bytes": extra_med, "extra_disk_pct": round(extra_pct, 3),
                      "extra_disk_target_pct": EXTRA_DISK_TARGET_PCT,
                      "extra_disk_pass": extra_pct <= EXTRA_DISK_TARGET_PCT},
-        "rollback": {"byte_exact": bool(byte_exact) and all(byte_exact), "offline": True},
+        "rollback": {"byte_exact": bool(byte_exact) and all(byte_exact), "offline": True,
+                     # Where the restore's time goes (medians): read the manifest, compare the
+                     # tree, check the stored files it will use, put them in place, verify.
+                     "phases": {k: _r(_median([p[k] for p in restore_phases if k in p]))
+                                for k in (restore_phases[0] if restore_phases else {})}},
         "why": why,
         "seconds": {"prepare": round(t_prepared - t_start, 1), "total": round(time.perf_counter() - t_start, 1)},
     }
@@ -702,6 +708,9 @@ def render(result: dict[str, Any]) -> str:
                  f"{env['disk_bytes']:,} (target <= {sn['extra_disk_target_pct']:g}%): "
                  + ("PASS" if sn["extra_disk_pass"] else "FAIL"))
     lines.append(f"rollback byte-exact and offline: {'PASS' if result['rollback']['byte_exact'] else 'FAIL'}")
+    phases = result["rollback"].get("phases") or {}
+    if phases:
+        lines.append("rollback phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
     why = result["why"]
     if why.get("peak_rss_mb") is not None:
         lines.append(f"why peak memory: {why['peak_rss_mb']:.0f} MiB on a {why['log_bytes'] / 2**20:.0f} MiB log "
