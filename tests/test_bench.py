@@ -28,14 +28,18 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
     assert steps == [("snapshot", "cp -al"), ("snapshot", "cp -a (full copy)"),
                      ("patch scan", "stat walk"), ("patch scan", "sha256 of every file"),
                      ("diff (snapshot vs live)", "cp -al"), ("rollback", "uv pip sync (warm cache) + sync"),
-                     ("rollback", "uv pip sync (warm cache), not synced"), ("why", "grep -c Traceback")]
+                     ("rollback", "uv pip sync (warm cache), not synced"),
+                     ("rollback + deleting displaced", "uv pip sync (warm cache) + sync"),
+                     ("why", "grep -c Traceback")]
     for r in result["rows"]:
         assert r["baseline_s"] is not None and r["baseline_s"] > 0, r
         if r["available"]:
             assert r["rewheel_s"] > 0 and r["ratio"] is not None, r
             assert r["target"] is None or isinstance(r["pass"], bool)
-    # The rollback was measured byte-exact (every file hashed before and after).
+    # The rollback was measured byte-exact (every file hashed before and after), with the
+    # time of each of its phases.
     assert result["rollback"]["byte_exact"] is True
+    assert set(result["rollback"]["phases"]) == {"load", "scan", "stage", "commit", "verify", "finish"}
     assert result["environment"]["measured_files"] >= 400
     assert result["snapshot"]["files_linked"] > 0
     # The three hand patches the bench applies are what the patch scan should find.

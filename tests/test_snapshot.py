@@ -54,9 +54,8 @@ def damage(py: Path, wheelhouse: Path) -> None:
 
 
 def manifest_entries(snap_path: Path) -> list[list]:
-    """Every entry of a snapshot's manifest (stored by folder since version 2)."""
-    doc = json.loads((snap_path / "manifest.json").read_text())
-    return [e for _ri, _rel, kids in doc["folders"] for e in kids.values()]
+    """Every entry of a snapshot's manifest (stored by folder, as columns, since version 2)."""
+    return _entries(json.loads((snap_path / "manifest.json").read_text()))
 
 
 def needed_by_restore(entries: list[list]) -> list:
@@ -152,37 +151,57 @@ def test_store_where_links_fail(venv: Path, wheelhouse: Path, tmp_path: Path, ho
 
 def _to_version_1(doc: dict) -> dict:
     """The flat layout snapshots were written in before manifest version 2."""
-    entries = [e[:9] for _ri, _rel, kids in doc["folders"] for e in kids.values()]
     return {"version": 1, "roots": doc["roots"], "real_roots": doc["real_roots"],
-            "fields": doc["fields"][:9], "entries": entries}
+            "fields": ["root", "path", "type", "mode", "size", "mtime_ns", "sha256", "stored", "target"],
+            "entries": [e[:9] for e in _entries(doc)]}
+
+
+def _entries(doc: dict) -> list[list]:
+    return [e for item in doc["folders"] for e in snapmod.Folder(*item[2:]).entries(item[0], item[1])]
+
+
+def _add_to_root(doc: dict, name: str, kind: str) -> None:
+    """One more entry in the root folder's columns, named as given."""
+    root = next(item for item in doc["folders"] if item[1] == "")
+    names, types, modes, sizes, mtimes, stored, inos = range(2, 9)
+    root[names].append(name)
+    root[types] += kind
+    root[modes].append(0o755)
+    root[sizes].append(1)
+    root[mtimes].append(0)
+    root[stored] += "C" if kind == "f" else "-"
+    root[inos].append(None)
+    root[9] = None
 
 
 def _tamper(doc: dict, how: str) -> dict:
     evil = [0, "../../etc/evil", "f", 0o644, 1, 0, None, "copy", None, None]
     if how == "folder outside the prefix":
-        doc["folders"].append([0, "../../etc", {"evil": evil}])
+        doc["folders"].append(snapmod.Folder.of([evil]).to_json(0, "../../etc"))
     elif how == "name that climbs":
-        root = next(kids for ri, rel, kids in doc["folders"] if rel == "")
-        root[".."] = [0, "..", "d", 0o755, 0, 0, None, None, None, None]
-    elif how == "entry path that disagrees with its name":
-        root = next(kids for ri, rel, kids in doc["folders"] if rel == "")
-        root["innocent.txt"] = evil
+        _add_to_root(doc, "..", "d")
+    elif how == "name with a slash":
+        _add_to_root(doc, "../../etc/evil", "f")
+    elif how == "columns that do not line up":
+        doc["folders"][0][4].pop()  # one mode short
     elif how == "version 1":
         doc = _to_version_1(doc)
         doc["entries"].append(evil[:9])
     return doc
 
 
-@pytest.mark.parametrize("how", ["folder outside the prefix", "name that climbs",
-                                 "entry path that disagrees with its name", "version 1"])
-def test_tampered_manifest_escaping_prefix_is_refused(venv: Path, wheelhouse: Path, how: str) -> None:
+@pytest.mark.parametrize("how,message", [
+    ("folder outside the prefix", "escapes the prefix"), ("name that climbs", "escapes the prefix"),
+    ("name with a slash", "escapes the prefix"), ("version 1", "escapes the prefix"),
+    ("columns that do not line up", "is unreadable")])
+def test_tampered_manifest_escaping_prefix_is_refused(venv: Path, wheelhouse: Path, how: str, message: str) -> None:
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
     damage(venv, wheelhouse)
     damaged = tree_state(venv.parent.parent)
     man_path = snap.path / "manifest.json"
     man_path.write_text(json.dumps(_tamper(json.loads(man_path.read_text()), how)))
-    with pytest.raises(SnapshotDamaged, match="escapes the prefix"):
+    with pytest.raises(SnapshotDamaged, match=message):
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert tree_state(venv.parent.parent) == damaged  # never half-applied
 

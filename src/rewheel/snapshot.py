@@ -2,7 +2,8 @@
 
 A snapshot is `<envdir>/snapshots/<id>/` with `meta.json` (label, status, versions,
 distributions), `manifest.json` (every file, folder and symlink under the environment's
-roots with its mode, size, mtime and — where known — sha256) and `tree/` (the contents).
+roots with its mode, size, mtime, the inode a shared file has in common with the store and
+— where known — sha256; stored by folder, as columns) and `tree/` (the contents).
 
 Sharing: a file whose bytes provably equal what its wheel installed (RECORD hash known,
 size equal, not modified since the install) is hard-linked into the tree (or reflinked,
@@ -11,10 +12,13 @@ an 8 GB environment is captured without reading 8 GB. Every other file — hand-
 unlisted, or of unknown provenance — is copied and hashed while copying, so that editing
 it in place later cannot change the snapshot.
 
-Restore plans first (stat comparison against the manifest), then stages every file it
-must write next to its destination (verifying hashes of copied contents), and only then
-commits with `os.replace`; a damaged snapshot is refused before anything changes. The
-restore is idempotent, so a restore interrupted mid-commit is finished by running it again.
+Restore compares the live tree with the manifest folder by folder (a shared file found at
+another inode was replaced: no stat needed; any other file is stat'ed), checks every stored
+file it will use and every manifest entry it acts on, and refuses a damaged snapshot
+before anything changes. It then replaces files in place (unlink, link to the stored
+inode; copies are staged and renamed in), moves unwanted folders out in one rename each,
+resets modes and mtimes, syncs, and verifies every folder it changed. The restore is
+idempotent, so a restore interrupted mid-commit is finished by running it again.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from rewheel.environment import Distribution, Environment
 from rewheel.errors import RestoreError, SnapshotDamaged, SnapshotError
 from rewheel.paths import atomic_write, ensure_private_dir, env_dir, fsync_dir, state_home
 
-MANIFEST_VERSION = 2  # 2 added "ino" (shared files); version 1 manifests still restore
+MANIFEST_VERSION = 2  # 2: by folder, as columns, with shared inodes; version 1 still loads
 _FICLONE = 0x40049409
 _CHUNK = 1 << 20
 _TIE_HASH_MAX = 1 << 20  # files up to this size with RECORD's mtime are checked by hash
@@ -108,18 +112,6 @@ def _walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str]) -
                 if stat.S_ISDIR(st.st_mode):
                     subdirs.append(crel)
             stack.extend(reversed(subdirs))
-
-
-def _by_folder(entries: list[list[Any]]) -> list[list[Any]]:
-    """[[root, folder, {name: entry}], ...]: the manifest's layout since version 2."""
-    folders: dict[tuple[int, str], dict[str, list[Any]]] = {}
-    for e in entries:
-        parent, _, name = e[1].rpartition("/")
-        kids = folders.get((e[0], parent))
-        if kids is None:
-            kids = folders[(e[0], parent)] = {}
-        kids[name] = e
-    return [[ri, rel, kids] for (ri, rel), kids in folders.items()]
 
 
 def _kind(mode: int) -> str:
@@ -414,12 +406,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                 entries.append([ri, rel, "o", mode, 0, 0, None, None, None, None])
             if progress and i % 500 == 0:
                 progress("snapshot", i, 0)
-        manifest = {"version": MANIFEST_VERSION, "roots": [r.__dict__ for r in roots],
-                    # Where the roots really were (a prefix reached through a symlink is
-                    # the same environment by its real path, even once the symlink is gone).
-                    "real_roots": [os.path.realpath(r.path) for r in roots],
-                    "fields": ["root", "path", "type", "mode", "size", "mtime_ns", "sha256", "stored", "target", "ino"],
-                    "folders": _by_folder(entries)}
+        manifest = Manifest.of(roots, entries, [os.path.realpath(r.path) for r in roots]).to_json()
         atomic_write(tmp / "manifest.json", json.dumps(manifest, separators=(",", ":")))
         meta = SnapshotMeta(
             id=snap_id, path=store.snapshots_dir / snap_id, label=label, status=status,
@@ -443,48 +430,149 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
 # --------------------------------------------------------------------------------------
 # Restoring
 # --------------------------------------------------------------------------------------
+_STORED = {"link": "L", "reflink": "R", "copy": "C", None: "-"}
+
+
+class ManifestDamaged(ValueError):
+    """Raised by Folder while it reads an entry; the restore reports it as SnapshotDamaged."""
+_STORED_BACK = {v: k for k, v in _STORED.items()}
+
+
+class Folder:
+    """One folder of a manifest, as columns with one item per entry, in `names` order:
+    `types` ("f" file, "d" folder, "l" symlink, "o" socket/FIFO/device: one character
+    each), `modes`, `sizes`, `mtimes` (ns), `stored` ("L" hard link, "R" reflink, "C" copy,
+    "-" nothing stored: one character each), `inos` (the inode a linked file shares with
+    the store, else None) and `cold`: JSON text {"sha256": [...], "target": [...]}, read
+    only for the entries a restore acts on. Columns load several times faster than one
+    list per entry, and a restore compares the whole tree with them."""
+
+    __slots__ = ("names", "types", "modes", "sizes", "mtimes", "stored", "inos", "cold", "_index", "_cold")
+
+    def __init__(self, names: list[str], types: str, modes: list[int], sizes: list[int], mtimes: list[int],
+                 stored: str, inos: list[int | None], cold: str | None) -> None:
+        self.names, self.types, self.modes, self.sizes, self.mtimes = names, types, modes, sizes, mtimes
+        self.stored, self.inos, self.cold = stored, inos, cold
+        self._index: dict[str, int] | None = None
+        self._cold: dict[str, list[Any]] | None = None
+
+    @classmethod
+    def of(cls, entries: list[list[Any]]) -> Folder:
+        """From full entries [root, path, type, mode, size, mtime_ns, sha256, stored, target, ino]."""
+        sha = [e[6] for e in entries]
+        target = [e[8] for e in entries]
+        cold = (json.dumps({"sha256": sha, "target": target}, separators=(",", ":"))
+                if any(sha) or any(target) else None)
+        return cls([e[1].rpartition("/")[2] for e in entries], "".join(e[2] for e in entries),
+                   [e[3] for e in entries], [e[4] for e in entries], [e[5] for e in entries],
+                   "".join(_STORED.get(e[7], "-") for e in entries),
+                   [e[9] if len(e) > 9 else None for e in entries], cold)
+
+    def to_json(self, ri: int, rel: str) -> list[Any]:
+        return [ri, rel, self.names, self.types, self.modes, self.sizes, self.mtimes, self.stored, self.inos,
+                self.cold]
+
+    @property
+    def index(self) -> dict[str, int]:
+        if self._index is None:
+            self._index = dict(zip(self.names, range(len(self.names)), strict=True))
+        return self._index
+
+    def entry(self, ri: int, rel: str, i: int) -> list[Any]:
+        """Entry i in full: [root, path, type, mode, size, mtime_ns, sha256, stored, target, ino]."""
+        kind = self.types[i]
+        sha = target = None
+        if kind in ("f", "l") and self.cold is not None:
+            try:
+                if self._cold is None:
+                    self._cold = json.loads(self.cold)
+                sha, target = self._cold["sha256"][i], self._cold["target"][i]
+            except (ValueError, KeyError, TypeError, IndexError) as exc:
+                raise ManifestDamaged(f"{self.names[i]}: sha256 and target do not load ({exc})") from None
+        name = self.names[i]
+        return [ri, f"{rel}/{name}" if rel else name, kind, self.modes[i], self.sizes[i], self.mtimes[i], sha,
+                _STORED_BACK.get(self.stored[i]), target, self.inos[i]]
+
+    def entries(self, ri: int, rel: str) -> list[list[Any]]:
+        return [self.entry(ri, rel, i) for i in range(len(self.names))]
+
+    def shape_ok(self) -> bool:
+        """Columns of the right types and lengths, types and stored codes known."""
+        if not (type(self.names) is list and type(self.types) is str and type(self.stored) is str
+                and type(self.modes) is list and type(self.sizes) is list and type(self.mtimes) is list
+                and type(self.inos) is list and (self.cold is None or type(self.cold) is str)):
+            return False
+        n = len(self.names)
+        return (len(self.types) == n and len(self.modes) == n and len(self.sizes) == n and len(self.mtimes) == n
+                and len(self.stored) == n and len(self.inos) == n
+                and not self.types.strip("fdlo") and not self.stored.strip("LRC-"))
+
+
 @dataclass
 class Manifest:
-    """A snapshot's manifest, by folder: (root, folder) -> {name: entry}, an entry being
-    [root, path, type, mode, size, mtime_ns, sha256, stored, target, ino]. Stored that way
-    (version 2), reading it builds the folders a restore walks with no work per entry."""
+    """A snapshot's manifest: every entry under the roots, by folder ((root, folder) ->
+    Folder). An entry in full is [root, path, type, mode, size, mtime_ns, sha256, stored,
+    target, ino]. Version 2 stores the folders as columns; version 1 (one flat list of
+    9-field entries) still loads."""
     roots: list[Root]
-    folders: dict[tuple[int, str], dict[str, list[Any]]]
+    folders: dict[tuple[int, str], Folder]
     real_roots: list[str] | None = None
 
     @property
     def entries(self) -> list[list[Any]]:
-        return [e for kids in self.folders.values() for e in kids.values()]
+        return [e for (ri, rel), f in self.folders.items() for e in f.entries(ri, rel)]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": MANIFEST_VERSION, "roots": [r.__dict__ for r in self.roots],
+                # Where the roots really were (a prefix reached through a symlink is the same
+                # environment by its real path, even once the symlink is gone).
+                "real_roots": self.real_roots,
+                "folder_fields": ["root", "path", "names", "types", "modes", "sizes", "mtimes_ns", "stored",
+                                  "inos", "cold"],
+                "folders": [f.to_json(ri, rel) for (ri, rel), f in self.folders.items()]}
+
+    @classmethod
+    def of(cls, roots: list[Root], entries: list[list[Any]], real_roots: list[str] | None) -> Manifest:
+        by_folder: dict[tuple[int, str], list[list[Any]]] = {}
+        for e in entries:
+            key = (e[0], e[1].rpartition("/")[0])
+            kids = by_folder.get(key)
+            if kids is None:
+                kids = by_folder[key] = []
+            kids.append(e)
+        return cls(roots, {k: Folder.of(v) for k, v in by_folder.items()}, real_roots)
 
     @classmethod
     def load(cls, snap: SnapshotMeta, *, validate: bool = True) -> Manifest:
         """Read a snapshot's manifest. `validate=False` checks only its shape, for the
         restore, which checks the folders as it walks them and each entry it acts on."""
         path = snap.path / "manifest.json"
-        entries: Any = None
         try:
             doc = json.loads(path.read_text())
             roots = [Root(str(r["path"]), bool(r["whole"])) for r in doc["roots"]]
             real_roots = [str(r) for r in doc["real_roots"]] if "real_roots" in doc else None
             if "folders" in doc:
-                folders = {(ri, rel): kids for ri, rel, kids in doc["folders"]}
-                if not all(type(ri) is int and 0 <= ri < len(roots) and type(rel) is str and type(kids) is dict
-                           for (ri, rel), kids in folders.items()):
-                    raise TypeError("a folder is not [root, path, {name: entry}]")
+                folders = {(item[0], item[1]): Folder(*item[2:]) for item in doc["folders"]}
+                if not all(type(ri) is int and 0 <= ri < len(roots) and type(rel) is str and f.shape_ok()
+                           for (ri, rel), f in folders.items()):
+                    raise TypeError("a folder's columns do not line up")
+                man = cls(roots, folders, real_roots)
             else:  # version 1: one flat list
                 entries = doc["entries"]
-                if not isinstance(entries, list):
-                    raise TypeError("entries is not a list")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+                if not all(isinstance(e, list) and len(e) == 9 and type(e[0]) is int and 0 <= e[0] < len(roots)
+                           and type(e[1]) is str and e[2] in ("f", "d", "l", "o") for e in entries):
+                    raise _bad_entry(snap, next(e for e in entries if not (
+                        isinstance(e, list) and len(e) == 9 and type(e[0]) is int and 0 <= e[0] < len(roots)
+                        and type(e[1]) is str and e[2] in ("f", "d", "l", "o"))))
+                man = cls.of(roots, entries, real_roots)
+            entries = man.entries if validate else []
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",
                                   hint="restore another snapshot (`rewheel history`)") from None
-        man = cls(roots, _group(snap, entries, len(roots)) if entries is not None else folders, real_roots)
         if validate:
             seen = set()
-            for e in man.entries:
-                if (not isinstance(e, list) or len(e) not in (9, 10) or not isinstance(e[0], int)
-                        or not 0 <= e[0] < len(roots) or not _safe_rel(e[1])
-                        or e[2] not in ("f", "d", "l", "o") or (e[0], e[1]) in seen):
+            for e in entries:
+                if not _safe_rel(e[1]) or (e[0], e[1]) in seen:
                     raise _bad_entry(snap, e)
                 if e[2] == "l" and not isinstance(e[8], str):
                     raise SnapshotDamaged(f"snapshot {snap.id}: symlink entry {e[1]} has no target")
@@ -511,7 +599,7 @@ class RestoreResult:
     folders_rebuilt: int = 0  # folders built whole from the store and swapped in
     displaced: list[str] = field(default_factory=list)  # moved out, not yet deleted
     removal_seconds: float = 0.0  # deleting what was moved out (after `seconds`, if deferred)
-    phases: dict[str, float] = field(default_factory=dict)  # seconds: load, scan, stage, commit, verify
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: load, scan, stage, commit, verify, finish
 
     def to_json(self) -> dict[str, Any]:
         return {"snapshot_id": self.snapshot_id, "written": self.written, "deleted": self.deleted,
@@ -565,7 +653,6 @@ def _same_file(e: list[Any], st: os.stat_result) -> bool:
     return (stat.S_ISREG(st.st_mode) and st.st_size == e[4] and st.st_mtime_ns == e[5])
 
 
-_NOT_NAMES = ("", ".", "..")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NO_LINK = (errno.EXDEV, errno.EMLINK, errno.EPERM, errno.ENOTSUP)  # link(2) cannot: copy instead
 
@@ -606,54 +693,33 @@ def _remove_stale_staging(roots: list[Root]) -> None:
                 shutil.rmtree(os.path.join(r.path, name), ignore_errors=True)
 
 
-def _group(snap: SnapshotMeta, entries: list[Any], n_roots: int) -> dict[tuple[int, str], dict[str, list[Any]]]:
-    """A version 1 manifest's flat entries, by folder."""
-    folders: dict[tuple[int, str], dict[str, list[Any]]] = {}
-    e: Any = None
-    try:
-        for e in entries:
-            ri = e[0]
-            parent, _, name = e[1].rpartition("/")
-            if type(ri) is not int or not 0 <= ri < n_roots:
-                raise ValueError
-            d = folders.get((ri, parent))
-            if d is None:
-                d = folders[(ri, parent)] = {}
-            if name in d:
-                raise ValueError
-            d[name] = e
-    except (ValueError, TypeError, IndexError, AttributeError, KeyError):
-        raise _bad_entry(snap, e) from None
-    return folders
-
-
 def _check_tree(snap: SnapshotMeta, man: Manifest) -> None:
     """What a restore needs of the manifest's folders before it walks them.
 
     It only ever acts on paths joined from the folders' names, walking down from a root,
-    so a folder is safe when its names are plain names and it is itself a folder entry of
-    its parent — `../../etc/evil` has no such chain. That costs a few operations per folder;
-    each entry is checked when the restore reads it (`_Restore.scan`) and when it acts on it
-    (`_Restore.own`)."""
-    e: Any = None
-    try:
-        for (ri, rel), kids in man.folders.items():
-            e = next(iter(kids.values()), None)
-            if not man.roots[ri].whole:
-                if not all(type(k) is list and len(k) in (9, 10) and _safe_rel(k[1]) and k[2] in ("f", "l")
-                           for k in kids.values()):
-                    raise ValueError
-                continue
-            names = "\n".join(kids)
-            if "/" in names or "\x00" in names or "" in kids or "." in kids or ".." in kids:
-                raise ValueError
-            if rel:
-                parent, _, name = rel.rpartition("/")
-                own = man.folders.get((ri, parent), {}).get(name)
-                if own is None or own[2] != "d":
-                    raise ValueError
-    except (ValueError, TypeError, IndexError, AttributeError, KeyError):
-        raise _bad_entry(snap, e) from None
+    so a folder is safe when its names are plain, unique names and it is itself a folder
+    entry of its parent — `../../etc/evil` has no such chain. That costs a few operations
+    per folder, none per entry; the fields of each entry the restore acts on are checked
+    when it does (`_check_fields`)."""
+    for (ri, rel), f in man.folders.items():
+        prefix = f"{rel}/" if rel else ""
+        try:
+            if not man.roots[ri].whole:  # RECORD-listed files only: paths, checked one by one
+                ok = all(_safe_rel(prefix + n) for n in f.names) and not f.types.strip("fl")
+            else:
+                names = "\n".join(f.names)
+                index = f.index
+                ok = not ("/" in names or "\x00" in names or "" in index or "." in index or ".." in index
+                          or len(index) != len(f.names))
+                if ok and rel:
+                    parent, _, name = rel.rpartition("/")
+                    pf = man.folders.get((ri, parent))
+                    i = pf.index.get(name) if pf is not None else None
+                    ok = i is not None and pf is not None and pf.types[i] == "d"
+        except TypeError:  # a name that is not a string
+            ok = False
+        if not ok:
+            raise _bad_entry(snap, f"folder {prefix or '.'} of root {ri} ({', '.join(map(str, f.names[:5]))})")
 
 
 @dataclass(eq=False)
@@ -679,6 +745,9 @@ class _Dir:
         return e is not None and st is not None and (stat.S_IMODE(st.st_mode) != e[3] or st.st_mtime_ns != e[5])
 
 
+_EMPTY = Folder([], "", [], [], [], "", [], None)
+
+
 class _Restore:
     """One restore: scan (compare the live tree with the manifest), check and stage, commit,
     verify. Nothing in the environment changes before the commit, and the commit starts
@@ -698,10 +767,10 @@ class _Restore:
         self.written = 0
         self.others = 0  # sockets, FIFOs, devices in the manifest: not content, not verified
         self.todo = 0
-        self.dirs: list[_Dir] = []  # every live folder compared, parents first
+        self.dirs: list[_Dir] = []  # the folders that need anything, children first
         # What the commit puts in place, by entry: the stored inode it links (checked),
         # or the staged copy / built folder it renames.
-        self.links: dict[int, os.stat_result] = {}
+        self.links: dict[tuple[int, str], os.stat_result] = {}  # by (root, path)
         self.staged: dict[int, str] = {}
 
     # Scan ------------------------------------------------------------------------------
@@ -712,7 +781,7 @@ class _Restore:
         except FileNotFoundError:  # the root itself is gone: everything is missing
             d = _Dir(ri, "", path, None, None)
             self.dirs.append(d)
-            self.add_missing(d, self.folders.get((ri, ""), {}), set())
+            self.add_missing(d, self.folders.get((ri, "")) or _EMPTY, set())
             return
         try:
             self.scan(ri, "", path, None, None, fd)
@@ -723,82 +792,72 @@ class _Restore:
              fd: int) -> _Dir:
         """Compare folder `rel` (open as fd: every stat is relative to it) with the manifest."""
         d = _Dir(ri, rel, path, entry, st)
-        self.dirs.append(d)
-        kids = self.folders.get((ri, rel), {})
+        f = self.folders.get((ri, rel)) or _EMPTY
+        index, types, modes, sizes, mtimes, inos = f.index, f.types, f.modes, f.sizes, f.mtimes, f.inos
         prefix = f"{rel}/" if rel else ""
         skip = self.skip.get(path)
         matched = 0
-        e: Any = None
-        try:
-            with os.scandir(fd) as it:
-                for de in it:
-                    name = de.name
-                    e = kids.get(name)
-                    if e is None:
-                        if name == skip or (not rel and name.startswith(STAGING_PREFIX)):
-                            continue
-                        if de.is_dir(follow_symlinks=False):
-                            d.extras.append((f"{path}/{name}", True))
-                        elif de.is_file(follow_symlinks=False) or de.is_symlink():
-                            d.extras.append((f"{path}/{name}", False))
-                        # sockets, FIFOs, devices are not content: neither captured nor removed
+        with os.scandir(fd) as it:
+            for de in it:
+                name = de.name
+                i = index.get(name)
+                if i is None:
+                    if name == skip or (not rel and name.startswith(STAGING_PREFIX)):
                         continue
-                    matched += 1
-                    kind = e[2]
-                    if kind == "f":
-                        # A shared file at another inode was replaced: no stat needed to know.
-                        ino = e[9] if len(e) > 9 else None
-                        if ino is None or de.inode() == ino:
-                            lst = de.stat(follow_symlinks=False)
-                            if _same_file(e, lst):
-                                if stat.S_IMODE(lst.st_mode) != e[3]:
-                                    self.own(e, ri, prefix + name)
-                                    d.chmods.append(e)
-                                continue
-                    elif kind == "d":
-                        if de.is_dir(follow_symlinks=False):
-                            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                            try:
-                                self.scan(ri, prefix + name, f"{path}/{name}", e, os.fstat(sub), sub)
-                            finally:
-                                os.close(sub)
-                            continue
-                        d.extras.append((f"{path}/{name}", False))
-                        self.own(e, ri, prefix + name)
-                        d.missing.append(e)
-                        continue
-                    elif kind == "l":
-                        if de.is_symlink() and os.readlink(name, dir_fd=fd) == e[8]:
-                            continue
-                    else:
-                        self.others += 1
-                        continue  # "o": whatever is there now stays
                     if de.is_dir(follow_symlinks=False):
                         d.extras.append((f"{path}/{name}", True))
-                    self.own(e, ri, prefix + name)
+                    elif de.is_file(follow_symlinks=False) or de.is_symlink():
+                        d.extras.append((f"{path}/{name}", False))
+                    # sockets, FIFOs, devices are not content: neither captured nor removed
+                    continue
+                matched += 1
+                kind = types[i]
+                if kind == "f":
+                    # A shared file at another inode was replaced: no stat needed to know.
+                    ino = inos[i]
+                    if ino is None or de.inode() == ino:
+                        lst = de.stat(follow_symlinks=False)
+                        if lst.st_mtime_ns == mtimes[i] and lst.st_size == sizes[i] and stat.S_ISREG(lst.st_mode):
+                            if stat.S_IMODE(lst.st_mode) != modes[i]:
+                                d.chmods.append(f.entry(ri, rel, i))
+                            continue
+                elif kind == "d":
+                    if de.is_dir(follow_symlinks=False):
+                        sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                        try:
+                            self.scan(ri, prefix + name, f"{path}/{name}", f.entry(ri, rel, i), os.fstat(sub), sub)
+                        finally:
+                            os.close(sub)
+                        continue
+                    d.extras.append((f"{path}/{name}", False))
+                    d.missing.append(f.entry(ri, rel, i))
+                    continue
+                elif kind == "l":
+                    e = f.entry(ri, rel, i)
+                    if de.is_symlink() and os.readlink(name, dir_fd=fd) == e[8]:
+                        continue
                     d.writes.append(e)
-        except (TypeError, IndexError, KeyError):
-            if type(e) is not list or len(e) not in (9, 10):  # a damaged manifest, not a bug here
-                raise _bad_entry(self.snap, e) from None
-            raise
-        if matched < len(kids):
-            self.add_missing(d, kids, set(os.listdir(fd)) if matched else set())
+                    continue
+                else:
+                    self.others += 1
+                    continue  # "o": whatever is there now stays
+                if de.is_dir(follow_symlinks=False):
+                    d.extras.append((f"{path}/{name}", True))
+                d.writes.append(f.entry(ri, rel, i))
+        if matched < len(f.names):
+            self.add_missing(d, f, set(os.listdir(fd)) if matched else set())
+        if d.touched or d.chmods or d.attrs_off:
+            self.dirs.append(d)
         return d
 
-    def add_missing(self, d: _Dir, kids: dict[str, list[Any]], present: set[str]) -> None:
-        prefix = f"{d.rel}/" if d.rel else ""
-        for name, e in kids.items():
+    def add_missing(self, d: _Dir, f: Folder, present: set[str]) -> None:
+        for i, name in enumerate(f.names):
             if name not in present:
-                self.own(e, d.ri, prefix + name)
-                if e[2] == "o":
+                if f.types[i] == "o":
                     self.others += 1
                 else:
+                    e = f.entry(d.ri, d.rel, i)
                     (d.missing if e[2] == "d" else d.writes).append(e)
-
-    def own(self, e: list[Any], ri: int, rel: str) -> None:
-        """An entry the restore acts on is the one its folder and name say it is."""
-        if type(e) is not list or len(e) not in (9, 10) or e[0] != ri or e[1] != rel:
-            raise _bad_entry(self.snap, e)
 
     def scan_listed(self, ri: int) -> _Dir:
         """A root of which only RECORD-listed files are ours (a system interpreter's
@@ -806,12 +865,10 @@ class _Restore:
         root = self.roots[ri]
         d = _Dir(ri, "", root.path, None, None)
         self.dirs.append(d)
-        want = {e[1]: e for kids in (v for (r, _), v in self.folders.items() if r == ri)
-                for e in kids.values()}
+        want = {e[1]: e for (r, rel), f in self.folders.items() if r == ri for e in f.entries(r, rel)}
         base = root.path.rstrip("/") + "/"
         owned = {p[len(base):] for p in _owned_now(self.roots, self.env) if p.startswith(base)}
         for rel, e in want.items():
-            self.own(e, ri, rel)
             p = base + rel
             try:
                 lst = os.lstat(p)
@@ -831,12 +888,10 @@ class _Restore:
         return d
 
     def count(self, ri: int, rel: str) -> int:
-        n = 0
-        for name, e in self.folders.get((ri, rel), {}).items():
-            if e[2] != "o":
-                n += 1
-                if e[2] == "d":
-                    n += self.count(ri, f"{rel}/{name}" if rel else name)
+        f = self.folders.get((ri, rel)) or _EMPTY
+        n = len(f.types) - f.types.count("o")
+        for i in (i for i, k in enumerate(f.types) if k == "d"):
+            n += self.count(ri, f"{rel}/{f.names[i]}" if rel else f.names[i])
         return n
 
     def path_of(self, d: _Dir, e: list[Any]) -> str:
@@ -874,7 +929,7 @@ class _Restore:
                     st = None
                 if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != e[4] or st.st_mtime_ns != e[5]:
                     _check_stored(self.snap, self.tree, e)  # raises, naming the file
-                self.links[id(e)] = st
+                self.links[(e[0], e[1])] = st
         finally:
             os.close(sfd)
 
@@ -887,16 +942,16 @@ class _Restore:
         if e[2] == "l":
             os.symlink(e[8], dst)
         else:
-            sst = self.links.get(id(e))
+            sst = self.links.get((e[0], e[1]))
             if e[7] == "link":
                 if sst is None:
-                    sst = self.links[id(e)] = _check_stored(self.snap, self.tree, e)
+                    sst = self.links[(e[0], e[1])] = _check_stored(self.snap, self.tree, e)
                 try:
                     os.link(f"{self.tree}/{e[0]}/{e[1]}", dst)
                 except OSError as exc:
                     if exc.errno not in _NO_LINK:
                         raise
-                    del self.links[id(e)]  # another filesystem now: copy instead
+                    del self.links[(e[0], e[1])]  # another filesystem now: copy instead
                     sst = None
                     self.copy(e, dst)
             else:
@@ -928,17 +983,17 @@ class _Restore:
     def build(self, ri: int, rel: str, e: list[Any], dst: str) -> None:
         """Build folder `rel` whole at dst, exactly as the manifest has it."""
         os.mkdir(dst, 0o700)
-        prefix = f"{rel}/" if rel else ""
-        for name, k in self.folders.get((ri, rel), {}).items():
-            self.own(k, ri, prefix + name)
-            if k[2] == "o":
+        f = self.folders.get((ri, rel)) or _EMPTY
+        for i, name in enumerate(f.names):
+            if f.types[i] == "o":
                 self.others += 1
+                continue
+            k = f.entry(ri, rel, i)
+            _check_fields(self.snap, k)
+            if k[2] == "d":
+                self.build(ri, k[1], k, f"{dst}/{name}")
             else:
-                _check_fields(self.snap, k)
-                if k[2] == "d":
-                    self.build(ri, prefix + name, k, f"{dst}/{name}")
-                else:
-                    self.place(k, f"{dst}/{name}")
+                self.place(k, f"{dst}/{name}")
         os.chmod(dst, e[3])
         os.utime(dst, ns=(e[5], e[5]))  # last: any entry added below would change it
 
@@ -978,8 +1033,6 @@ class _Restore:
         open stored folder for links): no path is resolved again per file."""
         e = d.entry
         attrs_off = d.attrs_off
-        if not (d.touched or d.chmods or attrs_off):
-            return
         try:
             fd = os.open(d.path, _DIR_FLAGS)
         except FileNotFoundError:
@@ -1025,13 +1078,13 @@ class _Restore:
                     continue
                 if sfd < 0:
                     sfd = os.open(self.stored_folder(d), _DIR_FLAGS)
-                sst = self.links[id(k)]
+                sst = self.links[(k[0], k[1])]
                 try:
                     os.link(name, name, src_dir_fd=sfd, dst_dir_fd=fd)
                 except OSError as exc:
                     if exc.errno not in _NO_LINK:
                         raise
-                    del self.links[id(k)]
+                    del self.links[(k[0], k[1])]
                     self.place(k, f"{d.path}/{name}")  # copies
                     continue
                 if stat.S_IMODE(sst.st_mode) != k[3]:
@@ -1089,7 +1142,7 @@ class _Restore:
         problems: list[str] = []
         for d in self.dirs:
             for e in d.writes + d.chmods:
-                if id(e) in self.links and self.roots[d.ri].whole:
+                if (e[0], e[1]) in self.links and self.roots[d.ri].whole:
                     continue  # checked by inode in its folder's listing below
                 p = self.path_of(d, e)
                 try:
@@ -1107,7 +1160,7 @@ class _Restore:
                 for e in d.missing:
                     self.check_folder(d.ri, e[1], self.path_of(d, e), e, problems, deep=True)
         _raise_if_problems(self.env, self.snap, problems)
-        return sum(map(len, self.folders.values())) - self.others
+        return sum(len(f.names) for f in self.folders.values()) - self.others
 
     def check_folder(self, ri: int, rel: str, path: str, e: list[Any] | None, problems: list[str],
                      deep: bool) -> None:
@@ -1122,37 +1175,38 @@ class _Restore:
                 return
             if stat.S_IMODE(st.st_mode) != e[3] or st.st_mtime_ns != e[5]:
                 problems.append(f"folder mode or mtime differs: {rel}")
-        kids = self.folders.get((ri, rel), {})
+        f = self.folders.get((ri, rel)) or _EMPTY
         prefix = f"{rel}/" if rel else ""
         skip = self.skip.get(path)
         matched = 0
         with os.scandir(path) as it:
             for de in it:
-                k = kids.get(de.name)
-                if k is None:
+                i = f.index.get(de.name)
+                if i is None:
                     if de.name != skip and not de.name.startswith(STAGING_PREFIX) and (
                             de.is_dir(follow_symlinks=False) or de.is_file(follow_symlinks=False) or de.is_symlink()):
                         problems.append(f"extra: {prefix}{de.name}")
                     continue
                 matched += 1
-                if k[2] == "o":
+                kind = f.types[i]
+                if kind == "o":
                     continue
-                if (k[2] == "d") != de.is_dir(follow_symlinks=False):
+                if (kind == "d") != de.is_dir(follow_symlinks=False):
                     problems.append(f"type differs: {prefix}{de.name}")
-                elif k[2] == "d":
+                elif kind == "d":
                     if deep:
-                        self.check_folder(ri, prefix + de.name, de.path, k, problems, deep)
+                        self.check_folder(ri, prefix + de.name, de.path, f.entry(ri, rel, i), problems, deep)
                 else:
-                    sst = self.links.get(id(k))
+                    sst = self.links.get((ri, prefix + de.name))
                     if sst is not None and (de.inode() != sst.st_ino or not de.is_file(follow_symlinks=False)):
                         problems.append(f"content differs: {prefix}{de.name}")
-        if matched < len(kids):
+        if matched < len(f.names):
             try:
                 present = set(os.listdir(path))
             except FileNotFoundError:
                 present = set()
-            problems.extend(f"missing: {prefix}{name}" for name, k in kids.items()
-                            if k[2] != "o" and name not in present)
+            problems.extend(f"missing: {prefix}{name}" for name, kind in zip(f.names, f.types, strict=True)
+                            if kind != "o" and name not in present)
 
 
 def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress | None = None,
@@ -1173,8 +1227,8 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
     def mark(name: str) -> None:
         phases[name] = time.perf_counter() - t0 - sum(phases.values())
 
-    # Tens of thousands of small lists and stat results, none of them in a cycle: the
-    # cyclic collector would only walk them again and again.
+    # Tens of thousands of names, numbers, entries and stat results, none of them in a
+    # cycle: the cyclic collector would only walk them again and again.
     with _gc_paused():
         live_roots = scope_of(env)
         _remove_stale_staging(live_roots)
@@ -1182,14 +1236,20 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
         roots = _live_roots(snap, man, live_roots)
         r = _Restore(env, snap, man, roots, progress)  # indexes the manifest, validating it
         mark("load")
-        for ri, root in enumerate(roots):
-            if root.whole:
-                r.scan_root(ri)
-            else:
-                r.scan_listed(ri)
+        try:
+            for ri, root in enumerate(roots):
+                if root.whole:
+                    r.scan_root(ri)
+                else:
+                    r.scan_listed(ri)
+        except ManifestDamaged as exc:
+            raise _bad_entry(snap, exc) from None
         mark("scan")
         try:
-            r.stage()  # every stored file the commit will use is checked here
+            try:
+                r.stage()  # every stored file the commit will use is checked here
+            except ManifestDamaged as exc:
+                raise _bad_entry(snap, exc) from None
             mark("stage")
             try:
                 r.commit()
@@ -1199,28 +1259,37 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                     hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python {env.python} "
                          f"{snap.id}` again; the restore is idempotent") from exc
             mark("commit")
-            # The flush runs while the verification reads the tree back (both wait on the
-            # kernel); it has finished when this returns, so the restore is durable.
-            syncer = threading.Thread(target=os.sync, name="rewheel-sync", daemon=True)
-            syncer.start()
-            try:
-                verified = verify(env, snap, man) if full_verify else r.verify()
-            finally:
-                syncer.join()
-            mark("verify")
         except BaseException:
             for s in r.staging.values():
                 shutil.rmtree(s, ignore_errors=True)
             raise
-        chmodded = sum(len(d.chmods) for d in r.dirs)
-        res = RestoreResult(snap.id, r.written, sum(len(d.extras) for d in r.dirs), chmodded,
-                            verified - r.written - chmodded, verified, 0.0,
-                            folders_rebuilt=sum(len(d.missing) for d in r.dirs),
-                            displaced=list(r.staging.values()), phases=phases)
-        del r, man  # freed here, so the collector has nothing of theirs to walk once back on
+        # The flush runs while the verification reads the tree back and the plan is freed
+        # (the kernel does the one, Python the others); it has finished before this
+        # returns or raises, so a restore reported done is on disk.
+        syncer = threading.Thread(target=os.sync, name="rewheel-sync", daemon=True)
+        syncer.start()
+        try:
+            try:
+                verified = verify(env, snap, man) if full_verify else r.verify()
+            except BaseException:
+                for s in r.staging.values():
+                    shutil.rmtree(s, ignore_errors=True)
+                raise
+            mark("verify")
+            chmodded = sum(len(d.chmods) for d in r.dirs)
+            res = RestoreResult(snap.id, r.written, sum(len(d.extras) for d in r.dirs), chmodded,
+                                verified - r.written - chmodded, verified, 0.0,
+                                folders_rebuilt=sum(len(d.missing) for d in r.dirs),
+                                displaced=list(r.staging.values()), phases=phases)
+            del r, man  # freed here, so the collector has nothing of theirs to walk once back on
+        finally:
+            syncer.join()
+        mark("finish")
+    # `seconds`: until the environment is back, verified and on disk. Deleting what was
+    # moved out of it is counted apart (`removal_seconds`), whenever it happens.
+    res.seconds = time.perf_counter() - t0
     if not defer_removal:
         remove_displaced(res)
-    res.seconds = time.perf_counter() - t0
     return res
 
 
