@@ -478,19 +478,21 @@ class Folder:
             self._index = dict(zip(self.names, range(len(self.names)), strict=True))
         return self._index
 
-    def entry(self, ri: int, rel: str, i: int) -> list[Any]:
-        """Entry i in full: [root, path, type, mode, size, mtime_ns, sha256, stored, target, ino]."""
+    def entry(self, ri: int, rel: str, i: int, *, sha: bool = True) -> list[Any]:
+        """Entry i in full: [root, path, type, mode, size, mtime_ns, sha256, stored, target, ino].
+        `sha=False`: a linked file's sha256 is left out (None) — a restore links the stored
+        inode, checked by size and mtime, and needs no hash to do it."""
         kind = self.types[i]
-        sha = target = None
-        if kind in ("f", "l") and self.cold is not None:
+        sha256 = target = None
+        if self.cold is not None and (kind == "l" or kind == "f" and (sha or self.stored[i] != "L")):
             try:
                 if self._cold is None:
                     self._cold = json.loads(self.cold)
-                sha, target = self._cold["sha256"][i], self._cold["target"][i]
+                sha256, target = self._cold["sha256"][i], self._cold["target"][i]
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 raise ManifestDamaged(f"{self.names[i]}: sha256 and target do not load ({exc})") from None
         name = self.names[i]
-        return [ri, f"{rel}/{name}" if rel else name, kind, self.modes[i], self.sizes[i], self.mtimes[i], sha,
+        return [ri, f"{rel}/{name}" if rel else name, kind, self.modes[i], self.sizes[i], self.mtimes[i], sha256,
                 _STORED_BACK.get(self.stored[i]), target, self.inos[i]]
 
     def entries(self, ri: int, rel: str) -> list[list[Any]]:
@@ -498,14 +500,13 @@ class Folder:
 
     def shape_ok(self) -> bool:
         """Columns of the right types and lengths, types and stored codes known."""
-        if not (type(self.names) is list and type(self.types) is str and type(self.stored) is str
-                and type(self.modes) is list and type(self.sizes) is list and type(self.mtimes) is list
-                and type(self.inos) is list and (self.cold is None or type(self.cold) is str)):
-            return False
-        n = len(self.names)
-        return (len(self.types) == n and len(self.modes) == n and len(self.sizes) == n and len(self.mtimes) == n
-                and len(self.stored) == n and len(self.inos) == n
-                and not self.types.strip("fdlo") and not self.stored.strip("LRC-"))
+        names, types, modes, sizes, mtimes, stored, inos, cold = (
+            self.names, self.types, self.modes, self.sizes, self.mtimes, self.stored, self.inos, self.cold)
+        return (type(names) is list and type(types) is str and type(stored) is str and type(modes) is list
+                and type(sizes) is list and type(mtimes) is list and type(inos) is list
+                and (cold is None or type(cold) is str)
+                and len(names) == len(types) == len(modes) == len(sizes) == len(mtimes) == len(stored) == len(inos)
+                and not types.strip("fdlo") and not stored.strip("LRC-"))
 
 
 @dataclass
@@ -793,14 +794,15 @@ class _Restore:
         """Compare folder `rel` (open as fd: every stat is relative to it) with the manifest."""
         d = _Dir(ri, rel, path, entry, st)
         f = self.folders.get((ri, rel)) or _EMPTY
-        index, types, modes, sizes, mtimes, inos = f.index, f.types, f.modes, f.sizes, f.mtimes, f.inos
+        find, types, modes, sizes, mtimes, inos = f.index.get, f.types, f.modes, f.sizes, f.mtimes, f.inos
+        is_reg, mode_of = stat.S_ISREG, stat.S_IMODE
         prefix = f"{rel}/" if rel else ""
         skip = self.skip.get(path)
         matched = 0
         with os.scandir(fd) as it:
             for de in it:
                 name = de.name
-                i = index.get(name)
+                i = find(name)
                 if i is None:
                     if name == skip or (not rel and name.startswith(STAGING_PREFIX)):
                         continue
@@ -817,9 +819,9 @@ class _Restore:
                     ino = inos[i]
                     if ino is None or de.inode() == ino:
                         lst = de.stat(follow_symlinks=False)
-                        if lst.st_mtime_ns == mtimes[i] and lst.st_size == sizes[i] and stat.S_ISREG(lst.st_mode):
-                            if stat.S_IMODE(lst.st_mode) != modes[i]:
-                                d.chmods.append(f.entry(ri, rel, i))
+                        if lst.st_mtime_ns == mtimes[i] and lst.st_size == sizes[i] and is_reg(lst.st_mode):
+                            if mode_of(lst.st_mode) != modes[i]:
+                                d.chmods.append(f.entry(ri, rel, i, sha=False))
                             continue
                 elif kind == "d":
                     if de.is_dir(follow_symlinks=False):
@@ -843,7 +845,7 @@ class _Restore:
                     continue  # "o": whatever is there now stays
                 if de.is_dir(follow_symlinks=False):
                     d.extras.append((f"{path}/{name}", True))
-                d.writes.append(f.entry(ri, rel, i))
+                d.writes.append(f.entry(ri, rel, i, sha=False))
         if matched < len(f.names):
             self.add_missing(d, f, set(os.listdir(fd)) if matched else set())
         if d.touched or d.chmods or d.attrs_off:
@@ -856,7 +858,7 @@ class _Restore:
                 if f.types[i] == "o":
                     self.others += 1
                 else:
-                    e = f.entry(d.ri, d.rel, i)
+                    e = f.entry(d.ri, d.rel, i, sha=False)
                     (d.missing if e[2] == "d" else d.writes).append(e)
 
     def scan_listed(self, ri: int) -> _Dir:
@@ -988,7 +990,7 @@ class _Restore:
             if f.types[i] == "o":
                 self.others += 1
                 continue
-            k = f.entry(ri, rel, i)
+            k = f.entry(ri, rel, i, sha=False)
             _check_fields(self.snap, k)
             if k[2] == "d":
                 self.build(ri, k[1], k, f"{dst}/{name}")
