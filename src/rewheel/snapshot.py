@@ -93,9 +93,10 @@ def _walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str]) -
                         pass
             continue
         stack = [""]
+        base = root.path.rstrip("/") + "/"
         while stack:
             rel = stack.pop()
-            full = os.path.join(root.path, rel) if rel else root.path
+            full = base + rel if rel else root.path
             try:
                 it = os.scandir(full)
             except (FileNotFoundError, NotADirectoryError):
@@ -354,10 +355,13 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     skip = {str(store.home)}
     for ri in range(len(roots)):
         (tree / str(ri)).mkdir()
+    # Plain concatenation, not os.path.join: this loop runs once per file.
+    src_base = [r.path.rstrip("/") + "/" for r in roots]
+    dst_base = [f"{tree}/{ri}/" for ri in range(len(roots))]
     try:
         for i, (ri, rel, st) in enumerate(_walk(roots, records, skip)):
-            src = os.path.join(roots[ri].path, rel)
-            dst = os.path.join(tree, str(ri), rel)
+            src = src_base[ri] + rel
+            dst = dst_base[ri] + rel
             kind = _kind(st.st_mode)
             mode = stat.S_IMODE(st.st_mode)
             if kind == "d":
@@ -458,15 +462,14 @@ class Folder:
 
     @classmethod
     def of(cls, entries: list[list[Any]]) -> Folder:
-        """From full entries [root, path, type, mode, size, mtime_ns, sha256, stored, target, ino]."""
-        sha = [e[6] for e in entries]
-        target = [e[8] for e in entries]
+        """From full entries [root, path, type, mode, size, mtime_ns, sha256, stored, target, ino]
+        (version 1 entries have no ino)."""
+        cols = list(zip(*(e if len(e) > 9 else [*e, None] for e in entries), strict=True))
+        _, paths, types, modes, sizes, mtimes, sha, stored, target, inos = cols
         cold = (json.dumps({"sha256": sha, "target": target}, separators=(",", ":"))
                 if any(sha) or any(target) else None)
-        return cls([e[1].rpartition("/")[2] for e in entries], "".join(e[2] for e in entries),
-                   [e[3] for e in entries], [e[4] for e in entries], [e[5] for e in entries],
-                   "".join(_STORED.get(e[7], "-") for e in entries),
-                   [e[9] if len(e) > 9 else None for e in entries], cold)
+        return cls([p.rpartition("/")[2] for p in paths], "".join(types), list(modes), list(sizes), list(mtimes),
+                   "".join(_STORED.get(h, "-") for h in stored), list(inos), cold)
 
     def to_json(self, ri: int, rel: str) -> list[Any]:
         return [ri, rel, self.names, self.types, self.modes, self.sizes, self.mtimes, self.stored, self.inos,
