@@ -194,7 +194,8 @@ def _tamper(doc: dict, how: str) -> dict:
     ("folder outside the prefix", "escapes the prefix"), ("name that climbs", "escapes the prefix"),
     ("name with a slash", "escapes the prefix"), ("version 1", "escapes the prefix"),
     ("columns that do not line up", "is unreadable")])
-def test_tampered_manifest_escaping_prefix_is_refused(venv: Path, wheelhouse: Path, how: str, message: str) -> None:
+def test_tampered_manifest_is_refused_before_anything_changes(venv: Path, wheelhouse: Path, how: str,
+                                                             message: str) -> None:
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
     damage(venv, wheelhouse)
@@ -204,6 +205,28 @@ def test_tampered_manifest_escaping_prefix_is_refused(venv: Path, wheelhouse: Pa
     with pytest.raises(SnapshotDamaged, match=message):
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert tree_state(venv.parent.parent) == damaged  # never half-applied
+
+
+def test_a_shared_file_replaced_with_the_same_size_and_mtime_is_put_back(venv: Path) -> None:
+    """A file swapped for other bytes of the same size, its mtime copied over (`cp -p`, a
+    careful editor): a stat cannot tell, but it is no longer the inode the snapshot shares,
+    so the restore puts the original back."""
+    prefix = venv.parent.parent
+    before = tree_state(prefix)
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    victim = prefix / needed_by_restore(manifest_entries(snap.path))[1]
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[0] ^= 0xFF
+    tmp = victim.with_name("swap.tmp")
+    tmp.write_bytes(bytes(data))
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.chmod(tmp, stat.S_IMODE(st.st_mode))
+    os.replace(tmp, victim)
+    assert victim.stat().st_size == st.st_size and victim.stat().st_mtime_ns == st.st_mtime_ns
+    res = rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert res.restore.written == 1
+    assert tree_state(prefix) == before
 
 
 def test_a_version_1_manifest_still_restores_byte_for_byte(venv: Path, wheelhouse: Path) -> None:
