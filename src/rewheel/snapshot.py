@@ -792,13 +792,17 @@ class _Restore:
         finally:
             os.close(fd)
 
-    def scan(self, ri: int, rel: str, path: str, entry: list[Any] | None, st: os.stat_result | None,
-             fd: int) -> _Dir:
-        """Compare folder `rel` (open as fd: every stat is relative to it) with the manifest."""
-        d = _Dir(ri, rel, path, entry, st)
+    def scan(self, ri: int, rel: str, path: str, own: tuple[Folder, str, int] | None, st: os.stat_result | None,
+             fd: int) -> None:
+        """Compare folder `rel` (open as fd: every stat is relative to it; `own`: where its
+        own entry is, in its parent's columns) with the manifest; keep it if it needs anything."""
         f = self.folders.get((ri, rel)) or _EMPTY
         find, types, modes, sizes, mtimes, inos = f.index.get, f.types, f.modes, f.sizes, f.mtimes, f.inos
         is_reg, mode_of = stat.S_ISREG, stat.S_IMODE
+        writes: list[list[Any]] = []
+        chmods: list[list[Any]] = []
+        extras: list[tuple[str, bool]] = []
+        missing: list[list[Any]] = []
         prefix = f"{rel}/" if rel else ""
         skip = self.skip.get(path)
         matched = 0
@@ -810,9 +814,9 @@ class _Restore:
                     if name == skip or (not rel and name.startswith(STAGING_PREFIX)):
                         continue
                     if de.is_dir(follow_symlinks=False):
-                        d.extras.append((f"{path}/{name}", True))
+                        extras.append((f"{path}/{name}", True))
                     elif de.is_file(follow_symlinks=False) or de.is_symlink():
-                        d.extras.append((f"{path}/{name}", False))
+                        extras.append((f"{path}/{name}", False))
                     # sockets, FIFOs, devices are not content: neither captured nor removed
                     continue
                 matched += 1
@@ -824,36 +828,40 @@ class _Restore:
                         lst = de.stat(follow_symlinks=False)
                         if lst.st_mtime_ns == mtimes[i] and lst.st_size == sizes[i] and is_reg(lst.st_mode):
                             if mode_of(lst.st_mode) != modes[i]:
-                                d.chmods.append(f.entry(ri, rel, i, sha=False))
+                                chmods.append(f.entry(ri, rel, i, sha=False))
                             continue
                 elif kind == "d":
                     if de.is_dir(follow_symlinks=False):
                         sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
                         try:
-                            self.scan(ri, prefix + name, f"{path}/{name}", f.entry(ri, rel, i), os.fstat(sub), sub)
+                            self.scan(ri, prefix + name, f"{path}/{name}", (f, rel, i), os.fstat(sub), sub)
                         finally:
                             os.close(sub)
                         continue
-                    d.extras.append((f"{path}/{name}", False))
-                    d.missing.append(f.entry(ri, rel, i))
+                    extras.append((f"{path}/{name}", False))
+                    missing.append(f.entry(ri, rel, i))
                     continue
                 elif kind == "l":
                     e = f.entry(ri, rel, i)
                     if de.is_symlink() and os.readlink(name, dir_fd=fd) == e[8]:
                         continue
-                    d.writes.append(e)
+                    writes.append(e)
                     continue
                 else:
                     self.others += 1
                     continue  # "o": whatever is there now stays
                 if de.is_dir(follow_symlinks=False):
-                    d.extras.append((f"{path}/{name}", True))
-                d.writes.append(f.entry(ri, rel, i, sha=False))
-        if matched < len(f.names):
-            self.add_missing(d, f, set(os.listdir(fd)) if matched else set())
-        if d.touched or d.chmods or d.attrs_off:
-            self.dirs.append(d)
-        return d
+                    extras.append((f"{path}/{name}", True))
+                writes.append(f.entry(ri, rel, i, sha=False))
+        attrs_off = own is not None and st is not None and (
+            mode_of(st.st_mode) != own[0].modes[own[2]] or st.st_mtime_ns != own[0].mtimes[own[2]])
+        if matched < len(f.names) or writes or chmods or extras or missing or attrs_off:
+            d = _Dir(ri, rel, path, own[0].entry(ri, own[1], own[2]) if own is not None else None, st,
+                     writes, chmods, extras, missing)
+            if matched < len(f.names):
+                self.add_missing(d, f, set(os.listdir(fd)) if matched else set())
+            if d.touched or d.chmods or d.attrs_off:
+                self.dirs.append(d)
 
     def add_missing(self, d: _Dir, f: Folder, present: set[str]) -> None:
         for i, name in enumerate(f.names):
@@ -1140,15 +1148,16 @@ class _Restore:
 
     # Verify ----------------------------------------------------------------------------
     def verify(self) -> int:
-        """Every folder the commit changed lists exactly the manifest's entries, with the
-        manifest's mode and mtime, and each linked file there is the very stored inode whose
-        size and mtime were checked just before; copies, symlinks and modes it wrote are
-        stat'ed again. Copies had their sha256 checked while they were made."""
+        """Every folder the commit changed holds exactly the manifest's names, with the
+        manifest's mode and mtime (folders it built, all the way down); copies, symlinks and
+        re-moded files are stat'ed again. A re-linked file needs no second look: link(2) made
+        its name the stored inode whose size and mtime were checked just before, and a copy
+        had its sha256 checked while it was made."""
         problems: list[str] = []
         for d in self.dirs:
             for e in d.writes + d.chmods:
                 if (e[0], e[1]) in self.links and self.roots[d.ri].whole:
-                    continue  # checked by inode in its folder's listing below
+                    continue
                 p = self.path_of(d, e)
                 try:
                     st = os.lstat(p)
@@ -1182,36 +1191,27 @@ class _Restore:
                 problems.append(f"folder mode or mtime differs: {rel}")
         f = self.folders.get((ri, rel)) or _EMPTY
         prefix = f"{rel}/" if rel else ""
-        skip = self.skip.get(path)
-        matched = 0
-        with os.scandir(path) as it:
-            for de in it:
-                i = f.index.get(de.name)
-                if i is None:
-                    if de.name != skip and not de.name.startswith(STAGING_PREFIX) and (
-                            de.is_dir(follow_symlinks=False) or de.is_file(follow_symlinks=False) or de.is_symlink()):
-                        problems.append(f"extra: {prefix}{de.name}")
-                    continue
-                matched += 1
-                kind = f.types[i]
-                if kind == "o":
-                    continue
-                if (kind == "d") != de.is_dir(follow_symlinks=False):
-                    problems.append(f"type differs: {prefix}{de.name}")
-                elif kind == "d":
-                    if deep:
-                        self.check_folder(ri, prefix + de.name, de.path, f.entry(ri, rel, i), problems, deep)
-                else:
-                    sst = self.links.get((ri, prefix + de.name))
-                    if sst is not None and (de.inode() != sst.st_ino or not de.is_file(follow_symlinks=False)):
-                        problems.append(f"content differs: {prefix}{de.name}")
-        if matched < len(f.names):
-            try:
-                present = set(os.listdir(path))
-            except FileNotFoundError:
-                present = set()
-            problems.extend(f"missing: {prefix}{name}" for name, kind in zip(f.names, f.types, strict=True)
-                            if kind != "o" and name not in present)
+        try:
+            live = set(os.listdir(path))
+        except FileNotFoundError:
+            live = set()
+        # Sets, compared in C: this runs for every folder the commit touched.
+        if "o" in f.types:  # sockets and the like: neither required nor extra
+            others = {n for n, k in zip(f.names, f.types, strict=True) if k == "o"}
+            want = set(f.names) - others
+            live -= others
+        else:
+            want = set(f.names)
+        extra = live - want
+        extra.discard(self.skip.get(path))
+        for n in sorted(extra):  # none, normally: only a socket or FIFO may stay
+            if not n.startswith(STAGING_PREFIX) and _kind(os.lstat(f"{path}/{n}").st_mode) != "o":
+                problems.append(f"extra: {prefix}{n}")
+        problems.extend(f"missing: {prefix}{n}" for n in sorted(want - live))
+        if deep:
+            for i in (i for i, k in enumerate(f.types) if k == "d"):
+                name = f.names[i]
+                self.check_folder(ri, prefix + name, f"{path}/{name}", f.entry(ri, rel, i), problems, deep)
 
 
 def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress | None = None,
