@@ -435,11 +435,11 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
 # Restoring
 # --------------------------------------------------------------------------------------
 _STORED = {"link": "L", "reflink": "R", "copy": "C", None: "-"}
+_STORED_BACK = {v: k for k, v in _STORED.items()}
 
 
 class ManifestDamaged(ValueError):
     """Raised by Folder while it reads an entry; the restore reports it as SnapshotDamaged."""
-_STORED_BACK = {v: k for k, v in _STORED.items()}
 
 
 class Folder:
@@ -563,11 +563,11 @@ class Manifest:
                 man = cls(roots, folders, real_roots)
             else:  # version 1: one flat list
                 entries = doc["entries"]
-                if not all(isinstance(e, list) and len(e) == 9 and type(e[0]) is int and 0 <= e[0] < len(roots)
-                           and type(e[1]) is str and e[2] in ("f", "d", "l", "o") for e in entries):
-                    raise _bad_entry(snap, next(e for e in entries if not (
-                        isinstance(e, list) and len(e) == 9 and type(e[0]) is int and 0 <= e[0] < len(roots)
-                        and type(e[1]) is str and e[2] in ("f", "d", "l", "o"))))
+                bad = next((e for e in entries if not (
+                    isinstance(e, list) and len(e) == 9 and type(e[0]) is int and 0 <= e[0] < len(roots)
+                    and type(e[1]) is str and e[2] in ("f", "d", "l", "o"))), None)
+                if bad is not None:
+                    raise _bad_entry(snap, bad)
                 man = cls.of(roots, entries, real_roots)
             entries = man.entries if validate else []
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
@@ -600,7 +600,7 @@ class RestoreResult:
     verified: int
     seconds: float
     cleanup_restored: int = 0
-    folders_rebuilt: int = 0  # folders built whole from the store and swapped in
+    folders_rebuilt: int = 0  # missing folders built whole from the store and renamed in
     displaced: list[str] = field(default_factory=list)  # moved out, not yet deleted
     removal_seconds: float = 0.0  # deleting what was moved out (after `seconds`, if deferred)
     phases: dict[str, float] = field(default_factory=dict)  # seconds: load, scan, stage, commit, verify, finish
@@ -922,6 +922,11 @@ class _Restore:
             os.mkdir(s, 0o700)
         self.n += 1
         return f"{s}/{self.n}"
+
+    def discard_staging(self) -> None:
+        """A restore that stops: what it staged (and anything it moved out) goes."""
+        for s in self.staging.values():
+            shutil.rmtree(s, ignore_errors=True)
 
     def check_links(self, d: _Dir) -> None:
         """Before the commit: every stored inode folder d's files will be linked to exists
@@ -1265,8 +1270,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                          f"{snap.id}` again; the restore is idempotent") from exc
             mark("commit")
         except BaseException:
-            for s in r.staging.values():
-                shutil.rmtree(s, ignore_errors=True)
+            r.discard_staging()
             raise
         # The flush runs while the verification reads the tree back and the plan is freed
         # (the kernel does the one, Python the others); it has finished before this
@@ -1277,8 +1281,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
             try:
                 verified = verify(env, snap, man) if full_verify else r.verify()
             except BaseException:
-                for s in r.staging.values():
-                    shutil.rmtree(s, ignore_errors=True)
+                r.discard_staging()
                 raise
             mark("verify")
             chmodded = sum(len(d.chmods) for d in r.dirs)
