@@ -39,6 +39,11 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
     # The rollback was measured byte-exact (every file hashed before and after), with the
     # time of each of its phases.
     assert result["rollback"]["byte_exact"] is True
+    # The rollback and uv's sync race several rounds per repetition, each checked byte-exact.
+    rollback = next(r for r in result["rows"] if r["step"] == "rollback")
+    assert result["rollback_rounds"] == 3
+    assert len(rollback["samples"]) == len(rollback["baseline_samples"]) == 3
+    assert "of 3 races with uv" in render(result)
     assert set(result["rollback"]["phases"]) == {"load", "scan", "stage", "commit", "verify", "finish"}
     assert result["environment"]["measured_files"] >= 400
     assert result["snapshot"]["files_linked"] > 0
@@ -54,11 +59,12 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
     built = {p.name: p.stat().st_mtime_ns for p in wheels.iterdir()}
     python_ino = (tmp_path / "bench" / "synthetic-s0.002" / "venv" / "pyvenv.cfg").stat().st_ino
     again = run_bench(BenchConfig(scale=0.002, reps=1, root=tmp_path / "bench", log_mb=1,
-                                  full_copy=False, say=lambda m: None))
+                                  full_copy=False, rollback_rounds=1, say=lambda m: None))
     assert {p.name: p.stat().st_mtime_ns for p in wheels.iterdir()} == built
     assert (tmp_path / "bench" / "synthetic-s0.002" / "venv" / "pyvenv.cfg").stat().st_ino == python_ino
     assert again["rollback"]["byte_exact"] is True
     assert all(r["baseline"] != "cp -a (full copy)" for r in again["rows"])
+    assert len(next(r for r in again["rows"] if r["step"] == "rollback")["samples"]) == 1
 
 
 def test_cli_writes_results_json(tmp_path: Path) -> None:
@@ -72,3 +78,17 @@ def test_cli_writes_results_json(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["environment"]["scale"] == 0.002
     assert "ratio" in cp.stdout and "results written to" in cp.stdout
+
+
+def test_a_scale_the_disk_cannot_hold_is_refused_before_anything_is_built(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    free = shutil.disk_usage(tmp_path).free
+    scale = max(1.0, 3 * free / totals(1.0)["bytes"])  # needs three times more than is free
+    cp = subprocess.run([sys.executable, "-m", "rewheel.bench", "--scale", f"{scale:.0f}", "--reps", "1",
+                         "--dir", str(tmp_path / "b")], capture_output=True, text=True)
+    assert cp.returncode == 2, (cp.stdout, cp.stderr)
+    assert f"free under {tmp_path / 'b'}" in cp.stderr and "BENCH_SCALE" in cp.stderr, cp.stderr
+    # Nothing was built: the scale's folder holds at most the set lists, no wheels.
+    assert not list((tmp_path / "b").rglob("*.whl"))

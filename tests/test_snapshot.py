@@ -25,6 +25,14 @@ from rewheel.runner import open_target, rollback, snapshot_now
 COPY = ("--link-mode", "copy")
 
 
+@pytest.fixture(params=[1, 2], ids=["one-lane", "two-lanes"])
+def lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Restores in this test run in one process, then in two (the default for a large
+    environment on two CPUs): the same checks must hold either way."""
+    monkeypatch.setattr(snapmod, "_auto_lanes", lambda snap: request.param)
+    return request.param
+
+
 @pytest.fixture
 def venv(tmp_path: Path, wheelhouse: Path) -> Path:
     py = make_venv(tmp_path / "env")
@@ -71,7 +79,7 @@ def block_network(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def test_snapshot_damage_rollback_is_byte_exact_offline(venv: Path, wheelhouse: Path, uv_cache: Path,
+def test_snapshot_damage_rollback_is_byte_exact_offline(lanes: int, venv: Path, wheelhouse: Path, uv_cache: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     prefix = venv.parent.parent
     before = tree_state(prefix)
@@ -94,6 +102,7 @@ def test_snapshot_damage_rollback_is_byte_exact_offline(venv: Path, wheelhouse: 
     block_network(monkeypatch)
     res = rollback(open_target(Recipe.for_python(venv)), snap.meta.id)
     assert res.restore.written > 0 and res.restore.deleted > 0
+    assert res.restore.lanes == lanes
     assert tree_state(prefix) == before
     # The environment works again on the old versions.
     out = subprocess.run([str(venv), "-c", "import toypkg, toyhelper; print(toypkg.__version__, toyhelper.HELP)"],
@@ -114,7 +123,7 @@ def test_pristine_files_are_shared_patched_files_copied(venv: Path) -> None:
 
 
 @pytest.mark.parametrize("how", ["other-filesystem", "links-fail"])
-def test_store_where_links_fail(venv: Path, wheelhouse: Path, tmp_path: Path, how: str,
+def test_store_where_links_fail(lanes: int, venv: Path, wheelhouse: Path, tmp_path: Path, how: str,
                                 monkeypatch: pytest.MonkeyPatch) -> None:
     if how == "other-filesystem":
         shm = Path("/dev/shm")
@@ -194,7 +203,7 @@ def _tamper(doc: dict, how: str) -> dict:
     ("folder outside the prefix", "escapes the prefix"), ("name that climbs", "escapes the prefix"),
     ("name with a slash", "escapes the prefix"), ("version 1", "escapes the prefix"),
     ("columns that do not line up", "is unreadable")])
-def test_tampered_manifest_is_refused_before_anything_changes(venv: Path, wheelhouse: Path, how: str,
+def test_tampered_manifest_is_refused_before_anything_changes(lanes: int, venv: Path, wheelhouse: Path, how: str,
                                                              message: str) -> None:
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
@@ -207,7 +216,7 @@ def test_tampered_manifest_is_refused_before_anything_changes(venv: Path, wheelh
     assert tree_state(venv.parent.parent) == damaged  # never half-applied
 
 
-def test_a_shared_file_replaced_with_the_same_size_and_mtime_is_put_back(venv: Path) -> None:
+def test_a_shared_file_replaced_with_the_same_size_and_mtime_is_put_back(lanes: int, venv: Path) -> None:
     """A file swapped for other bytes of the same size, its mtime copied over (`cp -p`, a
     careful editor): a stat cannot tell, but it is no longer the inode the snapshot shares,
     so the restore puts the original back."""
@@ -229,7 +238,7 @@ def test_a_shared_file_replaced_with_the_same_size_and_mtime_is_put_back(venv: P
     assert tree_state(prefix) == before
 
 
-def test_a_version_1_manifest_still_restores_byte_for_byte(venv: Path, wheelhouse: Path) -> None:
+def test_a_version_1_manifest_still_restores_byte_for_byte(lanes: int, venv: Path, wheelhouse: Path) -> None:
     """Snapshots taken before manifest version 2 (flat entries, no inode numbers)."""
     prefix = venv.parent.parent
     before = tree_state(prefix)
@@ -243,7 +252,7 @@ def test_a_version_1_manifest_still_restores_byte_for_byte(venv: Path, wheelhous
 
 
 @pytest.mark.parametrize("kind", ["missing", "changed-copy", "changed-shared"])
-def test_damaged_store_is_refused_before_anything_changes(venv: Path, wheelhouse: Path, kind: str) -> None:
+def test_damaged_store_is_refused_before_anything_changes(lanes: int, venv: Path, wheelhouse: Path, kind: str) -> None:
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
     files = [e for e in manifest_entries(snap.path) if e[2] == "f"]
@@ -270,7 +279,7 @@ def test_damaged_store_is_refused_before_anything_changes(venv: Path, wheelhouse
     assert tree_state(venv.parent.parent) == damaged
 
 
-def test_damage_to_a_stored_file_the_restore_does_not_need_does_not_block_it(venv: Path, wheelhouse: Path) -> None:
+def test_damage_to_a_stored_file_the_restore_does_not_need_does_not_block_it(lanes: int, venv: Path, wheelhouse: Path) -> None:
     """The restore checks what it uses. A stored file whose live twin is untouched is not
     needed: the environment still comes back byte for byte."""
     prefix = venv.parent.parent
@@ -286,7 +295,7 @@ def test_damage_to_a_stored_file_the_restore_does_not_need_does_not_block_it(ven
     assert tree_state(prefix) == before
 
 
-def test_restore_is_idempotent_and_noop_when_unchanged(venv: Path) -> None:
+def test_restore_is_idempotent_and_noop_when_unchanged(lanes: int, venv: Path) -> None:
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
     res = rollback(open_target(Recipe.for_python(venv)), snap.id)
@@ -303,7 +312,7 @@ def test_verify_catches_a_difference(venv: Path) -> None:
         snapmod.verify(Environment.inspect(venv), snap)
 
 
-def test_symlinks_modes_and_empty_dirs(venv: Path, wheelhouse: Path) -> None:
+def test_symlinks_modes_and_empty_dirs(lanes: int, venv: Path, wheelhouse: Path) -> None:
     prefix = venv.parent.parent
     (prefix / "share" / "empty").mkdir(parents=True)
     os.symlink("../lib", prefix / "share" / "lib-link")
@@ -381,7 +390,7 @@ def test_cli_unknown_snapshot_is_a_usage_error(venv: Path) -> None:
     assert "no snapshot 'nope'" in cp.stderr
 
 
-def test_a_restore_killed_while_staging_is_finished_by_the_next(venv: Path, wheelhouse: Path,
+def test_a_restore_killed_while_staging_is_finished_by_the_next(lanes: int, venv: Path, wheelhouse: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     prefix = venv.parent.parent
     before = tree_state(prefix)
@@ -392,7 +401,7 @@ def test_a_restore_killed_while_staging_is_finished_by_the_next(venv: Path, whee
 
     def dies_midway(src: str, dst: str):
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == (3 if lanes == 1 else 1):  # each lane counts its own copies
             raise KeyboardInterrupt  # as a kill would, while staging
         return real(src, dst)
 
@@ -426,7 +435,7 @@ def test_label_with_a_slash_and_markup_is_found_and_shown_verbatim(venv: Path) -
         t.store.get("../x")
 
 
-def test_snapshot_through_a_symlinked_prefix_restores_by_the_real_path(venv: Path, wheelhouse: Path,
+def test_snapshot_through_a_symlinked_prefix_restores_by_the_real_path(lanes: int, venv: Path, wheelhouse: Path,
                                                                       tmp_path: Path) -> None:
     prefix = venv.parent.parent
     link = tmp_path / "env-link"
@@ -490,3 +499,67 @@ def test_import_name_of_the_upgraded_distribution(venv: Path) -> None:
     assert env.import_name(["ToyPkg"]) == "toypkg"  # any spelling of the distribution name
     assert env.import_name(["flashinfer-python"]) == "flashinfer_python"  # not installed
     assert env.import_name([]) is None
+
+
+@pytest.mark.parametrize("lane", [0, 1])
+def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv: Path, wheelhouse: Path,
+                                                                          lane: int,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two lanes (processes) restore their own folders; a stored file one of them needs is
+    damaged: neither commits, the environment is as the damage left it, neither leaves a
+    staging folder, and the second process is gone."""
+    monkeypatch.setattr(snapmod, "_auto_lanes", lambda snap: 2)
+    prefix = venv.parent.parent
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    shares = snapmod.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
+    sp = str(site_packages(venv).relative_to(prefix))
+    # damage() reinstalls toypkg and toyhelper: the restore needs every stored file of theirs.
+    needed = [e for e in manifest_entries(snap.path) if e[2] == "f" and e[7] == "link"
+              and e[1].startswith((f"{sp}/toypkg", f"{sp}/toyhelper"))]
+    victim = next(e for e in needed if (0, e[1].rpartition("/")[0]) in shares[lane])
+    (snap.path / "tree" / "0" / victim[1]).unlink()
+    damage(venv, wheelhouse)
+    damaged = tree_state(prefix)
+    with pytest.raises(SnapshotDamaged) as err:
+        rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert err.value.exit_code == 3 and victim[1] in str(err.value)
+    assert tree_state(prefix) == damaged
+    assert not [p for p in os.listdir(prefix) if p.startswith(snapmod.STAGING_PREFIX)]
+    with pytest.raises(ChildProcessError):  # the second lane was waited for
+        os.waitpid(-1, os.WNOHANG)
+
+
+@pytest.mark.parametrize("lane", [0, 1])
+def test_a_lane_failing_midway_is_reported_and_the_next_restore_finishes(venv: Path, wheelhouse: Path, lane: int,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapmod, "_auto_lanes", lambda snap: 2)
+    # The package folders fall to the second lane in this small environment; swapping the
+    # shares gives them to the first (this process) for the other case.
+    real_share = snapmod.share_folders
+    monkeypatch.setattr(snapmod, "share_folders", lambda man, n: real_share(man, n)[::1 if lane else -1])
+    prefix = venv.parent.parent
+    before = tree_state(prefix)
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    shares = snapmod.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
+    sp = str(site_packages(venv).relative_to(prefix))
+    # Files of the package folders, which stay: the commit relinks them in place.
+    relinked = [e for e in manifest_entries(snap.path) if e[2] == "f" and e[7] == "link"
+                and e[1].startswith((f"{sp}/toypkg/", f"{sp}/toyhelper/"))]
+    victim = next(e for e in relinked if (0, e[1].rpartition("/")[0]) in shares[lane])
+    name = victim[1].rpartition("/")[2]
+    damage(venv, wheelhouse)
+    real_link = os.link
+
+    def disk_error(src, dst, *args, **kwargs):  # the lane's process inherits this (fork)
+        if str(dst) == name or str(dst).endswith(f"/{name}"):  # relinked in place, or in a rebuilt folder
+            raise OSError(errno.EIO, "Input/output error (injected)")
+        return real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", disk_error)
+    with pytest.raises(RestoreError, match="failed midway.*Input/output error"):
+        rollback(open_target(Recipe.for_python(venv)), snap.id)
+    monkeypatch.setattr(os, "link", real_link)
+    res = rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert res.restore.lanes == 2
+    assert tree_state(prefix) == before
+    assert not [p for p in os.listdir(prefix) if p.startswith(snapmod.STAGING_PREFIX)]

@@ -30,19 +30,23 @@ import fcntl
 import glob
 import hashlib
 import json
+import marshal
 import os
 import secrets
 import shutil
+import signal
 import stat
+import struct
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rewheel.environment import Distribution, Environment
-from rewheel.errors import RestoreError, SnapshotDamaged, SnapshotError
+from rewheel.errors import RestoreError, RewheelError, SnapshotDamaged, SnapshotError
 from rewheel.paths import atomic_write, ensure_private_dir, env_dir, fsync_dir, state_home
 
 MANIFEST_VERSION = 2  # 2: by folder, as columns, with shared inodes; version 1 still loads
@@ -604,12 +608,14 @@ class RestoreResult:
     displaced: list[str] = field(default_factory=list)  # moved out, not yet deleted
     removal_seconds: float = 0.0  # deleting what was moved out (after `seconds`, if deferred)
     phases: dict[str, float] = field(default_factory=dict)  # seconds: load, scan, stage, commit, verify, finish
+    lanes: int = 1  # processes that shared the work
 
     def to_json(self) -> dict[str, Any]:
         return {"snapshot_id": self.snapshot_id, "written": self.written, "deleted": self.deleted,
                 "chmodded": self.chmodded, "unchanged": self.unchanged, "verified": self.verified,
                 "seconds": round(self.seconds, 3), "cleanup_restored": self.cleanup_restored,
-                "folders_rebuilt": self.folders_rebuilt, "removal_seconds": round(self.removal_seconds, 3)}
+                "folders_rebuilt": self.folders_rebuilt, "removal_seconds": round(self.removal_seconds, 3),
+                "lanes": self.lanes}
 
 
 def _live_roots(snap: SnapshotMeta, man: Manifest, live_roots: list[Root]) -> list[Root]:
@@ -726,6 +732,18 @@ def _check_tree(snap: SnapshotMeta, man: Manifest) -> None:
             raise _bad_entry(snap, f"folder {prefix or '.'} of root {ri} ({', '.join(map(str, f.names[:5]))})")
 
 
+def share_folders(man: Manifest, n: int) -> list[set[tuple[int, str]]]:
+    """The manifest's folders shared out between n lanes, balanced by entries: the same
+    shares in every lane, since all read the same manifest."""
+    shares: list[set[tuple[int, str]]] = [set() for _ in range(n)]
+    load = [0] * n
+    for key, f in man.folders.items():
+        j = load.index(min(load))
+        load[j] += 1 + len(f.names)
+        shares[j].add(key)
+    return shares
+
+
 @dataclass(eq=False)
 class _Dir:
     """One live folder compared with the manifest: what it needs."""
@@ -758,12 +776,15 @@ class _Restore:
     only once every stored file it will use has been checked."""
 
     def __init__(self, env: Environment, snap: SnapshotMeta, man: Manifest, roots: list[Root],
-                 progress: Progress | None) -> None:
+                 progress: Progress | None, lane: tuple[int, int] | None = None) -> None:
         self.env, self.snap, self.roots = env, snap, roots
         self.tree = str(snap.path / "tree")
         self.progress = progress
         _check_tree(snap, man)
+        self.man = man
         self.folders = man.folders
+        # Lane k of n owns its share of the folders; None: this restore owns every folder.
+        self.owned = share_folders(man, lane[1])[lane[0]] if lane is not None else None
         home = Path(snap.path).parents[3]  # the store's home, when it lives inside the prefix
         self.skip = {str(home.parent): home.name}
         self.staging: dict[int, str] = {}
@@ -783,6 +804,8 @@ class _Restore:
         try:
             fd = os.open(path, _DIR_FLAGS)
         except FileNotFoundError:  # the root itself is gone: everything is missing
+            if self.owned is not None and (ri, "") not in self.owned:
+                return  # the root's lane builds it all
             d = _Dir(ri, "", path, None, None)
             self.dirs.append(d)
             self.add_missing(d, self.folders.get((ri, "")) or _EMPTY, set())
@@ -797,6 +820,9 @@ class _Restore:
         """Compare folder `rel` (open as fd: every stat is relative to it; `own`: where its
         own entry is, in its parent's columns) with the manifest; keep it if it needs anything."""
         f = self.folders.get((ri, rel)) or _EMPTY
+        if self.owned is not None and (ri, rel) not in self.owned:
+            self.pass_through(ri, rel, path, f, fd)
+            return
         find, types, modes, sizes, mtimes, inos = f.index.get, f.types, f.modes, f.sizes, f.mtimes, f.inos
         is_reg, mode_of = stat.S_ISREG, stat.S_IMODE
         writes: list[list[Any]] = []
@@ -862,6 +888,28 @@ class _Restore:
                 self.add_missing(d, f, set(os.listdir(fd)) if matched else set())
             if d.touched or d.chmods or d.attrs_off:
                 self.dirs.append(d)
+
+    def pass_through(self, ri: int, rel: str, path: str, f: Folder, fd: int) -> None:
+        """A folder another lane compares: only go down to the folders below it (known from
+        the manifest). One that is no longer a folder is left to the owner of this one."""
+        prefix = f"{rel}/" if rel else ""
+        owned = self.owned or set()
+        i = f.types.find("d")
+        while i >= 0:
+            name = f.names[i]
+            i_next = f.types.find("d", i + 1)
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                i = i_next
+                continue
+            try:
+                child = prefix + name
+                self.scan(ri, child, f"{path}/{name}", (f, rel, i),
+                          os.fstat(sub) if (ri, child) in owned else None, sub)
+            finally:
+                os.close(sub)
+            i = i_next
 
     def add_missing(self, d: _Dir, f: Folder, present: set[str]) -> None:
         for i, name in enumerate(f.names):
@@ -1152,12 +1200,13 @@ class _Restore:
             os.chmod(self.path_of(d, e), e[3])
 
     # Verify ----------------------------------------------------------------------------
-    def verify(self) -> int:
-        """Every folder the commit changed holds exactly the manifest's names, with the
-        manifest's mode and mtime (folders it built, all the way down); copies, symlinks and
-        re-moded files are stat'ed again. A re-linked file needs no second look: link(2) made
-        its name the stored inode whose size and mtime were checked just before, and a copy
-        had its sha256 checked while it was made."""
+    def verify(self) -> list[str]:
+        """What differs from the manifest in the folders this restore changed (nothing, when
+        it worked): each holds exactly the manifest's names, with the manifest's mode and
+        mtime (folders it built, all the way down); copies, symlinks and re-moded files are
+        stat'ed again. A re-linked file needs no second look: link(2) made its name the
+        stored inode whose size and mtime were checked just before, and a copy had its
+        sha256 checked while it was made."""
         problems: list[str] = []
         for d in self.dirs:
             for e in d.writes + d.chmods:
@@ -1178,8 +1227,14 @@ class _Restore:
                 self.check_folder(d.ri, d.rel, d.path, d.entry, problems, deep=False)
                 for e in d.missing:
                     self.check_folder(d.ri, e[1], self.path_of(d, e), e, problems, deep=True)
-        _raise_if_problems(self.env, self.snap, problems)
-        return sum(len(f.names) for f in self.folders.values()) - self.others
+        return problems
+
+    def summary(self) -> dict[str, Any]:
+        """What this lane did, for the lane that reports the restore."""
+        return {"written": self.written, "deleted": sum(len(d.extras) for d in self.dirs),
+                "chmodded": sum(len(d.chmods) for d in self.dirs),
+                "folders_rebuilt": sum(len(d.missing) for d in self.dirs), "others": self.others,
+                "displaced": list(self.staging.values())}
 
     def check_folder(self, ri: int, rel: str, path: str, e: list[Any] | None, problems: list[str],
                      deep: bool) -> None:
@@ -1219,8 +1274,17 @@ class _Restore:
                 self.check_folder(ri, prefix + name, f"{path}/{name}", f.entry(ri, rel, i), problems, deep)
 
 
+LANES_MIN_FILES = 4000  # below this, a second lane costs more (a fork) than it saves
+
+
+def _auto_lanes(snap: SnapshotMeta) -> int:
+    """Two lanes where there are two CPUs and enough files for them to share."""
+    return 2 if hasattr(os, "fork") and (os.cpu_count() or 1) >= 2 and snap.files >= LANES_MIN_FILES else 1
+
+
 def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress | None = None,
-                     full_verify: bool = False, defer_removal: bool = False) -> RestoreResult:
+                     full_verify: bool = False, defer_removal: bool = False,
+                     lanes: int | None = None) -> RestoreResult:
     """Make the environment's files exactly the snapshot's, then verify. Offline; no uv.
 
     Cost: one listing of the environment, a stat of each file that may be unchanged (a
@@ -1229,38 +1293,41 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
     build's new subpackages and dist-info) leave in one rename each and are deleted after
     the environment is back — by the caller, once it has restarted the service, with
     `defer_removal=True` (`RestoreResult.displaced`, `remove_displaced`).
+
+    With `lanes=2` (the default on two or more CPUs, for a snapshot of LANES_MIN_FILES files
+    or more) the folders are shared out between this process and a forked one, which
+    compare, check, commit and verify their own folders at the same time: the work is
+    system calls, and a second process makes them on a second CPU (threads would queue on
+    the GIL between calls). Both lanes have checked everything they will use before either
+    changes anything; a lane that fails before the commit stops both.
     `full_verify=True` walks the whole environment again after the commit.
     """
     t0 = time.perf_counter()
     phases: dict[str, float] = {}
 
     def mark(name: str) -> None:
-        phases[name] = time.perf_counter() - t0 - sum(phases.values())
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0 - sum(phases.values())
 
+    n = _auto_lanes(snap) if lanes is None else max(1, min(2, lanes))
     # Tens of thousands of names, numbers, entries and stat results, none of them in a
     # cycle: the cyclic collector would only walk them again and again.
     with _gc_paused():
         live_roots = scope_of(env)
         _remove_stale_staging(live_roots)
-        man = Manifest.load(snap, validate=False)
-        roots = _live_roots(snap, man, live_roots)
-        r = _Restore(env, snap, man, roots, progress)  # indexes the manifest, validating it
-        mark("load")
+        # The other lane is forked before the manifest is read: each reads its own copy
+        # (in parallel), so neither pays for copy-on-write pages of the other's objects.
+        peer = _Peer.start(env, snap, live_roots) if n == 2 else None
         try:
-            for ri, root in enumerate(roots):
-                if root.whole:
-                    r.scan_root(ri)
-                else:
-                    r.scan_listed(ri)
-        except ManifestDamaged as exc:
-            raise _bad_entry(snap, exc) from None
-        mark("scan")
+            r = _prepare(env, snap, live_roots, (0, 2) if peer else None, progress, mark)
+        except BaseException:
+            if peer is not None:
+                peer.stop()
+            raise
         try:
-            try:
-                r.stage()  # every stored file the commit will use is checked here
-            except ManifestDamaged as exc:
-                raise _bad_entry(snap, exc) from None
-            mark("stage")
+            if peer is not None:
+                peer.staged()  # raises what stopped the other lane, if anything did
+                mark("stage")
+                peer.go()
             try:
                 r.commit()
             except OSError as exc:
@@ -1271,27 +1338,44 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
             mark("commit")
         except BaseException:
             r.discard_staging()
+            if peer is not None:
+                peer.stop()
             raise
         # The flush runs while the verification reads the tree back and the plan is freed
         # (the kernel does the one, Python the others); it has finished before this
-        # returns or raises, so a restore reported done is on disk.
+        # returns or raises, so a restore reported done is on disk. It starts once both
+        # lanes have committed, so it covers what each wrote.
         syncer = threading.Thread(target=os.sync, name="rewheel-sync", daemon=True)
-        syncer.start()
         try:
             try:
-                verified = verify(env, snap, man) if full_verify else r.verify()
+                if peer is not None:
+                    peer.committed()
+                syncer.start()
+                problems = [] if full_verify else r.verify()
+                done = r.summary()
+                if peer is not None:
+                    other = peer.done()
+                    problems += other.pop("problems")
+                    done = {k: v + other[k] for k, v in done.items()}
+                if full_verify:
+                    verified = verify(env, snap, r.man)
+                else:
+                    _raise_if_problems(env, snap, problems)
+                    verified = sum(len(f.names) for f in r.folders.values()) - done["others"]
             except BaseException:
                 r.discard_staging()
                 raise
             mark("verify")
-            chmodded = sum(len(d.chmods) for d in r.dirs)
-            res = RestoreResult(snap.id, r.written, sum(len(d.extras) for d in r.dirs), chmodded,
-                                verified - r.written - chmodded, verified, 0.0,
-                                folders_rebuilt=sum(len(d.missing) for d in r.dirs),
-                                displaced=list(r.staging.values()), phases=phases)
-            del r, man  # freed here, so the collector has nothing of theirs to walk once back on
+            res = RestoreResult(snap.id, done["written"], done["deleted"], done["chmodded"],
+                                verified - done["written"] - done["chmodded"], verified, 0.0,
+                                folders_rebuilt=done["folders_rebuilt"], displaced=done["displaced"],
+                                phases=phases, lanes=n)
+            del r  # freed here, so the collector has nothing of its to walk once back on
         finally:
-            syncer.join()
+            if syncer.ident is not None:
+                syncer.join()
+            if peer is not None:
+                peer.reap()
         mark("finish")
     # `seconds`: until the environment is back, verified and on disk. Deleting what was
     # moved out of it is counted apart (`removal_seconds`), whenever it happens.
@@ -1299,6 +1383,188 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
     if not defer_removal:
         remove_displaced(res)
     return res
+
+
+def _prepare(env: Environment, snap: SnapshotMeta, live_roots: list[Root], lane: tuple[int, int] | None,
+             progress: Progress | None, mark: Callable[[str], None]) -> _Restore:
+    """Read the manifest, compare the lane's folders with it, check and stage what they
+    need. Nothing in the environment has changed when this returns or raises."""
+    man = Manifest.load(snap, validate=False)
+    roots = _live_roots(snap, man, live_roots)
+    r = _Restore(env, snap, man, roots, progress, lane)  # indexes the manifest, validating it
+    mark("load")
+    try:
+        for ri, root in enumerate(roots):
+            if root.whole:
+                r.scan_root(ri)
+            elif lane is None or lane[0] == 0:
+                r.scan_listed(ri)
+    except ManifestDamaged as exc:
+        raise _bad_entry(snap, exc) from None
+    mark("scan")
+    try:
+        r.stage()  # every stored file the commit will use is checked here
+    except BaseException as exc:
+        r.discard_staging()
+        if isinstance(exc, ManifestDamaged):
+            raise _bad_entry(snap, exc) from None
+        if isinstance(exc, OSError):
+            raise RestoreError(
+                f"restoring snapshot {snap.id} into {env.prefix} stopped while staging, before anything "
+                f"changed: {exc}",
+                hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python {env.python} "
+                     f"{snap.id}` again") from exc
+        raise
+    mark("stage")
+    return r
+
+
+_ERRORS: dict[str, type[RewheelError]] = {c.__name__: c for c in (SnapshotDamaged, RestoreError, SnapshotError)}
+
+
+class _Peer:
+    """The second lane of a restore: a forked process, and a pipe each way. It sends
+    ("staged",) or ("failed", …) once its folders are compared, checked and staged, waits
+    for "go" (or "stop", or the end of the pipe: it then discards its staging and exits),
+    commits and sends ("committed",), verifies and sends ("done", summary) — or
+    ("failed", error class, message, hint) at any point."""
+
+    def __init__(self, pid: int, rfd: int, wfd: int) -> None:
+        self.pid, self.rfd, self.wfd = pid, rfd, wfd
+
+    @classmethod
+    def start(cls, env: Environment, snap: SnapshotMeta, live_roots: list[Root]) -> _Peer:
+        up_r, up_w = os.pipe()
+        down_r, down_w = os.pipe()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about forking a process with threads (a progress display):
+            # the child touches none of their locks — it prints nothing, and leaves by _exit.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.close(up_r)
+                os.close(down_w)
+                _lane_child(env, snap, live_roots, down_r, up_w)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(up_w)
+        os.close(down_r)
+        return cls(pid, up_r, down_w)
+
+    def _recv(self) -> tuple[Any, ...]:
+        try:
+            return _recv(self.rfd)
+        except (EOFError, OSError, ValueError) as exc:
+            raise RestoreError(f"the restore's second process ended without reporting ({exc or 'no reply'})",
+                               hint="run the rollback again; the restore is idempotent") from None
+
+    def staged(self) -> None:
+        msg = self._recv()
+        if msg[0] != "staged":
+            raise _error_from(msg)
+
+    def go(self) -> None:
+        _send(self.wfd, ("go",))
+
+    def committed(self) -> None:
+        msg = self._recv()
+        if msg[0] != "committed":
+            raise _error_from(msg)
+
+    def done(self) -> dict[str, Any]:
+        msg = self._recv()
+        if msg[0] != "done":
+            raise _error_from(msg)
+        return msg[1]
+
+    def stop(self) -> None:
+        """Before the commit: the other lane discards what it staged and exits."""
+        with contextlib.suppress(OSError):
+            _send(self.wfd, ("stop",))
+        self.reap()
+
+    def reap(self) -> None:
+        for fd in (self.rfd, self.wfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], rfd: int, wfd: int) -> None:
+    """The body of the second lane (in the forked process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first lane decides; Ctrl-C reaches it
+    try:
+        r = _prepare(env, snap, live_roots, (1, 2), None, lambda name: None)
+    except BaseException as exc:
+        _send(wfd, _error_msg(exc))
+        return
+    _send(wfd, ("staged",))
+    try:
+        go = _recv(rfd)[0] == "go"
+    except (EOFError, OSError, ValueError):
+        go = False
+    if not go:
+        r.discard_staging()
+        return
+    try:
+        r.commit()
+        _send(wfd, ("committed",))  # the first lane flushes both lanes' writes from here
+        problems = r.verify()
+    except BaseException as exc:
+        r.discard_staging()
+        if isinstance(exc, OSError):
+            exc = RestoreError(f"restoring snapshot {snap.id} into {env.prefix} failed midway: {exc}",
+                               hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python "
+                                    f"{env.python} {snap.id}` again; the restore is idempotent")
+        _send(wfd, _error_msg(exc))
+        return
+    _send(wfd, ("done", {**r.summary(), "problems": problems}))
+
+
+def _error_msg(exc: BaseException) -> tuple[Any, ...]:
+    if isinstance(exc, RewheelError):
+        return ("failed", type(exc).__name__, exc.message, exc.hint)
+    return ("failed", type(exc).__name__, str(exc), None)
+
+
+def _error_from(msg: tuple[Any, ...]) -> BaseException:
+    _, name, message, hint = msg
+    if name == "KeyboardInterrupt":  # the other lane ignores SIGINT; only a test raises it there
+        return KeyboardInterrupt()
+    cls = _ERRORS.get(name)
+    if cls is None:
+        return RestoreError(f"the restore's second process failed: {name}: {message}",
+                            hint="run the rollback again; the restore is idempotent")
+    return cls(message, hint=hint)
+
+
+def _send(fd: int, msg: tuple[Any, ...]) -> None:
+    """One message between the lanes: its length, then marshal (both ends are this code)."""
+    data = marshal.dumps(msg)
+    view = memoryview(struct.pack("<I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _recv(fd: int) -> tuple[Any, ...]:
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = os.read(fd, n - len(buf))
+            if not chunk:
+                raise EOFError("the other lane closed its pipe")
+            buf += chunk
+        return buf
+
+    (size,) = struct.unpack("<I", exactly(4))
+    msg = marshal.loads(exactly(size))
+    if not isinstance(msg, tuple) or not msg:
+        raise ValueError("a malformed message")
+    return msg
 
 
 @contextlib.contextmanager
