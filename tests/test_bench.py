@@ -42,6 +42,7 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
     # The rollback and uv's sync race several rounds per repetition, each checked byte-exact.
     rollback = next(r for r in result["rows"] if r["step"] == "rollback")
     assert result["rollback_rounds"] == 3
+    assert result["rollback"]["lanes"] == 1  # a toy environment restores in one process
     assert len(rollback["samples"]) == len(rollback["baseline_samples"]) == 3
     assert "of 3 races with uv" in render(result)
     assert set(result["rollback"]["phases"]) == {"load", "scan", "stage", "commit", "verify", "finish"}

@@ -45,10 +45,12 @@ def test_good_upgrade_exits_0_and_serves_the_new_version(host_factory) -> None:
     assert '"status": "upgraded"' in hist.stdout
 
 
-def test_breaking_smoke_reverts_byte_exact_and_names_the_root_cause(host_factory) -> None:
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_breaking_smoke_reverts_byte_exact_and_names_the_root_cause(host_factory, lanes: int) -> None:
     h = host_factory("3.0.0", "smoke-fails")
     before = h.state()
-    code, rep = h.run_json()
+    # One process restores a small environment by default; two is what a large one gets.
+    code, rep = h.run_json(env={"REWHEEL_RESTORE_LANES": str(lanes)})
     assert code == 1, rep["_stderr"]
     assert rep["status"] == "reverted"
     assert h.state() == before
@@ -59,6 +61,7 @@ def test_breaking_smoke_reverts_byte_exact_and_names_the_root_cause(host_factory
     assert rc["frame"]["file"].endswith("toypkg/layers.py")
     assert [s["name"] for s in rep["steps"] if not s["ok"]] == ["smoke"]
     assert rep["revert"]["restore"]["verified"] > 0
+    assert rep["revert"]["restore"]["lanes"] == lanes
     assert Path(rep["logs"]["smoke"]).read_text().count("Traceback") >= 1
 
 

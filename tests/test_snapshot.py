@@ -380,7 +380,23 @@ def test_cli_snapshot_history_rollback(venv: Path, wheelhouse: Path) -> None:
                         capture_output=True, text=True)
     assert cp.returncode == 0, cp.stderr
     assert json.loads(cp.stdout)["snapshot_id"] == snap["id"]
+    assert json.loads(cp.stdout)["restore"]["lanes"] == 1  # a small environment: one process
     assert tree_state(prefix) == before
+    # Two lanes from the command line (the default for a large environment on two CPUs).
+    damage(venv, wheelhouse)
+    two = {**os.environ, "REWHEEL_RESTORE_LANES": "2"}
+    cp = subprocess.run(rw + ["rollback", "--python", str(venv), snap["id"], "--yes", "--json"],
+                        capture_output=True, text=True, env=two)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["restore"]["lanes"] == 2
+    assert tree_state(prefix) == before
+    # A value that is neither 1 nor 2 is a usage error naming the variable; nothing changes.
+    damage(venv, wheelhouse)
+    damaged = tree_state(prefix)
+    cp = subprocess.run(rw + ["rollback", "--python", str(venv), snap["id"], "--yes"],
+                        capture_output=True, text=True, env={**os.environ, "REWHEEL_RESTORE_LANES": "8"})
+    assert cp.returncode == 2 and "REWHEEL_RESTORE_LANES='8'" in cp.stderr, cp.stderr
+    assert tree_state(prefix) == damaged
 
 
 def test_cli_unknown_snapshot_is_a_usage_error(venv: Path) -> None:

@@ -20,7 +20,8 @@ from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
 from rewheel.recipe import Recipe
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, SnapshotResult, Store,
-                              remove_displaced, restore_snapshot, take_snapshot, unstash_cleanup)
+                              remove_displaced, restore_lanes_setting, restore_snapshot, take_snapshot,
+                              unstash_cleanup)
 
 Say = Callable[[str], None]
 
@@ -45,6 +46,7 @@ class Target:
 
 
 def open_target(recipe: Recipe) -> Target:
+    restore_lanes_setting()  # a bad value is refused before any command acts
     env = Environment.inspect(recipe.python)
     return Target(recipe, env, Store(env.prefix, recipe.store or state_home()))
 

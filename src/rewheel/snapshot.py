@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from rewheel.environment import Distribution, Environment
-from rewheel.errors import RestoreError, RewheelError, SnapshotDamaged, SnapshotError
+from rewheel.errors import RestoreError, RewheelError, SnapshotDamaged, SnapshotError, UsageError
 from rewheel.paths import atomic_write, ensure_private_dir, env_dir, fsync_dir, state_home
 
 MANIFEST_VERSION = 2  # 2: by folder, as columns, with shared inodes; version 1 still loads
@@ -1280,9 +1280,22 @@ class _Restore:
 LANES_MIN_FILES = 4000  # below this, a second lane costs more (a fork) than it saves
 
 
+def restore_lanes_setting() -> int | None:
+    """`REWHEEL_RESTORE_LANES` (1 or 2), or None when unset. Commands check it before they
+    act (`runner.open_target`), so a bad value changes nothing."""
+    forced = os.environ.get("REWHEEL_RESTORE_LANES", "").strip()
+    if forced and forced not in ("1", "2"):
+        raise UsageError(f"REWHEEL_RESTORE_LANES={forced!r}: expected 1 or 2",
+                         hint="unset it to let rewheel choose (2 on Linux with two CPUs, for a large environment)")
+    return int(forced) if forced else None
+
+
 def _auto_lanes(snap: SnapshotMeta) -> int:
-    """Two lanes on Linux (where a fork is cheap and safe beside a progress display's
-    thread) with two CPUs, for enough files to share."""
+    """`REWHEEL_RESTORE_LANES` when set; otherwise two lanes on Linux (where a fork is cheap
+    and safe beside a progress display's thread) with two CPUs, for enough files to share."""
+    forced = restore_lanes_setting()
+    if forced is not None:
+        return forced
     return 2 if (sys.platform.startswith("linux") and (os.cpu_count() or 1) >= 2
                  and snap.files >= LANES_MIN_FILES) else 1
 
@@ -1375,7 +1388,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                                 verified - done["written"] - done["chmodded"], verified, 0.0,
                                 folders_rebuilt=done["folders_rebuilt"], displaced=done["displaced"],
                                 phases=phases, lanes=n)
-            del r  # freed here, so the collector has nothing of its to walk once back on
+            del r  # freed here, so the collector has none of it to walk once back on
         finally:
             if syncer.ident is not None:
                 syncer.join()

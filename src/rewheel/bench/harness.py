@@ -508,6 +508,7 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
     snap_info: dict[str, Any] = {}
     byte_exact: list[bool] = []
     restore_phases: list[dict[str, float]] = []
+    lanes_used: list[int] = []
     env_files = env_bytes = env_disk = 0
     scan_found: int | None = None
     diff_info: dict[str, Any] = {}
@@ -570,6 +571,7 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
             s["rollback"].append(dt)
             s["rollback_all"].append(dt + s["removal"][-1])
             restore_phases.append(rr.phases)
+            lanes_used.append(rr.lanes)
             after = fingerprint(prefix)
             exact = after == before
             byte_exact.append(exact)
@@ -628,6 +630,7 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
                      "extra_disk_target_pct": EXTRA_DISK_TARGET_PCT,
                      "extra_disk_pass": extra_pct <= EXTRA_DISK_TARGET_PCT},
         "rollback": {"byte_exact": bool(byte_exact) and all(byte_exact), "offline": True,
+                     "lanes": max(lanes_used, default=None),  # processes the restore ran in
                      # Where the restore's time goes (medians): read the manifest, compare the
                      # tree, check the stored files it will use, put them in place, verify.
                      "phases": {k: _r(_median([p[k] for p in restore_phases if k in p]))
@@ -752,7 +755,8 @@ def render(result: dict[str, Any]) -> str:
     lines.append(f"rollback byte-exact and offline: {'PASS' if result['rollback']['byte_exact'] else 'FAIL'}")
     phases = result["rollback"].get("phases") or {}
     if phases:
-        lines.append("rollback phases (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
+        lanes = result["rollback"].get("lanes")
+        lines.append(f"rollback phases (median s{f', {lanes} lanes' if lanes else ''}): " + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
     why = result["why"]
     if why.get("peak_rss_mb") is not None:
         lines.append(f"why peak memory: {why['peak_rss_mb']:.0f} MiB on a {why['log_bytes'] / 2**20:.0f} MiB log "
