@@ -1036,7 +1036,8 @@ class _Restore:
     def count_written(self) -> None:
         self.written += 1
         if self.progress and self.written % 500 == 0:
-            self.progress("restore", self.written, self.todo)
+            # In two lanes, this process counts its own half (the other prints nothing).
+            self.progress("restore" if self.owned is None else "restore (lane 1 of 2)", self.written, self.todo)
 
     def copy(self, e: list[Any], dst: str) -> None:
         src = f"{self.tree}/{e[0]}/{e[1]}"
