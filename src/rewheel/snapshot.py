@@ -1515,7 +1515,8 @@ class _Peer:
 
 def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], rfd: int, wfd: int) -> None:
     """The body of the second lane (in the forked process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first lane decides; Ctrl-C reaches it
+    with contextlib.suppress(ValueError):  # (not the main thread: then Ctrl-C never reaches this one)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first lane decides; Ctrl-C reaches it
     try:
         r = _prepare(env, snap, live_roots, (1, 2), None, lambda name: None)
     except BaseException as exc:
