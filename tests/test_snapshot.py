@@ -579,3 +579,17 @@ def test_a_lane_failing_midway_is_reported_and_the_next_restore_finishes(venv: P
     assert res.restore.lanes == 2
     assert tree_state(prefix) == before
     assert not [p for p in os.listdir(prefix) if p.startswith(snapmod.STAGING_PREFIX)]
+
+
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_restore_with_a_full_walk_afterwards(venv: Path, wheelhouse: Path, lanes: int) -> None:
+    """`full_verify` walks the whole environment again once every lane has committed."""
+    prefix = venv.parent.parent
+    before = tree_state(prefix)
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    damage(venv, wheelhouse)
+    res = snapmod.restore_snapshot(Environment.inspect(venv), snap, full_verify=True, lanes=lanes)
+    assert res.lanes == lanes and res.written > 0
+    assert res.verified == len(before)  # every entry walked and matched
+    assert tree_state(prefix) == before
+    assert not [p for p in os.listdir(prefix) if p.startswith(snapmod.STAGING_PREFIX)]

@@ -1365,6 +1365,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
         # returns or raises, so a restore reported done is on disk. It starts once both
         # lanes have committed, so it covers what each wrote.
         syncer = threading.Thread(target=os.sync, name="rewheel-sync", daemon=True)
+        other: dict[str, Any] = {}
         try:
             try:
                 if peer is not None:
@@ -1383,6 +1384,8 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                     verified = sum(len(f.names) for f in r.folders.values()) - done["others"]
             except BaseException:
                 r.discard_staging()
+                for p in other.get("displaced", ()):  # what the other lane moved out
+                    shutil.rmtree(p, ignore_errors=True)
                 raise
             mark("verify")
             res = RestoreResult(snap.id, done["written"], done["deleted"], done["chmodded"],
