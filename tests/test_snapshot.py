@@ -517,6 +517,16 @@ def test_import_name_of_the_upgraded_distribution(venv: Path) -> None:
     assert env.import_name([]) is None
 
 
+def shared_file_in_lane(venv: Path, snap: snapmod.SnapshotMeta, lane: int, *under: str) -> list:
+    """A shared (linked) file of site-packages, under one of `under`, in a folder that is
+    lane `lane`'s share of a two-lane restore."""
+    shares = snapmod.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
+    sp = str(site_packages(venv).relative_to(venv.parent.parent))
+    return next(e for e in manifest_entries(snap.path) if e[2] == "f" and e[7] == "link"
+                and e[1].startswith(tuple(f"{sp}/{u}" for u in under))
+                and (0, e[1].rpartition("/")[0]) in shares[lane])
+
+
 @pytest.mark.parametrize("lane", [0, 1])
 def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv: Path, wheelhouse: Path,
                                                                           lane: int,
@@ -527,12 +537,8 @@ def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv:
     monkeypatch.setattr(snapmod, "_auto_lanes", lambda snap: 2)
     prefix = venv.parent.parent
     snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
-    shares = snapmod.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
-    sp = str(site_packages(venv).relative_to(prefix))
     # damage() reinstalls toypkg and toyhelper: the restore needs every stored file of theirs.
-    needed = [e for e in manifest_entries(snap.path) if e[2] == "f" and e[7] == "link"
-              and e[1].startswith((f"{sp}/toypkg", f"{sp}/toyhelper"))]
-    victim = next(e for e in needed if (0, e[1].rpartition("/")[0]) in shares[lane])
+    victim = shared_file_in_lane(venv, snap, lane, "toypkg", "toyhelper")
     (snap.path / "tree" / "0" / victim[1]).unlink()
     damage(venv, wheelhouse)
     damaged = tree_state(prefix)
@@ -556,12 +562,8 @@ def test_a_lane_failing_midway_is_reported_and_the_next_restore_finishes(venv: P
     prefix = venv.parent.parent
     before = tree_state(prefix)
     snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
-    shares = snapmod.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
-    sp = str(site_packages(venv).relative_to(prefix))
-    # Files of the package folders, which stay: the commit relinks them in place.
-    relinked = [e for e in manifest_entries(snap.path) if e[2] == "f" and e[7] == "link"
-                and e[1].startswith((f"{sp}/toypkg/", f"{sp}/toyhelper/"))]
-    victim = next(e for e in relinked if (0, e[1].rpartition("/")[0]) in shares[lane])
+    # A file of the package folders, which stay: the commit relinks it in place.
+    victim = shared_file_in_lane(venv, snap, lane, "toypkg/", "toyhelper/")
     name = victim[1].rpartition("/")[2]
     damage(venv, wheelhouse)
     real_link = os.link
