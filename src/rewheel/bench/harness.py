@@ -202,7 +202,7 @@ def check_disk(cfg: BenchConfig, need: int, what: str) -> None:
             f"the benchmark needs about {need * 1.1 / 2**30:.1f} GiB free under {cfg.root} for {what}; "
             f"{free / 2**30:.1f} GiB is free",
             hint="free some disk, point BENCH_DIR (--dir) elsewhere, or use a smaller BENCH_SCALE (--scale), "
-                 "e.g. 0.25: 2 GiB, ~6 GiB of disk")
+                 "e.g. 0.25: 2 GiB, ~7 GiB of disk")
 
 
 def rm_tree(path: Path) -> None:
