@@ -1350,10 +1350,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
             try:
                 r.commit()
             except OSError as exc:
-                raise RestoreError(
-                    f"restoring snapshot {snap.id} into {env.prefix} failed midway: {exc}",
-                    hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python {env.python} "
-                         f"{snap.id}` again; the restore is idempotent") from exc
+                raise _failed_midway(env, snap, exc) from exc
             mark("commit")
         except BaseException:
             r.discard_staging()
@@ -1405,6 +1402,13 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
     if not defer_removal:
         remove_displaced(res)
     return res
+
+
+def _failed_midway(env: Environment, snap: SnapshotMeta, exc: OSError) -> RestoreError:
+    """A commit stopped by the system (in either lane): what to do about it."""
+    return RestoreError(f"restoring snapshot {snap.id} into {env.prefix} failed midway: {exc}",
+                        hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python "
+                             f"{env.python} {snap.id}` again; the restore is idempotent")
 
 
 def _prepare(env: Environment, snap: SnapshotMeta, live_roots: list[Root], lane: tuple[int, int] | None,
@@ -1540,9 +1544,7 @@ def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], rf
     except BaseException as exc:
         r.discard_staging()
         if isinstance(exc, OSError):
-            exc = RestoreError(f"restoring snapshot {snap.id} into {env.prefix} failed midway: {exc}",
-                               hint=f"fix the cause (disk full? permissions?) and run `rewheel rollback --python "
-                                    f"{env.python} {snap.id}` again; the restore is idempotent")
+            exc = _failed_midway(env, snap, exc)
         _send(wfd, _error_msg(exc))
         return
     _send(wfd, ("done", {**r.summary(), "problems": problems}))
