@@ -84,6 +84,9 @@ def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
     console.print(f"  {r.written:,} files written, {r.deleted:,} removed, {r.chmodded:,} modes fixed, "
                   f"{r.unchanged:,} unchanged; {r.verified:,} entries verified against the manifest "
                   f"in {r.seconds:.2f}s")
+    if r.proven_same:
+        console.print(f"  {r.proven_same:,} of the unchanged were reinstalled at the same version: "
+                      "proven identical (same RECORD hash and size, untouched since), left in place")
     if r.cleanup_restored:
         console.print(f"  {r.cleanup_restored} cleanup path(s) moved back")
     if result.service:

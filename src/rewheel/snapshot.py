@@ -26,6 +26,7 @@ which both check everything before either commits.
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import gc
 import fcntl
@@ -48,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rewheel.environment import Distribution, Environment
+from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import RestoreError, RewheelError, SnapshotDamaged, SnapshotError, UsageError
 from rewheel.paths import atomic_write, ensure_private_dir, env_dir, fsync_dir, state_home
 
@@ -83,7 +84,11 @@ def _record_index(dists: list[Distribution]) -> dict[str, tuple[str | None, int 
     for d in dists:
         t = d.install_time_ns
         for e in d.record:
-            index[e.path] = (e.sha256_hex, e.size, t)
+            # A path two distributions ship holds the bytes of the one installed last: only
+            # its RECORD can prove the file (the other's was overwritten after it was written).
+            prev = index.get(e.path)
+            if prev is None or prev[2] <= t:
+                index[e.path] = (e.sha256_hex, e.size, t)
     return index
 
 
@@ -612,13 +617,16 @@ class RestoreResult:
     removal_seconds: float = 0.0  # deleting what was moved out (after `seconds`, if deferred)
     phases: dict[str, float] = field(default_factory=dict)  # seconds: load, scan, stage, commit, verify, finish
     lanes: int = 1  # processes that shared the work
+    # Files left in place: not the stored inode, but proven to hold its bytes (a reinstall
+    # at the same version unpacked the same bytes anew); counted in `unchanged`.
+    proven_same: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"snapshot_id": self.snapshot_id, "written": self.written, "deleted": self.deleted,
                 "chmodded": self.chmodded, "unchanged": self.unchanged, "verified": self.verified,
                 "seconds": round(self.seconds, 3), "cleanup_restored": self.cleanup_restored,
                 "folders_rebuilt": self.folders_rebuilt, "removal_seconds": round(self.removal_seconds, 3),
-                "lanes": self.lanes}
+                "lanes": self.lanes, "proven_same": self.proven_same}
 
 
 def _live_roots(snap: SnapshotMeta, man: Manifest, live_roots: list[Root]) -> list[Root]:
@@ -773,6 +781,132 @@ class _Dir:
 _EMPTY = Folder([], "", [], [], [], "", [], None)
 
 
+ALIASES = "aliases.json"  # in a snapshot's folder: live files proven to hold its bytes
+
+
+class _SameBytes:
+    """Live files a restore may leave in place although they are not the stored inode,
+    because their bytes provably equal the snapshot's — without reading them.
+
+    A force-reinstall (`reinstall = "all"`) unpacks fresh copies of every distribution, so
+    same-version files come back byte for byte under new inodes and new mtimes. Such a file
+    is proven identical when its distribution was reinstalled at the same version (the same
+    `<name>-<version>.dist-info` folder is in the manifest, its RECORD is not the captured
+    one), the live RECORD lists it with the manifest's sha256 and size, only one reinstalled
+    RECORD claims it, and it was not modified after that RECORD was written (RECORD is
+    written last). Once proven, the file's (inode, mtime) is kept beside the snapshot
+    (`aliases.json`): after the rollback the old RECORD is back and the proof no longer
+    reads off the tree, but the same inode with the same mtime still holds the same bytes,
+    for the next restore and for `verify`. Anything in doubt is relinked, as before."""
+
+    def __init__(self, env: Environment, snap: SnapshotMeta, man: Manifest, roots: list[Root]) -> None:
+        self.env, self.snap, self.man, self.roots = env, snap, man, roots
+        self._live: dict[str, tuple[str | None, int | None, int]] | None = None
+        self._aliases: dict[str, list[int]] | None = None
+        self.found: dict[str, list[int]] = {}  # proven by this restore: "ri/path" -> [ino, mtime]
+
+    @property
+    def useless(self) -> bool:
+        """Nothing can be proven: no distribution reinstalled at its version, no aliases."""
+        return not self.live() and not self.aliases()
+
+    def aliases(self) -> dict[str, list[int]]:
+        if self._aliases is None:
+            self._aliases = {}
+            try:
+                doc = json.loads((self.snap.path / ALIASES).read_text())
+            except (OSError, ValueError):  # none yet; a damaged one only costs relinks
+                return self._aliases
+            if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+                self._aliases = {k: v for k, v in doc["files"].items()
+                                 if type(v) is list and len(v) == 2 and all(type(x) is int for x in v)}
+        return self._aliases
+
+    def live(self) -> dict[str, tuple[str | None, int | None, int]]:
+        """abs path -> (sha256 hex, size, install time) from the RECORDs of distributions
+        reinstalled at the version the snapshot holds; paths two of them claim are left out."""
+        if self._live is not None:
+            return self._live
+        index: dict[str, tuple[str | None, int | None, int]] = {}
+        claimed: set[str] = set()
+        for site in map(str, self.env.site_dirs):
+            for ri, root in enumerate(self.roots):
+                base = root.path.rstrip("/") + "/"
+                if root.whole and site.startswith(base):
+                    site_rel = site[len(base):].strip("/")
+                    break
+            else:
+                continue
+            sf = self.man.folders.get((ri, site_rel))
+            try:
+                names = os.listdir(site) if sf is not None else []
+            except OSError:
+                continue
+            for name in names:
+                if not name.endswith(".dist-info") or sf is None:
+                    continue
+                i = sf.index.get(name)
+                df = self.man.folders.get((ri, f"{site_rel}/{name}" if site_rel else name))
+                j = df.index.get("RECORD") if df is not None else None
+                if i is None or sf.types[i] != "d" or df is None or j is None or df.types[j] != "f":
+                    continue  # not in the snapshot at this version
+                record = f"{site}/{name}/RECORD"
+                try:
+                    st = os.lstat(record)
+                    if st.st_size == df.sizes[j] and st.st_mtime_ns == df.mtimes[j]:
+                        continue  # the captured RECORD: not reinstalled
+                    with open(record, encoding="utf-8", errors="replace", newline="") as fh:
+                        rows = list(csv.reader(fh))
+                except (OSError, csv.Error):
+                    continue
+                for row in rows:
+                    if len(row) < 3 or not row[0] or not row[1] or not row[2].isdigit():
+                        continue
+                    full = f"{site}/{row[0]}"
+                    if "/." in full or "//" in full or row[0].startswith("/"):
+                        full = os.path.normpath(os.path.join(site, row[0]))
+                    if full in index:
+                        claimed.add(full)
+                    index[full] = (RecordEntry(full, row[1], None).sha256_hex, int(row[2]), st.st_mtime_ns)
+        for p in claimed:
+            del index[p]
+        self._live = index
+        return index
+
+    def same(self, key: str, abs_path: str, size: int, sha: Callable[[], str | None],
+             st: os.stat_result) -> bool:
+        """Whether the live file (lstat `st`) at manifest entry `key` ("ri/path", of `size`
+        bytes, sha256 from `sha()`) holds the snapshot's bytes."""
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            return False
+        alias = self.aliases().get(key)
+        if alias is not None and alias[0] == st.st_ino and alias[1] == st.st_mtime_ns:
+            return True
+        rec = self.live().get(abs_path)
+        if rec is None or rec[1] != size or st.st_mtime_ns >= rec[2] or rec[0] is None or rec[0] != sha():
+            return False
+        self.found[key] = [st.st_ino, st.st_mtime_ns]
+        return True
+
+
+def _save_aliases(snap: SnapshotMeta, found: dict[str, list[int]]) -> None:
+    """Remember the files a restore proved identical (see `_SameBytes`). Best effort: without
+    it the next restore relinks them, which is also right."""
+    if not found:
+        return
+    path = snap.path / ALIASES
+    try:
+        try:
+            doc = json.loads(path.read_text())
+            files = doc["files"] if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else {}
+        except (OSError, ValueError):
+            files = {}
+        files.update(found)
+        atomic_write(path, json.dumps({"version": 1, "files": files}, separators=(",", ":")))
+    except OSError:
+        pass
+
+
 class _Restore:
     """One restore: scan (compare the live tree with the manifest), check and stage, commit,
     verify. Nothing in the environment changes before the commit, and the commit starts
@@ -794,6 +928,10 @@ class _Restore:
         self.n = 0  # staged names
         self.written = 0
         self.others = 0  # sockets, FIFOs, devices in the manifest: not content, not verified
+        # Files left in place because their bytes are proven the snapshot's (a reinstall at
+        # the same version); None once nothing can be proven here.
+        self.same: _SameBytes | None = _SameBytes(env, snap, man, roots)
+        self.proven = 0
         self.todo = 0
         self.dirs: list[_Dir] = []  # the folders that need anything, children first
         # What the commit puts in place, by entry: the stored inode it links (checked),
@@ -853,12 +991,17 @@ class _Restore:
                 if kind == "f":
                     # A shared file at another inode was replaced: no stat needed to know.
                     ino = inos[i]
+                    lst = None
                     if ino is None or de.inode() == ino:
                         lst = de.stat(follow_symlinks=False)
                         if lst.st_mtime_ns == mtimes[i] and lst.st_size == sizes[i] and is_reg(lst.st_mode):
                             if mode_of(lst.st_mode) != modes[i]:
                                 chmods.append(f.entry(ri, rel, i, sha=False))
                             continue
+                    if self.same is not None and self.proven_same(f, ri, rel, i, path, de, lst):
+                        if mode_of(de.stat(follow_symlinks=False).st_mode) != modes[i]:
+                            chmods.append(f.entry(ri, rel, i, sha=False))
+                        continue
                 elif kind == "d":
                     if de.is_dir(follow_symlinks=False):
                         sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
@@ -891,6 +1034,21 @@ class _Restore:
                 self.add_missing(d, f, set(os.listdir(fd)) if matched else set())
             if d.touched or d.chmods or d.attrs_off:
                 self.dirs.append(d)
+
+    def proven_same(self, f: Folder, ri: int, rel: str, i: int, path: str, de: os.DirEntry[str],
+                    lst: os.stat_result | None) -> bool:
+        """A changed-looking file whose bytes are proven the snapshot's (see `_SameBytes`)."""
+        same = self.same
+        assert same is not None
+        if same.useless:
+            self.same = None  # nothing to prove in this tree: no further stat for it
+            return False
+        name = f.names[i]
+        rp = f"{rel}/{name}" if rel else name
+        ok = same.same(f"{ri}/{rp}", f"{path}/{name}", f.sizes[i], lambda: f.entry(ri, rel, i)[6],
+                       lst or de.stat(follow_symlinks=False))
+        self.proven += ok
+        return ok
 
     def pass_through(self, ri: int, rel: str, path: str, f: Folder, fd: int) -> None:
         """A folder another lane compares: only go down to the folders below it (known from
@@ -1238,7 +1396,8 @@ class _Restore:
         return {"written": self.written, "deleted": sum(len(d.extras) for d in self.dirs),
                 "chmodded": sum(len(d.chmods) for d in self.dirs),
                 "folders_rebuilt": sum(len(d.missing) for d in self.dirs), "others": self.others,
-                "displaced": list(self.staging.values())}
+                "displaced": list(self.staging.values()), "proven": self.proven,
+                "aliases": self.same.found if self.same is not None else {}}
 
     def check_folder(self, ri: int, rel: str, path: str, e: list[Any] | None, problems: list[str],
                      deep: bool) -> None:
@@ -1373,7 +1532,11 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                 if peer is not None:
                     other = peer.done()
                     problems += other.pop("problems")
-                    done = {k: v + other[k] for k, v in done.items()}
+                    other_aliases = other.pop("aliases")
+                    done = {k: v + other[k] for k, v in done.items() if k != "aliases"}
+                    done["aliases"] = {**r.summary()["aliases"], **other_aliases}
+                # Proven before the commit, true whatever the verification finds.
+                _save_aliases(snap, done["aliases"])
                 if full_verify:
                     verified = verify(env, snap, r.man)
                 else:
@@ -1388,7 +1551,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
             res = RestoreResult(snap.id, done["written"], done["deleted"], done["chmodded"],
                                 verified - done["written"] - done["chmodded"], verified, 0.0,
                                 folders_rebuilt=done["folders_rebuilt"], displaced=done["displaced"],
-                                phases=phases, lanes=n)
+                                phases=phases, lanes=n, proven_same=done["proven"])
             del r  # freed here, so the collector has none of it to walk once back on
         finally:
             if syncer.ident is not None:
@@ -1620,6 +1783,7 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
     owned = _owned_now(roots, env)
     owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
     want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
+    same = _SameBytes(env, snap, man, roots)
     problems: list[str] = []
     seen = 0
     for ri, rel, st in _walk(roots, owned, {str(Path(snap.path).parents[3])}):
@@ -1629,7 +1793,11 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
                 problems.append(f"extra: {rel}")
             continue
         seen += 1
-        problem = _entry_problem(e, st, os.path.join(roots[ri].path, rel))
+        path = os.path.join(roots[ri].path, rel)
+        problem = _entry_problem(e, st, path)
+        if (problem and problem.startswith("content differs") and roots[ri].whole
+                and same.same(f"{ri}/{rel}", path, e[4], lambda e=e: e[6], st)):
+            problem = _entry_problem([*e[:5], st.st_mtime_ns, *e[6:]], st, path)  # its mode, still
         if problem:
             problems.append(problem)
     if seen != len(want):

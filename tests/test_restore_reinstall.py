@@ -1,0 +1,120 @@
+"""A rollback after a force-reinstall at the same versions (`reinstall = "all"`) leaves the
+files it can prove identical in place instead of rewriting every file: real uv-built
+environments, real wheels, every file hashed before and after."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import make_venv, tree_state, uv_install
+from rewheel import snapshot as snapmod
+from rewheel.environment import Environment
+from rewheel.snapshot import ALIASES, Store, restore_snapshot, take_snapshot, verify
+
+COPY = ("--link-mode", "copy")
+
+
+@pytest.fixture(params=[1, 2], ids=["one-lane", "two-lanes"])
+def lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(snapmod, "_auto_lanes", lambda snap: request.param)
+    return request.param
+
+
+def site(py: Path) -> Path:
+    return next((py.parent.parent / "lib").glob("python3*/site-packages"))
+
+
+def listed_files(env: Environment) -> int:
+    return sum(1 for d in env.distributions() for e in d.record if e.hash)
+
+
+@pytest.fixture
+def setup(tmp_path: Path, wheelhouse: Path) -> tuple[Path, Environment, Store]:
+    py = make_venv(tmp_path / "env")
+    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=COPY)
+    env = Environment.inspect(py)
+    return py, env, Store(env.prefix)
+
+
+def reinstall_all(py: Path, wheelhouse: Path, *specs: str) -> None:
+    uv_install(py, *(specs or ("toypkg==1.0.0", "toyhelper==1.0.0")), find_links=wheelhouse,
+               extra=("--reinstall", *COPY))
+
+
+def inodes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.lstat().st_ino for p in root.rglob("*") if p.is_file()}
+
+
+def test_same_version_files_are_proven_not_rewritten(setup, wheelhouse: Path, lanes: int) -> None:
+    py, env, store = setup
+    before = tree_state(env.prefix)
+    snap = take_snapshot(env, store, label="pre", status="pre-upgrade").meta
+    old_inodes = inodes(site(py))
+    reinstall_all(py, wheelhouse)
+    # The premise: every package file is a new inode after the force-reinstall.
+    fresh = inodes(site(py))
+    core = "toypkg/core.py"
+    assert fresh[core] != old_inodes[core]
+
+    res = restore_snapshot(env, snap)
+    assert tree_state(env.prefix) == before  # byte for byte, every file hashed
+    n_listed = listed_files(env)
+    assert res.proven_same >= n_listed - 2 * 3  # all but each dist-info's own bookkeeping
+    assert res.written < res.proven_same
+    # Only the installer's bookkeeping (RECORD, INSTALLER, ...) is written, never a package file.
+    assert site(py).joinpath(core).lstat().st_ino == fresh[core]
+    # Proven files are remembered: the next restore and a full verify accept them.
+    aliases = json.loads((snap.path / ALIASES).read_text())["files"]
+    assert any(k.endswith(core) for k in aliases)
+    again = restore_snapshot(env, snap)
+    assert again.written == 0 and again.deleted == 0 and again.chmodded == 0
+    assert verify(env, snap) > 0
+    assert tree_state(env.prefix) == before
+
+
+def test_edited_after_the_reinstall_is_restored(setup, wheelhouse: Path, lanes: int) -> None:
+    py, env, store = setup
+    before = tree_state(env.prefix)
+    snap = take_snapshot(env, store, label="pre", status="pre-upgrade").meta
+    reinstall_all(py, wheelhouse)
+    core = site(py) / "toypkg" / "core.py"
+    with open(core, "a") as f:  # an in-place edit after the install: not provably pristine
+        f.write("# edited after the reinstall\n")
+    res = restore_snapshot(env, snap)
+    assert tree_state(env.prefix) == before
+    assert res.written >= 1
+    assert "edited" not in core.read_text()
+
+
+def test_edit_of_an_aliased_file_is_caught_later(setup, wheelhouse: Path) -> None:
+    """An alias holds for one inode and mtime: an edit after the rollback is undone by the
+    next one, and a full verify reports it."""
+    py, env, store = setup
+    before = tree_state(env.prefix)
+    snap = take_snapshot(env, store, label="pre", status="pre-upgrade").meta
+    reinstall_all(py, wheelhouse)
+    restore_snapshot(env, snap)
+    core = site(py) / "toypkg" / "core.py"
+    st = core.stat()
+    core.write_text(core.read_text().replace("42", "43"))  # same size
+    os.utime(core, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    with pytest.raises(Exception, match="content differs"):
+        verify(env, snap)
+    restore_snapshot(env, snap)
+    assert tree_state(env.prefix) == before
+
+
+def test_upgrade_is_not_proven(setup, wheelhouse: Path, lanes: int) -> None:
+    """A new version's files are never taken for the old ones: the proof needs the same
+    dist-info (name and version) in the snapshot."""
+    py, env, store = setup
+    before = tree_state(env.prefix)
+    snap = take_snapshot(env, store, label="pre", status="pre-upgrade").meta
+    reinstall_all(py, wheelhouse, "toypkg==2.0.0", "toyhelper==1.1.0")
+    res = restore_snapshot(env, snap)
+    assert res.proven_same == 0
+    assert tree_state(env.prefix) == before
