@@ -467,6 +467,26 @@ def test_snapshot_through_a_symlinked_prefix_restores_by_the_real_path(lanes: in
     assert snapmod.verify(Environment.inspect(venv), snap) > 0
 
 
+def test_rollback_through_the_symlink_the_recipe_names(lanes: int, tmp_path: Path, wheelhouse: Path) -> None:
+    """`/srv/env -> /data/env`, and every command names the link: the restore walks the
+    real folder (its root is opened without following links) and comes back byte-exact."""
+    real = tmp_path / "data" / "env"
+    real.parent.mkdir()
+    py = make_venv(real)
+    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=COPY)
+    link = tmp_path / "srv-env"
+    link.symlink_to(real)
+    via_link = link / "bin" / "python"
+    before = tree_state(real)
+    snap = snapshot_now(open_target(Recipe.for_python(via_link))).result.meta
+    damage(py, wheelhouse)
+    res = rollback(open_target(Recipe.for_python(via_link)), snap.id)
+    assert res.restore.written > 0
+    assert tree_state(real) == before
+    assert link.is_symlink()
+    assert snapmod.verify(Environment.inspect(via_link), snap) > 0
+
+
 def test_refused_restore_leaves_no_interrupted_run(venv: Path, wheelhouse: Path) -> None:
     from rewheel import journal
 
@@ -595,3 +615,36 @@ def test_restore_with_a_full_walk_afterwards(venv: Path, wheelhouse: Path, lanes
     assert res.verified == len(before)  # every entry walked and matched
     assert tree_state(prefix) == before
     assert not [p for p in os.listdir(prefix) if p.startswith(snapmod.STAGING_PREFIX)]
+
+
+def test_nested_environments_are_left_alone(lanes: int, venv: Path, wheelhouse: Path, tmp_path: Path) -> None:
+    """A prefix holding another environment (a venv's `pyvenv.cfg`, a conda env's
+    `conda-meta`) or, in a conda base, the package cache `pkgs/`: the snapshot leaves them
+    out and says so, and a rollback neither reverts nor removes them."""
+    prefix = venv.parent.parent
+    other = prefix / "envs" / "other"
+    (other / "conda-meta").mkdir(parents=True)
+    (other / "lib.py").write_text("v1\n")
+    inner = prefix / "tools" / "inner-venv"
+    inner.mkdir(parents=True)
+    (inner / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (inner / "data.txt").write_text("inner v1\n")
+    t = open_target(Recipe.for_python(venv))
+    res = snapshot_now(t).result
+    assert sorted(res.to_json()["nested_skipped"]) == sorted([str(other), str(inner)])
+    assert not any("inner-venv/" in e[1] or "envs/other/" in e[1] for e in manifest_entries(res.meta.path))
+    before = tree_state(prefix)
+    damage(venv, wheelhouse)
+    # The other environments change meanwhile; a new one appears.
+    (other / "lib.py").write_text("v2 of the other env\n")
+    (inner / "data.txt").write_text("inner v2\n")
+    newer = prefix / "envs" / "newer"
+    (newer / "conda-meta").mkdir(parents=True)
+    rollback(open_target(Recipe.for_python(venv)), res.meta.id)
+    after = tree_state(prefix)
+    assert (other / "lib.py").read_text() == "v2 of the other env\n"
+    assert (inner / "data.txt").read_text() == "inner v2\n"
+    assert newer.is_dir()
+    ours = {k: v for k, v in after.items() if not k.startswith(("envs/", "tools/inner-venv/"))}
+    assert ours == {k: v for k, v in before.items() if not k.startswith(("envs/", "tools/inner-venv/"))}
+    assert snapmod.verify(Environment.inspect(venv), res.meta) > 0

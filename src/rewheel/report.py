@@ -48,6 +48,9 @@ def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommand
     if "copy" in m.link_mode and r.files_linked == 0:
         console.print("  [yellow]the store is on another filesystem: unchanged files were copied, not linked[/]")
     console.print(f"  stored at {escape(str(m.path))}")
+    for nested in m.extra.get("nested_skipped", []):
+        console.print(f"  [yellow]left out {escape(nested)}: another environment inside this one "
+                      "(its own pyvenv.cfg or conda-meta, or conda's package cache); never captured or reverted[/]")
     if result.pruned:
         console.print(f"  pruned old snapshots: {', '.join(result.pruned)}")
 
@@ -334,14 +337,29 @@ def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  
         console.print("no installed files changed" + (f" ({escape(filt)})" if filt else ""))
         return
     console.print(f"[bold]files[/] ({len(result.files)} changed" + (f"; {escape(filt)}" if filt else "") + ")")
+    from rich.text import Text
+
+    # One Text for the whole list: a real upgrade changes ~9,000 files, and printing each
+    # line as markup (parsed and highlighted one by one) took seconds.
     added = removed = 0
-    for f in result.files:
+    listing = Text()
+    for i, f in enumerate(result.files):
         added += f.added_lines or 0
         removed += f.removed_lines or 0
-        dist = f"  [dim]{escape(f.distribution)}[/]" if f.distribution else ""
-        note = f"  [dim]{escape(f.note)}[/]" if f.note else ""
-        console.print(f" {_FILE_MARK.get(f.change, '?')} {escape(f.path)}  "
-                      f"{_counts(f.added_lines, f.removed_lines, f.binary)}{dist}{note}", soft_wrap=True)
+        listing.append(f"{chr(10) if i else ''} {_FILE_MARK.get(f.change, '?')} {f.path}  ")
+        if f.binary:
+            listing.append("binary", "dim")
+        elif f.added_lines is not None or f.removed_lines is not None:
+            listing.append(f"+{f.added_lines or 0}", "green")
+            listing.append(" ")
+            listing.append(f"-{f.removed_lines or 0}", "red")
+        if f.distribution:
+            listing.append("  ")
+            listing.append(f.distribution, "dim")
+        if f.note:
+            listing.append("  ")
+            listing.append(f.note, "dim")
+    console.print(listing, soft_wrap=True)
     console.print(f" {len(result.files)} file(s), [green]+{added}[/] [red]-{removed}[/]")
     if stat_only:
         return

@@ -92,8 +92,20 @@ def _record_index(dists: list[Distribution]) -> dict[str, tuple[str | None, int 
     return index
 
 
-def _walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str]) -> Iterator[tuple[int, str, os.stat_result]]:
-    """Yield (root index, relative path, lstat) for everything a scope holds, parents first."""
+def nested_prefix(path: str, rel: str, root: str) -> bool:
+    """A folder inside an environment that is another environment (a venv with its own
+    `pyvenv.cfg`, a conda env with its own `conda-meta`), or a conda base's package cache
+    (`pkgs/` beside `conda-meta/`): not this environment's files, so never captured,
+    reverted or removed by its snapshots."""
+    if os.path.lexists(f"{path}/pyvenv.cfg") or os.path.isdir(f"{path}/conda-meta"):
+        return True
+    return rel == "pkgs" and os.path.isdir(f"{root}/conda-meta")
+
+
+def _walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str],
+          nested: list[str] | None = None) -> Iterator[tuple[int, str, os.stat_result]]:
+    """Yield (root index, relative path, lstat) for everything a scope holds, parents first.
+    Nested environments are left out (and their paths added to `nested`)."""
     for ri, root in enumerate(roots):
         if not root.whole:
             base = root.path.rstrip("/") + "/"
@@ -121,6 +133,10 @@ def _walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str]) -
                     continue
                 crel = f"{rel}/{de.name}" if rel else de.name
                 st = de.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode) and nested_prefix(de.path, crel, root.path):
+                    if nested is not None:
+                        nested.append(de.path)
+                    continue
                 yield ri, crel, st
                 if stat.S_ISDIR(st.st_mode):
                     subdirs.append(crel)
@@ -345,7 +361,7 @@ class SnapshotResult:
                 "bytes_linked": m.bytes_linked, "bytes_total": m.bytes_total,
                 "link_mode": m.link_mode, "files_linked": self.files_linked,
                 "files_copied": self.files_copied, "seconds": round(self.seconds, 3),
-                "label": m.label, "status": m.status}
+                "label": m.label, "status": m.status, "nested_skipped": m.extra.get("nested_skipped", [])}
 
 
 def take_snapshot(env: Environment, store: Store, *, label: str = "", status: str = "manual",
@@ -365,13 +381,14 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     bytes_total = bytes_copied = bytes_linked = 0
     n_linked = n_copied = 0
     skip = {str(store.home)}
+    nested: list[str] = []
     for ri in range(len(roots)):
         (tree / str(ri)).mkdir()
     # Plain concatenation, not os.path.join: this loop runs once per file.
     src_base = [r.path.rstrip("/") + "/" for r in roots]
     dst_base = [f"{tree}/{ri}/" for ri in range(len(roots))]
     try:
-        for i, (ri, rel, st) in enumerate(_walk(roots, records, skip)):
+        for i, (ri, rel, st) in enumerate(_walk(roots, records, skip, nested)):
             src = src_base[ri] + rel
             dst = dst_base[ri] + rel
             kind = _kind(st.st_mode)
@@ -431,7 +448,8 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
             distributions=[d.to_json() for d in dists],
             files=sum(1 for e in entries if e[2] == "f"), bytes_total=bytes_total,
             bytes_copied=bytes_copied, bytes_linked=bytes_linked,
-            link_mode="+".join(sorted(linker.modes)) or "none", run_id=run_id)
+            link_mode="+".join(sorted(linker.modes)) or "none", run_id=run_id,
+            extra={"nested_skipped": nested} if nested else {})
         meta.path = tmp
         meta.save()
         os.rename(tmp, store.snapshots_dir / snap_id)
@@ -829,9 +847,9 @@ class _SameBytes:
             return self._live
         index: dict[str, tuple[str | None, int | None, int]] = {}
         claimed: set[str] = set()
-        for site in map(str, self.env.site_dirs):
+        for site in (os.path.realpath(p) for p in self.env.site_dirs):
             for ri, root in enumerate(self.roots):
-                base = root.path.rstrip("/") + "/"
+                base = os.path.realpath(root.path).rstrip("/") + "/"
                 if root.whole and site.startswith(base):
                     site_rel = site[len(base):].strip("/")
                     break
@@ -883,7 +901,11 @@ class _SameBytes:
         if alias is not None and alias[0] == st.st_ino and alias[1] == st.st_mtime_ns:
             return True
         rec = self.live().get(abs_path)
-        if rec is None or rec[1] != size or st.st_mtime_ns >= rec[2] or rec[0] is None or rec[0] != sha():
+        if rec is None or rec[1] != size or st.st_mtime_ns > rec[2] or rec[0] is None or rec[0] != sha():
+            return False
+        # Written in the same clock tick as RECORD: not provably older, so proven by its bytes
+        # where that is cheap (as a snapshot does), else relinked.
+        if st.st_mtime_ns == rec[2] and (size > _TIE_HASH_MAX or hash_file(abs_path) != rec[0]):
             return False
         self.found[key] = [st.st_ino, st.st_mtime_ns]
         return True
@@ -922,7 +944,7 @@ class _Restore:
         self.folders = man.folders
         # Lane k of n owns its share of the folders; None: this restore owns every folder.
         self.owned = share_folders(man, lane[1])[lane[0]] if lane is not None else None
-        home = Path(snap.path).parents[3]  # the store's home, when it lives inside the prefix
+        home = Path(os.path.realpath(Path(snap.path).parents[3]))  # the store's home, when inside the prefix
         self.skip = {str(home.parent): home.name}
         self.staging: dict[int, str] = {}
         self.n = 0  # staged names
@@ -981,7 +1003,8 @@ class _Restore:
                     if name == skip or (not rel and name.startswith(STAGING_PREFIX)):
                         continue
                     if de.is_dir(follow_symlinks=False):
-                        extras.append((f"{path}/{name}", True))
+                        if not nested_prefix(f"{path}/{name}", prefix + name, self.roots[ri].path):
+                            extras.append((f"{path}/{name}", True))
                     elif de.is_file(follow_symlinks=False) or de.is_symlink():
                         extras.append((f"{path}/{name}", False))
                     # sockets, FIFOs, devices are not content: neither captured nor removed
@@ -1427,8 +1450,10 @@ class _Restore:
             want = set(f.names)
         extra = live - want
         extra.discard(self.skip.get(path))
-        for n in sorted(extra):  # none, normally: only a socket or FIFO may stay
-            if not n.startswith(STAGING_PREFIX) and _kind(os.lstat(f"{path}/{n}").st_mode) != "o":
+        for n in sorted(extra):  # none, normally: only a socket or FIFO, or a nested env, may stay
+            kind = _kind(os.lstat(f"{path}/{n}").st_mode)
+            if (not n.startswith(STAGING_PREFIX) and kind != "o"
+                    and not (kind == "d" and nested_prefix(f"{path}/{n}", prefix + n, self.roots[ri].path))):
                 problems.append(f"extra: {prefix}{n}")
         problems.extend(f"missing: {prefix}{n}" for n in sorted(want - live))
         if deep:
@@ -1579,7 +1604,9 @@ def _prepare(env: Environment, snap: SnapshotMeta, live_roots: list[Root], lane:
     """Read the manifest, compare the lane's folders with it, check and stage what they
     need. Nothing in the environment has changed when this returns or raises."""
     man = Manifest.load(snap, validate=False)
-    roots = _live_roots(snap, man, live_roots)
+    # Acted on by their real paths: a prefix reached through a symlink (`/srv/env` ->
+    # `/data/env`) is walked with O_NOFOLLOW from a root that must be the folder itself.
+    roots = [Root(os.path.realpath(r.path), r.whole) for r in _live_roots(snap, man, live_roots)]
     r = _Restore(env, snap, man, roots, progress, lane)  # indexes the manifest, validating it
     mark("load")
     try:
@@ -1779,14 +1806,14 @@ def remove_displaced(res: RestoreResult) -> float:
 def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) -> int:
     """Check the live environment against the manifest; raise RestoreError on any difference."""
     man = man or Manifest.load(snap)
-    roots = _live_roots(snap, man, scope_of(env))
+    roots = [Root(os.path.realpath(r.path), r.whole) for r in _live_roots(snap, man, scope_of(env))]
     owned = _owned_now(roots, env)
     owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
     want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
     same = _SameBytes(env, snap, man, roots)
     problems: list[str] = []
     seen = 0
-    for ri, rel, st in _walk(roots, owned, {str(Path(snap.path).parents[3])}):
+    for ri, rel, st in _walk(roots, owned, {os.path.realpath(Path(snap.path).parents[3])}):
         e = want.get((ri, rel))
         if e is None:
             if _kind(st.st_mode) != "o":
