@@ -648,3 +648,63 @@ def test_nested_environments_are_left_alone(lanes: int, venv: Path, wheelhouse: 
     ours = {k: v for k, v in after.items() if not k.startswith(("envs/", "tools/inner-venv/"))}
     assert ours == {k: v for k, v in before.items() if not k.startswith(("envs/", "tools/inner-venv/"))}
     assert snapmod.verify(Environment.inspect(venv), res.meta) > 0
+
+
+def test_site_packages_linked_out_of_the_prefix(lanes: int, tmp_path: Path, wheelhouse: Path) -> None:
+    """site-packages moved to another disk and linked back: the snapshot captures what the
+    interpreter imports (the linked folder), and the rollback restores it byte for byte."""
+    py = make_venv(tmp_path / "env")
+    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=COPY)
+    sp = site_packages(py)
+    moved = tmp_path / "other-disk" / "site-packages"
+    moved.parent.mkdir()
+    shutil.move(str(sp), moved)
+    sp.symlink_to(moved)
+    env = Environment.inspect(py)
+    assert [str(r) for r in env.roots] == [str(env.prefix), str(moved)]
+    prefix = py.parent.parent
+    before = (tree_state(prefix), tree_state(moved))
+    res = snapshot_now(open_target(Recipe.for_python(py))).result
+    assert res.meta.files > 17  # the packages themselves, not only the prefix's own files
+    # An upgrade of a package without scripts (uv itself cannot place scripts through such a
+    # link: it resolves `site-packages/../../../bin` from the real folder), and debris.
+    uv_install(py, "toyhelper==1.1.0", find_links=wheelhouse, extra=("--reinstall", *COPY))
+    tmp = moved / "toypkg" / "core.py.new"  # an editor's save: a new file renamed over
+    tmp.write_text("patched\n")
+    tmp.replace(moved / "toypkg" / "core.py")
+    (moved / "toypkg" / "debug_dump.pt").write_bytes(os.urandom(4096))
+    assert tree_state(moved) != before[1]
+    rb = rollback(open_target(Recipe.for_python(py)), res.meta.id)
+    assert rb.restore.written > 0
+    assert (tree_state(prefix), tree_state(moved)) == before
+    assert sp.is_symlink()
+
+
+def test_sparse_unlisted_file_is_stored_sparse_and_once(venv: Path, wheelhouse: Path) -> None:
+    """A sparse model cache (256 MiB here, gigabytes in life) written into a package folder (no RECORD lists it): the
+    snapshot keeps it sparse, the next snapshot shares the first one's copy instead of
+    copying it again, and a rollback brings it back byte for byte (and sparse) even after
+    the first snapshot is deleted."""
+    big = site_packages(venv) / "toypkg" / "model-cache.bin"
+    with open(big, "wb") as f:
+        f.truncate(256 << 20)
+        f.seek(128 << 20)
+        f.write(os.urandom(70_000))
+    t = open_target(Recipe.for_python(venv))
+    first = snapshot_now(t).result
+    stored = first.meta.path / "tree" / "0" / big.relative_to(venv.parent.parent)
+    assert stored.stat().st_size == 256 << 20
+    assert stored.stat().st_blocks * 512 < 8 << 20  # sparse, not 256 MiB of zeros
+    second = snapshot_now(open_target(Recipe.for_python(venv))).result
+    j = second.to_json()
+    assert j["files_reused"] == 1 and j["bytes_reused"] == 256 << 20
+    assert j["bytes_copied"] < first.to_json()["bytes_copied"] - (128 << 20)
+    stored2 = second.meta.path / "tree" / "0" / big.relative_to(venv.parent.parent)
+    assert stored2.stat().st_ino == stored.stat().st_ino
+    before = tree_state(venv.parent.parent)
+    open_target(Recipe.for_python(venv)).store.delete(first.meta.id)
+    big.unlink()
+    damage(venv, wheelhouse)
+    rollback(open_target(Recipe.for_python(venv)), second.meta.id)
+    assert tree_state(venv.parent.parent) == before
+    assert big.stat().st_blocks * 512 < 8 << 20

@@ -45,6 +45,9 @@ def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommand
                   f"{r.files_linked:,} shared by {m.link_mode} ({human_bytes(m.bytes_linked)}), "
                   f"{r.files_copied:,} copied ({human_bytes(m.bytes_copied)} of extra disk) "
                   f"in {r.seconds:.2f}s")
+    if m.extra.get("files_reused"):
+        console.print(f"  {m.extra['files_reused']:,} unlisted file(s) unchanged since the previous snapshot: "
+                      f"shared with its copy ({human_bytes(m.extra['bytes_reused'])} not copied again)")
     if "copy" in m.link_mode and r.files_linked == 0:
         console.print("  [yellow]the store is on another filesystem: unchanged files were copied, not linked[/]")
     console.print(f"  stored at {escape(str(m.path))}")
@@ -329,6 +332,7 @@ def render_package_changes(console: Console, packages: list, unchanged: int = 0)
 
 def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  # diff.DiffResult
     from rich.syntax import Syntax
+    from rich.text import Text
 
     console.print(f"[bold]diff {escape(result.old)} → {escape(result.new)}[/]")
     render_package_changes(console, result.packages, result.unchanged_packages)
@@ -337,8 +341,6 @@ def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  
         console.print("no installed files changed" + (f" ({escape(filt)})" if filt else ""))
         return
     console.print(f"[bold]files[/] ({len(result.files)} changed" + (f"; {escape(filt)}" if filt else "") + ")")
-    from rich.text import Text
-
     # One Text for the whole list: a real upgrade changes ~9,000 files, and printing each
     # line as markup (parsed and highlighted one by one) took seconds.
     added = removed = 0
@@ -346,7 +348,9 @@ def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  
     for i, f in enumerate(result.files):
         added += f.added_lines or 0
         removed += f.removed_lines or 0
-        listing.append(f"{chr(10) if i else ''} {_FILE_MARK.get(f.change, '?')} {f.path}  ")
+        if i:
+            listing.append("\n")
+        listing.append(f" {_FILE_MARK.get(f.change, '?')} {f.path}  ")
         if f.binary:
             listing.append("binary", "dim")
         elif f.added_lines is not None or f.removed_lines is not None:

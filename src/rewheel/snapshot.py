@@ -325,11 +325,18 @@ class _Linker:
         return "copy"
 
 
+_ZEROS = bytes(_CHUNK)
+
+
 def copy_hashed(src: str, dst: str) -> tuple[str, int]:
-    """Copy src to dst, returning (sha256 hex, size) of the bytes copied, in one pass."""
+    """Copy src to dst, returning (sha256 hex, size) of the bytes copied, in one pass. A
+    sparse file stays sparse: its holes are hashed as the zeros they read as, not written."""
     h = hashlib.sha256()
     n = 0
     with open(src, "rb") as s, open(dst, "wb") as d:
+        st = os.fstat(s.fileno())
+        if st.st_blocks * 512 < st.st_size and hasattr(os, "SEEK_DATA"):
+            return _copy_sparse(s, d, st.st_size)
         while True:
             chunk = s.read(_CHUNK)
             if not chunk:
@@ -338,6 +345,38 @@ def copy_hashed(src: str, dst: str) -> tuple[str, int]:
             d.write(chunk)
             n += len(chunk)
     return h.hexdigest(), n
+
+
+def _copy_sparse(s: Any, d: Any, size: int) -> tuple[str, int]:
+    """Copy the data extents of a sparse file (SEEK_DATA / SEEK_HOLE) and leave the holes."""
+    h = hashlib.sha256()
+    fd_in = s.fileno()
+    pos = 0
+    while pos < size:
+        try:
+            data = os.lseek(fd_in, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:  # ENXIO: no data after pos, only a hole to the end
+                raise
+            data = size
+        for _ in range(0, data - pos, _CHUNK):  # the hole reads as zeros
+            h.update(_ZEROS[:min(_CHUNK, data - pos - _)])
+        if data >= size:
+            break
+        hole = os.lseek(fd_in, data, os.SEEK_HOLE)
+        s.seek(data)
+        d.seek(data)
+        left = hole - data
+        while left > 0:
+            chunk = s.read(min(_CHUNK, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            d.write(chunk)
+            left -= len(chunk)
+        pos = hole
+    d.truncate(size)
+    return h.hexdigest(), size
 
 
 def hash_file(path: str) -> str:
@@ -361,7 +400,61 @@ class SnapshotResult:
                 "bytes_linked": m.bytes_linked, "bytes_total": m.bytes_total,
                 "link_mode": m.link_mode, "files_linked": self.files_linked,
                 "files_copied": self.files_copied, "seconds": round(self.seconds, 3),
-                "label": m.label, "status": m.status, "nested_skipped": m.extra.get("nested_skipped", [])}
+                "label": m.label, "status": m.status, "nested_skipped": m.extra.get("nested_skipped", []),
+                "files_reused": m.extra.get("files_reused", 0), "bytes_reused": m.extra.get("bytes_reused", 0)}
+
+
+_REUSE_MIN = 64 << 10  # smaller copies cost less than looking for them in the previous snapshot
+
+
+class _PreviousCopies:
+    """The newest earlier snapshot of the same roots, for files a snapshot must copy (no
+    RECORD proves them: a model cache, a debug dump written into a package folder): one
+    that is still as that snapshot stored it (same size and mtime, a regular file) is linked
+    to its stored copy instead of copied again. Stored copies are never written after they
+    are made, so snapshots may share them; deleting one snapshot leaves the other's."""
+
+    def __init__(self, store: Store, roots: list[Root]) -> None:
+        self.store, self.roots = store, roots
+        self._prev: tuple[SnapshotMeta, Manifest] | None | bool = False
+
+    def _load(self) -> tuple[SnapshotMeta, Manifest] | None:
+        if self._prev is False:
+            self._prev = None
+            real = [os.path.realpath(r.path) for r in self.roots]
+            for meta in self.store.list():
+                try:
+                    man = Manifest.load(meta, validate=False)
+                except SnapshotDamaged:
+                    continue
+                if (man.real_roots or [os.path.realpath(r.path) for r in man.roots]) == real:
+                    self._prev = (meta, man)
+                break
+        return self._prev or None
+
+    def share(self, ri: int, rel: str, st: os.stat_result, dst: str) -> str | None:
+        """Link dst to the previous snapshot's stored copy of rel; its sha256, or None."""
+        prev = self._load()
+        if prev is None:
+            return None
+        meta, man = prev
+        folder, _, name = rel.rpartition("/")
+        f = man.folders.get((ri, folder))
+        i = f.index.get(name) if f is not None else None
+        if (f is None or i is None or f.types[i] != "f" or f.stored[i] != "C" or f.sizes[i] != st.st_size
+                or f.mtimes[i] != st.st_mtime_ns or not _safe_rel(rel)):
+            return None
+        try:
+            sha = f.entry(ri, folder, i)[6]
+            stored = f"{meta.path}/tree/{ri}/{rel}"
+            sst = os.lstat(stored)
+            if not (stat.S_ISREG(sst.st_mode) and sst.st_size == st.st_size and sst.st_mtime_ns == st.st_mtime_ns
+                    and isinstance(sha, str)):
+                return None
+            os.link(stored, dst)
+        except (OSError, ManifestDamaged):
+            return None
+        return sha
 
 
 def take_snapshot(env: Environment, store: Store, *, label: str = "", status: str = "manual",
@@ -379,9 +472,10 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     linker = _Linker()
     entries: list[list[Any]] = []
     bytes_total = bytes_copied = bytes_linked = 0
-    n_linked = n_copied = 0
+    n_linked = n_copied = n_reused = bytes_reused = 0
     skip = {str(store.home)}
     nested: list[str] = []
+    previous = _PreviousCopies(store, roots)
     for ri in range(len(roots)):
         (tree / str(ri)).mkdir()
     # Plain concatenation, not os.path.join: this loop runs once per file.
@@ -426,11 +520,16 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                         n_copied += how == "copy"
                         os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
                 else:
-                    sha, size = copy_hashed(src, dst)
                     how = "copy"
-                    bytes_copied += size
-                    n_copied += 1
-                    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+                    sha = previous.share(ri, rel, st, dst) if size >= _REUSE_MIN else None
+                    if sha is not None:
+                        n_reused += 1
+                        bytes_reused += size
+                    else:
+                        sha, size = copy_hashed(src, dst)
+                        bytes_copied += size
+                        n_copied += 1
+                        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
                 # A shared file's inode is the stored one: a restore that finds another inode at
                 # that path knows the file was replaced without stat'ing it.
                 entries.append([ri, rel, "f", mode, size, st.st_mtime_ns, sha, how, None,
@@ -449,7 +548,8 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
             files=sum(1 for e in entries if e[2] == "f"), bytes_total=bytes_total,
             bytes_copied=bytes_copied, bytes_linked=bytes_linked,
             link_mode="+".join(sorted(linker.modes)) or "none", run_id=run_id,
-            extra={"nested_skipped": nested} if nested else {})
+            extra={**({"nested_skipped": nested} if nested else {}),
+                   **({"files_reused": n_reused, "bytes_reused": bytes_reused} if n_reused else {})})
         meta.path = tmp
         meta.save()
         os.rename(tmp, store.snapshots_dir / snap_id)
