@@ -76,7 +76,8 @@ class SnapshotCommandResult:
 def snapshot_now(t: Target, *, label: str = "", progress: Progress | None = None) -> SnapshotCommandResult:
     with EnvLock(t.store.env_dir, "snapshot"):
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
-        res = take_snapshot(t.env, t.store, label=label, status="manual", progress=progress)
+        res = take_snapshot(t.env, t.store, label=label, status="manual", progress=progress,
+                            exclude=t.recipe.snapshot_exclude)
         pruned = t.store.prune(t.recipe.keep, protected_snapshots(t.store) | {res.meta.id})
     return SnapshotCommandResult(res, pruned)
 
@@ -145,19 +146,85 @@ def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     return pre[0] if pre else metas[0]
 
 
+def _env_matches(t: Target, snap: SnapshotMeta) -> bool:
+    """Whether the live environment already is the snapshot (the comparison `verify` makes:
+    type, size, mtime, mode, link target of every entry; no extra, none missing), so that a
+    restore would change no byte. Raises what makes the snapshot unusable here (another
+    environment's snapshot, a damaged store), before anything is stopped."""
+    from rewheel.errors import RestoreError
+    from rewheel.snapshot import verify
+
+    try:
+        verify(t.env, snap)
+    except (SnapshotDamaged, SnapshotError):
+        raise
+    except RestoreError:
+        return False  # it differs: the restore has work to do
+    except Exception:
+        return False  # unsure: behave as for a restore that changes files
+    return True
+
+
+def _restore_changed(res: RestoreResult) -> bool:
+    return bool(res.written or res.deleted or res.chmodded or res.folders_rebuilt or res.displaced)
+
+
+def _noted_active(j: RunJournal | None) -> bool:
+    """Whether a journal recorded the service as running before its run began."""
+    if j is None:
+        return False
+    notes = [r for r in j.records if r["event"] == "note" and "service_was_active" in r]
+    return bool(notes and notes[0]["service_was_active"])
+
+
+def _left_down(j: RunJournal) -> bool:
+    """Whether a command may have left the service stopped although it was running before."""
+    if not j.finished:
+        return True
+    if j.status != "failed":
+        return False
+    fin = j.last("finished") or {}
+    # A run that failed before its reinstall ("error") started the service again itself.
+    return "error" not in fin or any("restart_after_abort_failed" in r for r in j.records)
+
+
 def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
              progress: Progress | None = None, service_ops: Any = None) -> RollbackResult:
     """Restore a snapshot; with a recipe that has a service, stop it first and start and
-    health-check it after. Finishes an interrupted run as `rolled-back`."""
+    health-check it after — if it was running before (or before the interrupted run this
+    rollback finishes). A service that was stopped stays stopped. When the environment
+    already matches the snapshot, nothing is stopped or restarted (a running service is
+    only health-checked). Finishes an interrupted run as `rolled-back`."""
     with EnvLock(t.store.env_dir, "rollback"):
         snap = t.store.get(ref) if ref else default_rollback_snapshot(t.store)
         interrupted = journal.interrupted_run(t.store.env_dir)
+        # The last command, if it left the service stopped: interrupted, or failed without
+        # putting things back (`--no-revert`, a revert that could not verify, a restart
+        # after an aborted run that failed).
+        left_down = next((r for r in journal.list_runs(t.store.env_dir)[:1] if _left_down(r)), interrupted)
         j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label)
         steps: list[dict[str, Any]] = []
         svc = service_ops(t, j, steps, say) if service_ops else None
+        was_up = up_now = unchanged = stopped = False
         if svc:
-            svc.stop()
-            j.append("note", service_was_active=True)
+            try:
+                st = svc.status()
+                unchanged = _env_matches(t, snap)
+                if not unchanged:
+                    svc.check_stoppable(st)
+            except BaseException:
+                j.append("finished", status="refused", snapshot_id=snap.id)
+                raise
+            up_now = st.up
+            # Up now, or up before the run that stopped it and left it so.
+            was_up = up_now or _noted_active(left_down)
+            j.append("note", service_was_active=was_up, service_judged_by=st.judged_by,
+                     environment_unchanged=unchanged)
+            if unchanged:
+                say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
+            else:
+                stopped = True
+                svc.stop()
         j.append("step", name="restore", snapshot_id=snap.id)
         say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
         t0 = time.monotonic()
@@ -170,7 +237,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
             # rollback is over — leaving it unfinished would block every later command with
             # exit 4 — and the service it stopped goes back up.
             try:
-                if svc:
+                if svc and stopped and was_up:
                     svc.start_and_verify()
             finally:
                 j.append("finished", status="refused", snapshot_id=snap.id)
@@ -180,7 +247,18 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         service_state = None
         try:
             if svc:
-                service_state = svc.start_and_verify()
+                if not stopped and _restore_changed(res):
+                    # Judged unchanged, yet the restore changed files: the service (if any
+                    # runs) must not keep running the bytes it loaded before.
+                    j.append("note", unchanged_but_restored=True)
+                    stopped = True
+                    svc.stop()
+                if not was_up:
+                    svc.skip_start("the service was not running before: it stays stopped")
+                elif not stopped and up_now:
+                    service_state = svc.verify_running("no byte changed: the service was not restarted")
+                else:
+                    service_state = svc.start_and_verify()
         finally:
             remove_displaced(res)
         if interrupted is not None:
@@ -207,8 +285,45 @@ class ServiceSteps:
         self.manager = service.make_manager(self.spec, t.store.env_dir, python=t.recipe.python)
         self.started_at: float | None = None
 
+    def status(self) -> Any:  # service.ServiceStatus
+        return self.manager.status()
+
     def was_active(self) -> bool:
-        return self.manager.status().active
+        """Running or on its way up (systemd's active/activating/reloading; the command
+        manager's live recorded pid, or its health URL answering)."""
+        return self.manager.status().up
+
+    def check_stoppable(self, st: Any = None) -> None:
+        """Refuse (PreflightError) before anything is changed when the service runs where
+        rewheel cannot stop it (started outside rewheel, and no `[service] stop`)."""
+        check = getattr(self.manager, "check_stoppable", None)
+        if check is not None:
+            check(st)
+
+    def skip_start(self, reason: str) -> None:
+        """Record that the service is deliberately not started (it was not running before)."""
+        self.j.append("note", service_start_skipped=reason)
+        self.say(reason)
+        self.steps.append({"name": "start", "ok": True, "seconds": 0.0, "skipped": True,
+                           "reason": reason})
+
+    def verify_running(self, reason: str) -> dict[str, Any]:
+        """Health-check the running service without restarting it."""
+        from rewheel import service
+
+        t0 = time.monotonic()
+        self.j.append("note", service_not_restarted=reason)
+        self.say(f"{reason}; checking {self.manager.describe()} is healthy")
+        try:
+            health = service.wait_ready(self.manager, self.spec, client=self.client,
+                                        started_at=time.time(), on_progress=self.say)
+        except service.HealthCheckFailed:
+            self.steps.append({"name": "health", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
+            raise
+        self.steps.append({"name": "health", "ok": True, "seconds": round(time.monotonic() - t0, 3),
+                           "restarted": False})
+        self.j.append("healthy", detail=health.detail)
+        return {**health.to_json(), "restarted": False}
 
     def stop(self) -> None:
         t0 = time.monotonic()
@@ -287,6 +402,10 @@ class RunReport:
     logs: dict[str, str] = field(default_factory=dict)
     run_dir: str | None = None
     diagnosis: dict[str, Any] | None = None
+    # The service's state before the run ("active" | "inactive"), and how it was judged
+    # ("systemd" | "pid" | "health"); None without a [service].
+    service_before: str | None = None
+    service_judged_by: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -366,8 +485,14 @@ class _Cycle:
         if self.t.recipe.service is None:
             return
         self.svc = ServiceSteps(self.t, self.j, self.report.steps, self.say, self.client)
-        self.was_active = self.svc.was_active()
-        self.j.append("note", service_was_active=self.was_active)
+        st = self.svc.status()
+        self.svc.check_stoppable(st)  # before anything is changed
+        self.was_active = st.up
+        self.report.service_before = "active" if st.up else "inactive"
+        self.report.service_judged_by = st.judged_by
+        self.j.append("note", service_was_active=self.was_active, service_judged_by=st.judged_by)
+        if not st.up:
+            self.say(f"{self.svc.manager.describe()} is not running: it is not started after the run")
         self.svc.stop()
 
     def snapshot(self) -> None:
@@ -382,7 +507,8 @@ class _Cycle:
             finally:
                 fetcher.close()
             res = take_snapshot(self.t.env, self.t.store, label=f"before run {self.j.id}",
-                                status="pre-upgrade", run_id=self.j.id, progress=self.progress, dists=dists)
+                                status="pre-upgrade", run_id=self.j.id, progress=self.progress, dists=dists,
+                                exclude=self.t.recipe.snapshot_exclude)
             self.snap = res.meta
             self.j.append("snapshot", snapshot_id=res.meta.id)
             self.report.snapshot_id = res.meta.id
@@ -467,6 +593,11 @@ class _Cycle:
 
         if self.svc is None:
             return
+        if not self.was_active:
+            # A service that was stopped is not started by a run: the smoke test is the check.
+            self.svc.skip_start("the service was not running before the run: not started, "
+                                "its health check skipped")
+            return
         try:
             self.report.service = self.svc.start_and_verify()
         except ServiceError:
@@ -538,7 +669,8 @@ class _Cycle:
             return  # only a failed upgrade is worth keeping, and only once
         try:
             res = take_snapshot(self.t.env, self.t.store, label=f"failed upgrade of run {self.j.id}",
-                                status="failed-upgrade", run_id=self.j.id, progress=self.progress)
+                                status="failed-upgrade", run_id=self.j.id, progress=self.progress,
+                                exclude=self.t.recipe.snapshot_exclude)
             self.j.append("failed-snapshot", failed_snapshot_id=res.meta.id)
             revert["failed_snapshot_id"] = res.meta.id
             self.say(f"kept the failed state as snapshot {res.meta.id} for inspection")
@@ -564,12 +696,16 @@ class _Cycle:
             res.cleanup_restored = unstash_cleanup(self.snap)
             revert["restore"] = res.to_json()
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
-                     f"{res.deleted:,} removed, {res.verified:,} verified")
+                     f"{res.deleted:,} removed, {res.verified:,} verified"
+                     + (f" ({res.proven_same:,} proven identical, left in place)" if res.proven_same else ""))
             self.report.after = self.t.env.versions()
             try:
                 if self.svc is not None and self.was_active:
                     revert["service"] = self.svc.start_and_verify()
                     self.say("the old service is healthy again")
+                elif self.svc is not None:
+                    revert["service_skipped"] = "the service was not running before the run: left stopped"
+                    self.say(revert["service_skipped"])
             finally:
                 remove_displaced(res)  # the failed build's folders, moved out by the restore
         except RewheelError as exc:
@@ -691,6 +827,8 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
         cyc.was_active = was_active
         if t.recipe.service is not None:
             cyc.svc = ServiceSteps(t, j, cyc.report.steps, say, client)
+            if any("service_was_active" in r for r in j.records if r["event"] == "note"):
+                cyc.report.service_before = "active" if was_active else "inactive"
         snap_id = j.snapshot_id
         cyc.snap = t.store.get(snap_id) if snap_id else None
         cyc.report.snapshot_id = snap_id  # the report (and --json) names what was restored

@@ -7,7 +7,8 @@ Two managers share one protocol (`ServiceManager`):
 - `CommandManager(start, stop, state_dir)` runs the recipe's own argv lists: it starts the
   service detached in its own session, appends its output to `state_dir/service.log`, and
   records its pid durably in `state_dir/service.pid` so a later rewheel process (resume,
-  rollback) can still stop it.
+  rollback) can still stop it. A service it did not start (or whose start command
+  daemonized) is judged by its health URL answering, and stopped through the recipe's `stop`.
 
 "Stopped" means inactive and every process of the service gone (a vLLM server's worker
 processes hold GPU memory until they exit). "Started" is not "ready": `wait_ready` polls the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -54,11 +56,19 @@ class ServiceStatus:
     result: str = ""
     pids: list[int] = field(default_factory=list)
     exit_status: int | None = None
+    # How the state was judged: "systemd" (the unit's ActiveState), "pid" (the process
+    # rewheel started and recorded), or "health" (the health URL answers, no live recorded pid).
+    judged_by: str = ""
+
+    @property
+    def up(self) -> bool:
+        """Running or on its way up: what a run or a rollback must leave running."""
+        return self.active or self.state in ("activating", "reloading")
 
     def to_json(self) -> dict[str, object]:
         return {"active": self.active, "state": self.state, "sub_state": self.sub_state,
                 "main_pid": self.main_pid, "n_restarts": self.n_restarts, "result": self.result,
-                "pids": list(self.pids), "exit_status": self.exit_status}
+                "pids": list(self.pids), "exit_status": self.exit_status, "judged_by": self.judged_by}
 
 
 @dataclass
@@ -283,7 +293,7 @@ class SystemdManager:
         exit_status = num("ExecMainStatus") if v.get("ExecMainStatus") else None
         return ServiceStatus(active=state == "active", state=state, sub_state=v.get("SubState", ""),
                              main_pid=main, n_restarts=num("NRestarts"), result=v.get("Result", ""),
-                             pids=sorted(pids), exit_status=exit_status)
+                             pids=sorted(pids), exit_status=exit_status, judged_by="systemd")
 
     def status(self) -> ServiceStatus:
         return self._status_from(self.show())
@@ -376,16 +386,22 @@ class SystemdManager:
 class CommandManager:
     """A service started and stopped by the recipe's argv lists.
 
-    Contract: `start` must run the service in the foreground (like systemd's Type=simple);
-    rewheel starts it in its own session and process group and owns that group. `stop`, when
-    given, asks the service to stop; rewheel then makes sure the whole process group is gone
-    (SIGTERM, SIGKILL after the timeout). Processes that leave the group (setsid, double
-    fork) are not tracked.
+    Contract: `start` runs the service in the foreground (like systemd's Type=simple), or
+    daemonizes — forks the server and exits 0 at once (like Type=forking). rewheel starts it
+    in its own session and process group and owns that group. `stop`, when given, asks the
+    service to stop; rewheel then makes sure the whole process group is gone (SIGTERM,
+    SIGKILL after the timeout) and, with a health URL, that nothing answers there any more.
+
+    The service is up when the recorded main process lives (`judged_by="pid"`) or, failing
+    that, when its health URL answers (`judged_by="health"`): a server started by something
+    else, or one that left the group (setsid, double fork). Such a server can only be
+    stopped through `stop`.
     """
 
     def __init__(self, start_argv: Sequence[str], stop_argv: Sequence[str] = (),
                  state_dir: Path | str = ".", *, env: dict[str, str] | None = None,
-                 cwd: Path | str | None = None) -> None:
+                 cwd: Path | str | None = None, health_url: str | None = None,
+                 ready_timeout_s: float = 900.0) -> None:
         if not start_argv:
             raise ServiceError("service.start is empty: the command manager needs an argv list")
         self.start_argv = [str(a) for a in start_argv]
@@ -393,6 +409,8 @@ class CommandManager:
         self.state_dir = Path(state_dir)
         self.env = env
         self.cwd = cwd
+        self.health_url = health_url or None
+        self.ready_timeout_s = float(ready_timeout_s)
         self._popen: subprocess.Popen[bytes] | None = None  # ours only while this process lives
 
     @property
@@ -455,21 +473,93 @@ class CommandManager:
             return []  # the pid was reused, so our group (same id) cannot exist any more
         return sorted(p.pid for p in _proc_table() if p.pgid == pgid)
 
+    # -- the health URL: how a server rewheel has no live process of is seen -----------------
+    def _answers(self) -> bool:
+        """Whether something answers at the health URL. Any HTTP status counts (a server
+        still loading its model answers 503), and so does a connection that is accepted
+        but not answered in time."""
+        if not self.health_url:
+            return False
+        try:
+            httpx.get(self.health_url, timeout=2.0)
+        except httpx.TimeoutException as exc:
+            return not isinstance(exc, httpx.ConnectTimeout)
+        except Exception:  # refused, reset, a bad URL: nothing answers
+            return False
+        return True
+
+    def _listening(self) -> bool:
+        """Whether the health URL's port still accepts connections (is not yet released)."""
+        if not self.health_url:
+            return False
+        try:
+            url = httpx.URL(self.health_url)
+            host, port = url.host, url.port or (443 if url.scheme == "https" else 80)
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except Exception:
+            return False
+
+    def _wait_released(self, until: float) -> bool:
+        """Until nothing answers at the health URL and its port is free; False on timeout."""
+        while True:
+            if not self._answers() and not self._listening():
+                return True
+            if time.monotonic() >= until:
+                return False
+            time.sleep(0.1)
+
+    def _no_stop_error(self) -> PreflightError:
+        return PreflightError(
+            f"{self.describe()}: the service is running (its health URL {self.health_url} answers) "
+            "but not as a process rewheel started and recorded, so it can only be stopped through "
+            "the recipe's `[service] stop`, which is not set; nothing was changed",
+            hint='add `stop = ["...", "..."]` (an argv that stops the server) to [service] in the '
+                 "recipe, or stop the service yourself and run the command again")
+
+    def check_stoppable(self, st: ServiceStatus | None = None) -> None:
+        """PreflightError when the service runs outside rewheel's reach and the recipe has no
+        `stop` argv: call before changing anything."""
+        st = st if st is not None else self.status()
+        if st.active and st.judged_by == "health" and not st.pids and not self.stop_argv:
+            raise self._no_stop_error()
+
+    def output_tail(self, n: int = 5) -> list[str]:
+        """The last `n` non-empty lines the service wrote since its last start."""
+        try:
+            lines = [line for line in self.log_lines(0) if line.strip()]
+        except OSError:
+            return []
+        return [line[:300] for line in lines[-n:]]
+
     def status(self) -> ServiceStatus:
         info = self._info()
-        if info is None:
-            return ServiceStatus(active=False, state="inactive", sub_state="dead")
-        pid = int(info["pid"])
-        if not info.get("stopped") and self._main_alive(info):
+        if info is not None and not info.get("stopped") and self._main_alive(info):
+            pid = int(info["pid"])
             return ServiceStatus(active=True, state="active", sub_state="running", main_pid=pid,
-                                 pids=self._group(info) or [pid])
+                                 pids=self._group(info) or [pid], judged_by="pid")
+        group = self._group(info) if info is not None else []
+        if self._answers():
+            # Up, but not as the process rewheel recorded: started by something else, or by
+            # a start command that daemonized (forked the server and exited).
+            return ServiceStatus(active=True, state="active", sub_state="running", pids=group,
+                                 judged_by="health")
+        judged = "health" if self.health_url else "pid"
+        if info is None:
+            return ServiceStatus(active=False, state="inactive", sub_state="dead", judged_by=judged)
+        pid = int(info["pid"])
         rc = self._poll_child(pid)
         if rc is None:
             rc = info.get("returncode")
-        group = self._group(info)
         if info.get("stopped"):
             return ServiceStatus(active=False, state="inactive", sub_state="dead", result="success",
-                                 pids=group, exit_status=rc)
+                                 pids=group, exit_status=rc, judged_by=judged)
+        if (rc == 0 and self.health_url
+                and time.time() - float(info.get("started_at") or 0) < self.ready_timeout_s):
+            # The start command exited 0: it daemonized (like systemd's Type=forking). The
+            # server counts as starting until its health URL answers, within the ready timeout.
+            return ServiceStatus(active=False, state="activating", sub_state="start",
+                                 result="success", pids=group, exit_status=0, judged_by="health")
         if rc is not None and rc < 0:
             result, exit_status = "signal", -rc
         elif rc == 0:
@@ -479,12 +569,11 @@ class CommandManager:
         # It ended without being asked to: like a systemd unit whose main process died.
         return ServiceStatus(active=False, state="failed" if rc != 0 else "inactive",
                              sub_state="failed" if rc != 0 else "dead", result=result, pids=group,
-                             exit_status=exit_status)
+                             exit_status=exit_status, judged_by=judged)
 
     def start(self) -> None:
-        info = self._info()
-        if info is not None and not info.get("stopped") and self._main_alive(info):
-            return  # already running: like `systemctl start`, a no-op
+        if self.status().up:
+            return  # already running (or on its way up): like `systemctl start`, a no-op
         self.state_dir.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         with open(self.log_path, "a", encoding="utf-8") as log:
@@ -513,9 +602,29 @@ class CommandManager:
                 return left
             time.sleep(0.05)
 
+    def _mark_stopped(self, info: dict | None) -> None:
+        if info is None:
+            return
+        rc = self._poll_child(int(info["pid"]))
+        self._save({**info, "stopped": True,
+                    "returncode": rc if rc is not None else info.get("returncode")})
+
     def stop(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         info = self._info()
+        st = self.status()
+        group = self._group(info) if info is not None else []
+        # Up only as far as the health URL shows (started outside rewheel, or daemonized):
+        # only the recipe's `stop` can reach it. Refused before anything is done.
+        outside = st.judged_by == "health" and st.up and not group
+        if outside and st.active and not self.stop_argv:
+            raise self._no_stop_error()
+        if self.health_url and not group and (not st.up or (outside and not self.stop_argv)):
+            # Nothing runs (no live recorded process, nothing answers), or only a daemonized
+            # start that has not answered yet and that no `stop` could reach: nothing to stop.
+            if info is not None and not info.get("stopped"):
+                self._mark_stopped(info)
+            return
         stop_note = ""
         if self.stop_argv:
             r = proc.run(self.stop_argv, timeout=max(1.0, timeout_s))
@@ -524,33 +633,40 @@ class CommandManager:
                 stop_note = (f"`{' '.join(self.stop_argv)}` "
                              f"{'timed out' if r.timed_out else f'exited {r.returncode}'}"
                              f"{': ' + said[-1] if said else ''}")
-        if info is None:
+        if info is None and not self.health_url:
             if stop_note:
                 # Nothing recorded to check: the stop command's word is all there is.
                 raise ServiceError(f"cannot stop the service: {stop_note}",
                                    hint=f"no service started by rewheel is recorded in {self.pid_file}")
             return
-        pgid = int(info["pid"])
-        if self.stop_argv:
-            left = self._wait_group_gone(info, deadline)
-            if left:
+        if info is not None:
+            pgid = int(info["pid"])
+            if self.stop_argv:
+                left = self._wait_group_gone(info, deadline)
+                if left:
+                    self._signal_group(pgid, signal.SIGTERM)
+                    left = self._wait_group_gone(info, time.monotonic() + min(10.0, max(1.0, timeout_s)))
+            else:
                 self._signal_group(pgid, signal.SIGTERM)
-                left = self._wait_group_gone(info, time.monotonic() + min(10.0, max(1.0, timeout_s)))
-        else:
-            self._signal_group(pgid, signal.SIGTERM)
-            left = self._wait_group_gone(info, deadline)
-        if left:
-            self._signal_group(pgid, signal.SIGKILL)
-            left = self._wait_group_gone(info, time.monotonic() + 5.0)
-        if left:
+                left = self._wait_group_gone(info, deadline)
+            if left:
+                self._signal_group(pgid, signal.SIGKILL)
+                left = self._wait_group_gone(info, time.monotonic() + 5.0)
+            if left:
+                raise ServiceError(
+                    f"the service did not stop within {timeout_s:g}s: processes of its group "
+                    f"{pgid} survived SIGKILL: {_describe_pids(left)}"
+                    + (f" ({stop_note})" if stop_note else ""),
+                    hint="they may be stuck in the kernel (state D); check `ps -o pid,stat,cmd -g "
+                         f"{pgid}`")
+        if self.health_url and not self._wait_released(max(deadline, time.monotonic() + 2.0)):
+            how = f"`{' '.join(self.stop_argv)}`" if self.stop_argv else "stopping its process group"
             raise ServiceError(
-                f"the service did not stop within {timeout_s:g}s: processes of its group "
-                f"{pgid} survived SIGKILL: {_describe_pids(left)}"
-                + (f" ({stop_note})" if stop_note else ""),
-                hint="they may be stuck in the kernel (state D); check `ps -o pid,stat,cmd -g "
-                     f"{pgid}`")
-        rc = self._poll_child(pgid)
-        self._save({**info, "stopped": True, "returncode": rc if rc is not None else info.get("returncode")})
+                f"the service did not stop within {timeout_s:g}s: {self.health_url} still answers "
+                f"(or its port is still taken) after {how}" + (f" ({stop_note})" if stop_note else ""),
+                hint="check that [service] stop stops the server the health URL reaches; raise "
+                     "service.stop_timeout_s if it needs longer to shut down")
+        self._mark_stopped(info)
 
     def log_location(self, since_epoch: float) -> str:
         return str(self.log_path)
@@ -580,7 +696,9 @@ def make_manager(spec: ServiceSpec, state_dir: Path, *, python: Path | str | Non
     if spec.manager == "command":
         def expand(argv: Sequence[str]) -> list[str]:
             return [a.replace("{python}", str(python)) if python is not None else a for a in argv]
-        return CommandManager(expand(spec.start), expand(spec.stop), state_dir)
+        return CommandManager(expand(spec.start), expand(spec.stop), state_dir,
+                              health_url=spec.health_url,
+                              ready_timeout_s=float(spec.ready_timeout_s))
     raise ServiceError(f'service.manager: expected "systemd" or "command", got "{spec.manager}"')
 
 
@@ -651,8 +769,11 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
                        f"Result=start-limit-hit, NRestarts={st.n_restarts}{code})",
                        "restart-looping", st.n_restarts)
         if st.state in DOWN_STATES:
+            tail_of = getattr(manager, "output_tail", None)
+            tail = tail_of() if callable(tail_of) else []
+            said = f"; its output ended with: {' | '.join(tail)}" if tail else ""
             raise fail(f"{what} died {phase}: it is {st.state}/{st.sub_state} "
-                       f"(Result={st.result or '?'}{code}) {elapsed():.0f}s after start",
+                       f"(Result={st.result or '?'}{code}) {elapsed():.0f}s after start{said}",
                        f"service {st.state}", st.n_restarts)
         return st.n_restarts
 
