@@ -68,7 +68,7 @@ def test_same_version_files_are_proven_not_rewritten(setup, wheelhouse: Path, la
     # Only the installer's bookkeeping (RECORD, INSTALLER, ...) is written, never a package file.
     assert site(py).joinpath(core).lstat().st_ino == fresh[core]
     # Proven files are remembered: the next restore and a full verify accept them.
-    aliases = json.loads((snap.path / ALIASES).read_text())["files"]
+    aliases = json.loads((snap.path / ALIASES).read_text())["paths"]
     assert any(k.endswith(core) for k in aliases)
     again = restore_snapshot(env, snap)
     assert again.written == 0 and again.deleted == 0 and again.chmodded == 0

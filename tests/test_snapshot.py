@@ -708,3 +708,44 @@ def test_sparse_unlisted_file_is_stored_sparse_and_once(venv: Path, wheelhouse: 
     rollback(open_target(Recipe.for_python(venv)), second.meta.id)
     assert tree_state(venv.parent.parent) == before
     assert big.stat().st_blocks * 512 < 8 << 20
+
+
+def test_snapshots_exclude_leaves_caches_out_and_alone(lanes: int, venv: Path, wheelhouse: Path,
+                                                       tmp_path: Path) -> None:
+    """`[snapshots] exclude`: a glob with a slash matches the path from the prefix, one
+    without a name at any depth. Excluded files are not captured, and a rollback neither
+    reverts nor removes them."""
+    sp = site_packages(venv)
+    cache = sp / "toypkg" / ".cache"
+    cache.mkdir()
+    (cache / "kernels.bin").write_bytes(os.urandom(100_000))
+    (sp / "toypkg" / "dump.pt").write_bytes(b"old dump")
+    prefix = venv.parent.parent
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[environment]\npython = "{venv}"\n'
+                      '[snapshots]\nexclude = ["lib/python3*/site-packages/*/.cache", "*.pt"]\n')
+    from rewheel.recipe import load_recipe
+    t = open_target(load_recipe(recipe))
+    res = snapshot_now(t).result
+    paths = [e[1] for e in manifest_entries(res.meta.path)]
+    assert not any(".cache" in p or p.endswith(".pt") for p in paths)
+    assert any(p.endswith("toypkg/core.py") for p in paths)
+    before = {k: v for k, v in tree_state(prefix).items() if ".cache" not in k and not k.endswith(".pt")}
+    damage(venv, wheelhouse)  # adds toypkg/debug_dump.pt, among the rest
+    (cache / "kernels.bin").write_bytes(b"rebuilt by the new build")
+    rollback(open_target(load_recipe(recipe)), res.meta.id)
+    after = tree_state(prefix)
+    assert {k: v for k, v in after.items() if ".cache" not in k and not k.endswith(".pt")} == before
+    assert (cache / "kernels.bin").read_bytes() == b"rebuilt by the new build"
+    assert (sp / "toypkg" / "debug_dump.pt").exists() and (sp / "toypkg" / "dump.pt").exists()
+    assert snapmod.verify(Environment.inspect(venv), res.meta) > 0
+
+
+@pytest.mark.parametrize("glob", ["", "/etc/*", "../x", "*", "**/"])
+def test_snapshots_exclude_refuses_globs_that_take_everything(glob: str, venv: Path, tmp_path: Path) -> None:
+    from rewheel.errors import RecipeError
+    from rewheel.recipe import load_recipe
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[environment]\npython = "{venv}"\n[snapshots]\nexclude = ["{glob}"]\n')
+    with pytest.raises(RecipeError, match="snapshots.exclude"):
+        load_recipe(recipe)

@@ -84,6 +84,7 @@ class Recipe:
     cleanup_paths: tuple[str, ...] = ()
     keep: int = 5
     store: Path | None = None
+    snapshot_exclude: tuple[str, ...] = ()  # globs left out of snapshots (caches)
 
     @property
     def source(self) -> str:
@@ -125,7 +126,7 @@ _SCHEMA: dict[str, Any] = {
               "gpu_release_timeout_s": ("int", False)},
     "patches": {"policy": ("str", False)},
     "cleanup": {"paths": ("strlist", False)},
-    "snapshots": {"keep": ("int", False), "store": ("str", False)},
+    "snapshots": {"keep": ("int", False), "store": ("str", False), "exclude": ("strlist", False)},
 }
 
 _TYPE_WORDS = {"str": "a string", "int": "an integer", "bool": "true or false",
@@ -277,11 +278,18 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
     if keep < 1:
         raise RecipeError(path, "snapshots.keep", f"expected 1 or more, got {keep}")
     store = _resolve_path(base, snaps["store"]) if "store" in snaps else None
+    exclude = tuple(snaps.get("exclude", ()))
+    for pat in exclude:
+        if not pat.strip() or pat.startswith("/") or ".." in pat.split("/") or pat.strip("*/") == "":
+            raise RecipeError(path, "snapshots.exclude",
+                              f"{pat!r} would leave out the whole environment or a path outside it",
+                              hint='give globs relative to the prefix, e.g. "lib/python3*/site-packages/*/.cache" '
+                                   'or a name matched at any depth, e.g. "*.pt"')
     return Recipe(
         name=data.get("name") or path.stem, python=python, path=path, service=service,
         install=install, smoke=smoke, patch_policy=policy,
         cleanup_paths=tuple(_resolve_glob(base, p) for p in data.get("cleanup", {}).get("paths", ())),
-        keep=keep, store=store)
+        keep=keep, store=store, snapshot_exclude=exclude)
 
 
 def load_recipe(path: str | os.PathLike[str], *, check_interpreter: bool = True) -> Recipe:

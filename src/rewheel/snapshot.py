@@ -25,16 +25,19 @@ which both check everything before either commits.
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import csv
 import errno
-import gc
 import fcntl
+import fnmatch
+import gc
 import glob
 import hashlib
 import json
 import marshal
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -102,8 +105,24 @@ def nested_prefix(path: str, rel: str, root: str) -> bool:
     return rel == "pkgs" and os.path.isdir(f"{root}/conda-meta")
 
 
+def exclusion(globs: list[str] | tuple[str, ...]) -> Callable[[str], bool] | None:
+    """`[snapshots] exclude`: a glob with a slash matches the path from the prefix (`*`
+    crosses folders), one without matches a name at any depth. None when there are none."""
+    if not globs:
+        return None
+    full = [fnmatch.translate(g.strip("/")) for g in globs if "/" in g.strip("/")]
+    names = [fnmatch.translate(g) for g in globs if "/" not in g.strip("/")]
+    by_path = re.compile("|".join(full)).match if full else None
+    by_name = re.compile("|".join(names)).match if names else None
+
+    def excluded(rel: str) -> bool:
+        return bool((by_path and by_path(rel)) or (by_name and by_name(rel.rpartition("/")[2])))
+    return excluded
+
+
 def _walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str],
-          nested: list[str] | None = None) -> Iterator[tuple[int, str, os.stat_result]]:
+          nested: list[str] | None = None,
+          excluded: Callable[[str], bool] | None = None) -> Iterator[tuple[int, str, os.stat_result]]:
     """Yield (root index, relative path, lstat) for everything a scope holds, parents first.
     Nested environments are left out (and their paths added to `nested`)."""
     for ri, root in enumerate(roots):
@@ -132,6 +151,8 @@ def _walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str],
                 if de.path in skip or de.name.startswith(STAGING_PREFIX):
                     continue
                 crel = f"{rel}/{de.name}" if rel else de.name
+                if excluded is not None and ri == 0 and excluded(crel):
+                    continue
                 st = de.stat(follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode) and nested_prefix(de.path, crel, root.path):
                     if nested is not None:
@@ -459,8 +480,9 @@ class _PreviousCopies:
 
 def take_snapshot(env: Environment, store: Store, *, label: str = "", status: str = "manual",
                   run_id: str | None = None, progress: Progress | None = None,
-                  dists: list[Distribution] | None = None) -> SnapshotResult:
-    """Capture the environment's files into a new snapshot in `store`."""
+                  dists: list[Distribution] | None = None, exclude: tuple[str, ...] = ()) -> SnapshotResult:
+    """Capture the environment's files into a new snapshot in `store`. `exclude`: globs
+    (`[snapshots] exclude`) left out, and left alone by its restore."""
     t0 = time.monotonic()
     dists = dists if dists is not None else env.distributions()
     records = _record_index(dists)
@@ -482,7 +504,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     src_base = [r.path.rstrip("/") + "/" for r in roots]
     dst_base = [f"{tree}/{ri}/" for ri in range(len(roots))]
     try:
-        for i, (ri, rel, st) in enumerate(_walk(roots, records, skip, nested)):
+        for i, (ri, rel, st) in enumerate(_walk(roots, records, skip, nested, exclusion(exclude))):
             src = src_base[ri] + rel
             dst = dst_base[ri] + rel
             kind = _kind(st.st_mode)
@@ -538,7 +560,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                 entries.append([ri, rel, "o", mode, 0, 0, None, None, None, None])
             if progress and i % 500 == 0:
                 progress("snapshot", i, 0)
-        manifest = Manifest.of(roots, entries, [os.path.realpath(r.path) for r in roots]).to_json()
+        manifest = Manifest.of(roots, entries, [os.path.realpath(r.path) for r in roots], list(exclude)).to_json()
         atomic_write(tmp / "manifest.json", json.dumps(manifest, separators=(",", ":")))
         meta = SnapshotMeta(
             id=snap_id, path=store.snapshots_dir / snap_id, label=label, status=status,
@@ -631,6 +653,17 @@ class Folder:
     def entries(self, ri: int, rel: str) -> list[list[Any]]:
         return [self.entry(ri, rel, i) for i in range(len(self.names))]
 
+    def sha(self, i: int) -> str | None:
+        """Entry i's sha256 alone (from the cold part, decoded once per folder)."""
+        if self.cold is None:
+            return None
+        try:
+            if self._cold is None:
+                self._cold = json.loads(self.cold)
+            return self._cold["sha256"][i]
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            raise ManifestDamaged(f"{self.names[i]}: sha256 does not load ({exc})") from None
+
     def shape_ok(self) -> bool:
         """Columns of the right types and lengths, types and stored codes known."""
         names, types, modes, sizes, mtimes, stored, inos, cold = (
@@ -651,6 +684,7 @@ class Manifest:
     roots: list[Root]
     folders: dict[tuple[int, str], Folder]
     real_roots: list[str] | None = None
+    exclude: list[str] = field(default_factory=list)  # `[snapshots] exclude` when it was taken
 
     @property
     def entries(self) -> list[list[Any]]:
@@ -660,13 +694,14 @@ class Manifest:
         return {"version": MANIFEST_VERSION, "roots": [r.__dict__ for r in self.roots],
                 # Where the roots really were (a prefix reached through a symlink is the same
                 # environment by its real path, even once the symlink is gone).
-                "real_roots": self.real_roots,
+                "real_roots": self.real_roots, "exclude": self.exclude,
                 "folder_fields": ["root", "path", "names", "types", "modes", "sizes", "mtimes_ns", "stored",
                                   "inos", "cold"],
                 "folders": [f.to_json(ri, rel) for (ri, rel), f in self.folders.items()]}
 
     @classmethod
-    def of(cls, roots: list[Root], entries: list[list[Any]], real_roots: list[str] | None) -> Manifest:
+    def of(cls, roots: list[Root], entries: list[list[Any]], real_roots: list[str] | None,
+           exclude: list[str] | None = None) -> Manifest:
         by_folder: dict[tuple[int, str], list[list[Any]]] = {}
         for e in entries:
             key = (e[0], e[1].rpartition("/")[0])
@@ -674,7 +709,7 @@ class Manifest:
             if kids is None:
                 kids = by_folder[key] = []
             kids.append(e)
-        return cls(roots, {k: Folder.of(v) for k, v in by_folder.items()}, real_roots)
+        return cls(roots, {k: Folder.of(v) for k, v in by_folder.items()}, real_roots, exclude or [])
 
     @classmethod
     def load(cls, snap: SnapshotMeta, *, validate: bool = True) -> Manifest:
@@ -685,12 +720,15 @@ class Manifest:
             doc = json.loads(path.read_text())
             roots = [Root(str(r["path"]), bool(r["whole"])) for r in doc["roots"]]
             real_roots = [str(r) for r in doc["real_roots"]] if "real_roots" in doc else None
+            exclude = doc.get("exclude") or []
+            if not (isinstance(exclude, list) and all(type(g) is str for g in exclude)):
+                raise TypeError("exclude is not a list of globs")
             if "folders" in doc:
                 folders = {(item[0], item[1]): Folder(*item[2:]) for item in doc["folders"]}
                 if not all(type(ri) is int and 0 <= ri < len(roots) and type(rel) is str and f.shape_ok()
                            for (ri, rel), f in folders.items()):
                     raise TypeError("a folder's columns do not line up")
-                man = cls(roots, folders, real_roots)
+                man = cls(roots, folders, real_roots, exclude)
             else:  # version 1: one flat list
                 entries = doc["entries"]
                 bad = next((e for e in entries if not (
@@ -698,7 +736,7 @@ class Manifest:
                     and type(e[1]) is str and e[2] in ("f", "d", "l", "o"))), None)
                 if bad is not None:
                     raise _bad_entry(snap, bad)
-                man = cls.of(roots, entries, real_roots)
+                man = cls.of(roots, entries, real_roots, exclude)
             entries = man.entries if validate else []
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",
@@ -930,22 +968,16 @@ class _SameBytes:
 
     def aliases(self) -> dict[str, list[int]]:
         if self._aliases is None:
-            self._aliases = {}
-            try:
-                doc = json.loads((self.snap.path / ALIASES).read_text())
-            except (OSError, ValueError):  # none yet; a damaged one only costs relinks
-                return self._aliases
-            if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
-                self._aliases = {k: v for k, v in doc["files"].items()
-                                 if type(v) is list and len(v) == 2 and all(type(x) is int for x in v)}
+            self._aliases = _read_aliases(self.snap.path / ALIASES)
         return self._aliases
 
-    def live(self) -> dict[str, tuple[str | None, int | None, int]]:
-        """abs path -> (sha256 hex, size, install time) from the RECORDs of distributions
-        reinstalled at the version the snapshot holds; paths two of them claim are left out."""
+    def live(self) -> dict[str, tuple[str, int, int]]:
+        """abs path -> (RECORD's hash field, size, install time) from the RECORDs of
+        distributions reinstalled at the version the snapshot holds; paths two of them claim
+        are left out. Hashes stay as RECORD writes them: only those looked up are compared."""
         if self._live is not None:
             return self._live
-        index: dict[str, tuple[str | None, int | None, int]] = {}
+        index: dict[str, tuple[str, int, int]] = {}
         claimed: set[str] = set()
         for site in (os.path.realpath(p) for p in self.env.site_dirs):
             for ri, root in enumerate(self.roots):
@@ -974,41 +1006,80 @@ class _SameBytes:
                     if st.st_size == df.sizes[j] and st.st_mtime_ns == df.mtimes[j]:
                         continue  # the captured RECORD: not reinstalled
                     with open(record, encoding="utf-8", errors="replace", newline="") as fh:
-                        rows = list(csv.reader(fh))
-                except (OSError, csv.Error):
+                        lines = fh.read().splitlines()
+                except OSError:
                     continue
-                for row in rows:
-                    if len(row) < 3 or not row[0] or not row[1] or not row[2].isdigit():
+                t = st.st_mtime_ns
+                for line in lines:
+                    # Plain rows split from the right (a path may hold commas only when quoted).
+                    if '"' in line:
+                        try:
+                            row = next(csv.reader([line]))
+                        except (csv.Error, StopIteration):
+                            continue
+                    else:
+                        row = line.rsplit(",", 2)
+                    if len(row) != 3 or not row[0] or not row[1].startswith("sha256=") or not row[2].isdigit():
                         continue
                     full = f"{site}/{row[0]}"
                     if "/." in full or "//" in full or row[0].startswith("/"):
                         full = os.path.normpath(os.path.join(site, row[0]))
                     if full in index:
                         claimed.add(full)
-                    index[full] = (RecordEntry(full, row[1], None).sha256_hex, int(row[2]), st.st_mtime_ns)
+                    index[full] = (row[1], int(row[2]), t)
         for p in claimed:
             del index[p]
         self._live = index
         return index
 
     def same(self, key: str, abs_path: str, size: int, sha: Callable[[], str | None],
-             st: os.stat_result) -> bool:
-        """Whether the live file (lstat `st`) at manifest entry `key` ("ri/path", of `size`
-        bytes, sha256 from `sha()`) holds the snapshot's bytes."""
+             lstat: Callable[[], os.stat_result]) -> bool:
+        """Whether the live file at manifest entry `key` ("ri/path", of `size` bytes, sha256
+        from `sha()`; its lstat from `lstat()`) holds the snapshot's bytes. Cheapest first:
+        most files a restore asks about are neither aliased nor reinstalled."""
+        alias = self.aliases().get(key)
+        rec = self.live().get(abs_path)
+        if alias is None and rec is None:
+            return False
+        st = lstat()
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:
             return False
-        alias = self.aliases().get(key)
         if alias is not None and alias[0] == st.st_ino and alias[1] == st.st_mtime_ns:
             return True
-        rec = self.live().get(abs_path)
-        if rec is None or rec[1] != size or st.st_mtime_ns > rec[2] or rec[0] is None or rec[0] != sha():
+        if rec is None or rec[1] != size or st.st_mtime_ns > rec[2]:
+            return False
+        want = sha()
+        if not isinstance(want, str) or rec[0] != _record_hash(want):
             return False
         # Written in the same clock tick as RECORD: not provably older, so proven by its bytes
         # where that is cheap (as a snapshot does), else relinked.
-        if st.st_mtime_ns == rec[2] and (size > _TIE_HASH_MAX or hash_file(abs_path) != rec[0]):
+        if st.st_mtime_ns == rec[2] and (size > _TIE_HASH_MAX or hash_file(abs_path) != want):
             return False
         self.found[key] = [st.st_ino, st.st_mtime_ns]
         return True
+
+
+def _record_hash(sha_hex: str) -> str:
+    """A sha256 as RECORD writes it: `sha256=` and urlsafe base64 without padding."""
+    try:
+        raw = bytes.fromhex(sha_hex)
+    except ValueError:
+        return ""
+    b64 = binascii.b2a_base64(raw, newline=False).rstrip(b"=").replace(b"+", b"-").replace(b"/", b"_")
+    return "sha256=" + b64.decode("ascii")
+
+
+def _read_aliases(path: Path) -> dict[str, list[int]]:
+    """`aliases.json`: none yet, or a damaged one, is empty (it only costs relinks)."""
+    try:
+        doc = json.loads(path.read_text())
+        keys, inos, mtimes = doc["paths"], doc["inos"], doc["mtimes"]
+        if not (len(keys) == len(inos) == len(mtimes)):
+            return {}
+        return {k: [i, m] for k, i, m in zip(keys, inos, mtimes, strict=True)
+                if type(k) is str and type(i) is int and type(m) is int}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _save_aliases(snap: SnapshotMeta, found: dict[str, list[int]]) -> None:
@@ -1018,13 +1089,12 @@ def _save_aliases(snap: SnapshotMeta, found: dict[str, list[int]]) -> None:
         return
     path = snap.path / ALIASES
     try:
-        try:
-            doc = json.loads(path.read_text())
-            files = doc["files"] if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else {}
-        except (OSError, ValueError):
-            files = {}
+        files = _read_aliases(path)
         files.update(found)
-        atomic_write(path, json.dumps({"version": 1, "files": files}, separators=(",", ":")))
+        # Columns: several times cheaper to write and read than one small list per file.
+        keys = list(files)
+        atomic_write(path, json.dumps({"version": 2, "paths": keys, "inos": [files[k][0] for k in keys],
+                                       "mtimes": [files[k][1] for k in keys]}, separators=(",", ":")))
     except OSError:
         pass
 
@@ -1053,6 +1123,8 @@ class _Restore:
         # Files left in place because their bytes are proven the snapshot's (a reinstall at
         # the same version); None once nothing can be proven here.
         self.same: _SameBytes | None = _SameBytes(env, snap, man, roots)
+        self.same_checked = False
+        self.excluded = exclusion(man.exclude)
         self.proven = 0
         self.todo = 0
         self.dirs: list[_Dir] = []  # the folders that need anything, children first
@@ -1102,6 +1174,8 @@ class _Restore:
                 if i is None:
                     if name == skip or (not rel and name.startswith(STAGING_PREFIX)):
                         continue
+                    if self.excluded is not None and ri == 0 and self.excluded(prefix + name):
+                        continue  # `[snapshots] exclude`: neither captured nor removed
                     if de.is_dir(follow_symlinks=False):
                         if not nested_prefix(f"{path}/{name}", prefix + name, self.roots[ri].path):
                             extras.append((f"{path}/{name}", True))
@@ -1163,13 +1237,14 @@ class _Restore:
         """A changed-looking file whose bytes are proven the snapshot's (see `_SameBytes`)."""
         same = self.same
         assert same is not None
-        if same.useless:
-            self.same = None  # nothing to prove in this tree: no further stat for it
-            return False
+        if not self.same_checked:
+            self.same_checked = True
+            if same.useless:
+                self.same = None  # nothing to prove in this tree: no further work for it
+                return False
         name = f.names[i]
-        rp = f"{rel}/{name}" if rel else name
-        ok = same.same(f"{ri}/{rp}", f"{path}/{name}", f.sizes[i], lambda: f.entry(ri, rel, i)[6],
-                       lst or de.stat(follow_symlinks=False))
+        ok = same.same(f"{ri}/{rel}/{name}" if rel else f"{ri}/{name}", f"{path}/{name}", f.sizes[i],
+                       lambda: f.sha(i), lambda: lst or de.stat(follow_symlinks=False))
         self.proven += ok
         return ok
 
@@ -1553,7 +1628,8 @@ class _Restore:
         for n in sorted(extra):  # none, normally: only a socket or FIFO, or a nested env, may stay
             kind = _kind(os.lstat(f"{path}/{n}").st_mode)
             if (not n.startswith(STAGING_PREFIX) and kind != "o"
-                    and not (kind == "d" and nested_prefix(f"{path}/{n}", prefix + n, self.roots[ri].path))):
+                    and not (kind == "d" and nested_prefix(f"{path}/{n}", prefix + n, self.roots[ri].path))
+                    and not (self.excluded is not None and ri == 0 and self.excluded(prefix + n))):
                 problems.append(f"extra: {prefix}{n}")
         problems.extend(f"missing: {prefix}{n}" for n in sorted(want - live))
         if deep:
@@ -1913,7 +1989,8 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
     same = _SameBytes(env, snap, man, roots)
     problems: list[str] = []
     seen = 0
-    for ri, rel, st in _walk(roots, owned, {os.path.realpath(Path(snap.path).parents[3])}):
+    for ri, rel, st in _walk(roots, owned, {os.path.realpath(Path(snap.path).parents[3])}, None,
+                             exclusion(man.exclude)):
         e = want.get((ri, rel))
         if e is None:
             if _kind(st.st_mode) != "o":
@@ -1923,7 +2000,7 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
         path = os.path.join(roots[ri].path, rel)
         problem = _entry_problem(e, st, path)
         if (problem and problem.startswith("content differs") and roots[ri].whole
-                and same.same(f"{ri}/{rel}", path, e[4], lambda e=e: e[6], st)):
+                and same.same(f"{ri}/{rel}", path, e[4], lambda e=e: e[6], lambda st=st: st)):
             problem = _entry_problem([*e[:5], st.st_mtime_ns, *e[6:]], st, path)  # its mode, still
         if problem:
             problems.append(problem)
