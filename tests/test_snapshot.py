@@ -749,3 +749,71 @@ def test_snapshots_exclude_refuses_globs_that_take_everything(glob: str, venv: P
     recipe.write_text(f'[environment]\npython = "{venv}"\n[snapshots]\nexclude = ["{glob}"]\n')
     with pytest.raises(RecipeError, match="snapshots.exclude"):
         load_recipe(recipe)
+
+
+def test_cleanup_entries_in_meta_are_not_trusted(venv: Path, tmp_path: Path) -> None:
+    """A `cleanup` entry in a snapshot's meta.json moves a file back only where the recipe's
+    `[cleanup] paths` globs allow; a tampered entry is refused before anything moves, and a
+    rollback by `--python` alone moves nothing back."""
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "a.pt").write_bytes(b"debug dump")
+    globs = (str(dumps / "*.pt"),)
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t).result.meta
+    moved = snapmod.stash_cleanup(snap, globs)
+    assert [m["path"] for m in moved] == [str(dumps / "a.pt")] and not (dumps / "a.pt").exists()
+    assert snapmod.unstash_cleanup(snap, ()) == 0 and snapmod.pending_cleanup(snap) == 1
+    # Tampered: the entry now points into /etc.
+    meta = json.loads((snap.path / "meta.json").read_text())
+    meta["cleanup"][0]["path"] = "/etc/cron.d/evil"
+    (snap.path / "meta.json").write_text(json.dumps(meta))
+    tampered = snapmod.SnapshotMeta.load(snap.path)
+    with pytest.raises(SnapshotDamaged, match="match no \\[cleanup\\] paths glob"):
+        snapmod.unstash_cleanup(tampered, globs)
+    assert not Path("/etc/cron.d/evil").exists()
+    meta["cleanup"][0]["path"] = str(dumps / "a.pt")
+    (snap.path / "meta.json").write_text(json.dumps(meta))
+    assert snapmod.unstash_cleanup(snapmod.SnapshotMeta.load(snap.path), globs) == 1
+    assert (dumps / "a.pt").read_bytes() == b"debug dump"
+
+
+@pytest.mark.parametrize("which", ["prefix", "home", "system", "holds-prefix"])
+def test_cleanup_globs_that_match_protected_places_are_refused(which: str, venv: Path, tmp_path: Path,
+                                                               rewheel_home: Path) -> None:
+    from rewheel.errors import UsageError
+    prefix = venv.parent.parent
+    glob = {"prefix": str(prefix / "lib"), "home": str(rewheel_home), "system": "/etc",
+            "holds-prefix": str(prefix.parent)}[which]
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t).result.meta
+    with pytest.raises(UsageError, match="refusing to move it"):
+        snapmod.stash_cleanup(snap, (glob,))
+    assert snap.cleanup == [] and prefix.exists()
+
+
+@pytest.mark.parametrize("tamper", ["setuid", "symlink-nul"])
+def test_manifest_modes_and_link_targets_are_checked(tamper: str, venv: Path, wheelhouse: Path) -> None:
+    """A manifest asking for a set-id file, or a symlink target no filesystem can hold, is
+    refused before anything changes (exit 3 path: SnapshotDamaged)."""
+    prefix = venv.parent.parent
+    if tamper == "symlink-nul":
+        os.symlink("toypkg", site_packages(venv) / "toy-link")
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    doc = json.loads((snap.path / "manifest.json").read_text())
+    for folder in doc["folders"]:
+        names = folder[2]
+        if tamper == "setuid" and folder[1].endswith("site-packages/toypkg") and "__init__.py" in names:
+            folder[4][names.index("__init__.py")] |= 0o4000
+        if tamper == "symlink-nul" and "toy-link" in names:
+            cold = json.loads(folder[9])
+            cold["target"][names.index("toy-link")] = "toy\x00pkg"
+            folder[9] = json.dumps(cold)
+    (snap.path / "manifest.json").write_text(json.dumps(doc))
+    damage(venv, wheelhouse)
+    if tamper == "symlink-nul":
+        (site_packages(venv) / "toy-link").unlink()
+    before = tree_state(prefix)
+    with pytest.raises(SnapshotDamaged):
+        rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert tree_state(prefix) == before

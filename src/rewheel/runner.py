@@ -242,7 +242,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
             finally:
                 j.append("finished", status="refused", snapshot_id=snap.id)
             raise
-        res.cleanup_restored = unstash_cleanup(snap)
+        res.cleanup_restored = unstash_cleanup(snap, t.recipe.cleanup_paths)
         steps.append({"name": "restore", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
         service_state = None
         try:
@@ -467,6 +467,10 @@ class _Cycle:
                               hint='add [install] with packages = ["vllm"]')
         checks = preflight.run_checks(self.t.recipe, client=self.client)
         self.report.preflight = [c.to_json() for c in checks.checks]
+        # `[cleanup] paths` never move a system folder, the environment or rewheel's state
+        # (as root): refused here, before anything is stopped (UsageError, exit 2).
+        from rewheel.snapshot import cleanup_matches
+        cleanup_matches(self.t.recipe.cleanup_paths, [str(self.t.env.prefix), str(self.t.store.home)])
         if not checks.ok:
             raise PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in checks.failures),
                                  hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
@@ -693,7 +697,7 @@ class _Cycle:
             self._keep_failed_state(revert)
             self.j.append("step", name="restore", snapshot_id=self.snap.id)
             res = restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=True)
-            res.cleanup_restored = unstash_cleanup(self.snap)
+            res.cleanup_restored = unstash_cleanup(self.snap, self.t.recipe.cleanup_paths)
             revert["restore"] = res.to_json()
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
                      f"{res.deleted:,} removed, {res.verified:,} verified"
@@ -782,7 +786,7 @@ def _restart_after_abort(cyc: _Cycle) -> None:
     if cyc.svc is not None and cyc.was_active:
         try:
             if cyc.snap is not None:
-                unstash_cleanup(cyc.snap)
+                unstash_cleanup(cyc.snap, cyc.t.recipe.cleanup_paths)
             cyc.svc.start_and_verify()
         except Exception as exc:  # report the original failure; this one goes in the journal
             cyc.j.append("note", restart_after_abort_failed=str(exc))
