@@ -4,6 +4,8 @@ server under the command manager, real smoke tests — and the documented exit c
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -125,6 +127,43 @@ def test_dry_run_changes_nothing(host_factory) -> None:
     assert "the service is stopped during the upgrade: service command" in text
     assert h.state() == before
     assert h.served_version() == "1.0.0"
+
+
+def test_plan_states_the_snapshot_cost_and_refuses_a_store_too_small(host_factory, tmp_path: Path) -> None:
+    """The plan says what the snapshot will copy before anything is stopped; a store on a
+    real 4 MiB filesystem cannot hold an 8 MiB model cache: exit 2, nothing changed."""
+    h = host_factory("2.0.0", "good")
+    site = next((h.prefix / "lib").glob("python3*/site-packages"))
+    (site / "toypkg" / "cache.bin").write_bytes(os.urandom(8 << 20))  # no RECORD lists it
+    code, rep = h.run_json("--dry-run")
+    est = rep["plan"]["snapshot_estimate"]
+    assert code == 0 and est["files_to_copy"] >= 1 and est["bytes_to_copy"] >= 8 << 20
+    assert est["files"] > est["files_to_copy"]
+    human = " ".join(h.rewheel("run", str(h.recipe), "--dry-run").stdout.split())
+    assert "the snapshot will share" in human and "copy" in human
+    # A store on a real 4 MiB filesystem cannot hold the 8 MiB copy: refused before anything
+    # is stopped. (The whole run is refused earlier still by the generic 2 GiB free-disk
+    # check; the snapshot's own cost check is what guards a large copy on a large disk.)
+    small = tmp_path / "small-store"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)]).returncode != 0:
+        pytest.fail("mounting a 4 MiB tmpfs needs root (as in CI)")
+    try:
+        from rewheel.errors import PreflightError
+        from rewheel.recipe import load_recipe
+        from rewheel.runner import _Cycle, open_target
+        h.write_recipe(snapshots={"store": str(small)})
+        cyc = _Cycle(open_target(load_recipe(h.recipe)), lock=None, say=lambda m: None,
+                     on_output=lambda m: None, progress=None, client=None)
+        cyc.report.plan = {}
+        with pytest.raises(PreflightError, match="would copy") as exc:
+            cyc._snapshot_cost()
+        assert str(small) in str(exc.value) and "[snapshots] exclude" in (exc.value.hint or "")
+        code, rep = h.run_json()
+        assert code == 2 and h.served_version() == "1.0.0"
+    finally:
+        h.write_recipe()  # the service's state is in the default store
+        subprocess.run(["umount", str(small)])
 
 
 def test_without_terminal_or_yes_nothing_changes(host_factory) -> None:

@@ -476,6 +476,7 @@ class _Cycle:
                                  hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
         plan = installer.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
         self.report.plan = plan.to_json()
+        self._snapshot_cost()
         self.report.before = self.t.env.versions()
         self.report.steps.append({"name": "preflight", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
         if dry_run:
@@ -484,6 +485,23 @@ class _Cycle:
         if confirm:
             confirm(self.report)
         return True
+
+    def _snapshot_cost(self) -> None:
+        """What the pre-upgrade snapshot will cost, in the plan; refused before anything is
+        stopped when the store's disk cannot hold it."""
+        from rewheel.errors import PreflightError
+        from rewheel.snapshot import estimate_snapshot
+        from rewheel.report import human_bytes
+
+        est = estimate_snapshot(self.t.env, self.t.store, exclude=self.t.recipe.snapshot_exclude)
+        self.report.plan["snapshot_estimate"] = est
+        need = int(est["bytes_to_copy"] * 1.1) + (64 << 20)
+        if need > est["store_free"]:
+            raise PreflightError(
+                f"the snapshot would copy {human_bytes(est['bytes_to_copy'])} ({est['files_to_copy']:,} files no "
+                f"RECORD proves) into {self.t.store.snapshots_dir}, which has {human_bytes(est['store_free'])} free",
+                hint="free disk there, put the store elsewhere ([snapshots] store), or leave caches out of "
+                     "snapshots ([snapshots] exclude); nothing was changed")
 
     def stop(self) -> None:
         if self.t.recipe.service is None:

@@ -425,6 +425,41 @@ class SnapshotResult:
                 "files_reused": m.extra.get("files_reused", 0), "bytes_reused": m.extra.get("bytes_reused", 0)}
 
 
+def estimate_snapshot(env: Environment, store: Store, *, dists: list[Distribution] | None = None,
+                      exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a snapshot of the environment would cost now, for the plan a person reads
+    before saying yes: the walk `take_snapshot` makes, without linking or copying. Files no
+    RECORD proves are copied (an unchanged one the previous snapshot holds is shared with
+    it instead); the rest are shared with the environment at no disk cost (on one
+    filesystem)."""
+    dists = dists if dists is not None else env.distributions()
+    records = _record_index(dists)
+    roots = scope_of(env)
+    previous = _PreviousCopies(store, roots)
+    files = to_copy = bytes_to_copy = bytes_reused = bytes_total = 0
+    nested: list[str] = []
+    src_base = [r.path.rstrip("/") + "/" for r in roots]
+    for ri, rel, st in _walk(roots, records, {str(store.home)}, nested, exclusion(exclude)):
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        files += 1
+        size = st.st_size
+        bytes_total += size
+        rec = records.get(src_base[ri] + rel)
+        if rec and rec[0] and rec[1] == size and st.st_mtime_ns <= rec[2]:
+            continue
+        if size >= _REUSE_MIN and previous.holds(ri, rel, st):
+            bytes_reused += size
+            continue
+        to_copy += 1
+        # Sparse files are copied sparse: what they occupy, not their length.
+        bytes_to_copy += min(size, st.st_blocks * 512)
+    free = shutil.disk_usage(store.snapshots_dir).free
+    return {"files": files, "bytes_total": bytes_total, "files_to_copy": to_copy,
+            "bytes_to_copy": bytes_to_copy, "bytes_reused": bytes_reused, "store_free": free,
+            "nested_skipped": nested}
+
+
 _REUSE_MIN = 64 << 10  # smaller copies cost less than looking for them in the previous snapshot
 
 
@@ -453,8 +488,7 @@ class _PreviousCopies:
                 break
         return self._prev or None
 
-    def share(self, ri: int, rel: str, st: os.stat_result, dst: str) -> str | None:
-        """Link dst to the previous snapshot's stored copy of rel; its sha256, or None."""
+    def _find(self, ri: int, rel: str, st: os.stat_result) -> tuple[SnapshotMeta, Folder, int] | None:
         prev = self._load()
         if prev is None:
             return None
@@ -465,8 +499,19 @@ class _PreviousCopies:
         if (f is None or i is None or f.types[i] != "f" or f.stored[i] != "C" or f.sizes[i] != st.st_size
                 or f.mtimes[i] != st.st_mtime_ns or not _safe_rel(rel)):
             return None
+        return meta, f, i
+
+    def holds(self, ri: int, rel: str, st: os.stat_result) -> bool:
+        return self._find(ri, rel, st) is not None
+
+    def share(self, ri: int, rel: str, st: os.stat_result, dst: str) -> str | None:
+        """Link dst to the previous snapshot's stored copy of rel; its sha256, or None."""
+        found = self._find(ri, rel, st)
+        if found is None:
+            return None
+        meta, f, i = found
         try:
-            sha = f.entry(ri, folder, i)[6]
+            sha = f.sha(i)
             stored = f"{meta.path}/tree/{ri}/{rel}"
             sst = os.lstat(stored)
             if not (stat.S_ISREG(sst.st_mode) and sst.st_size == st.st_size and sst.st_mtime_ns == st.st_mtime_ns
