@@ -1,5 +1,5 @@
 """The systemd and GPU paths of `rewheel run`, against stand-in systemctl, journalctl and
-nvidia-smi that behave like the real tools (REFERENCE.md), with a real model server as the
+nvidia-smi that behave like the real tools, with a real model server as the
 unit's main process."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The one error hierarchy: every failure a user can cause, with the exit code it maps to.
 
-Exit codes are the product contract (SPEC.md): 0 done and verified; 1 verification failed
+Exit codes are the product contract: 0 done and verified; 1 verification failed
 and the environment was restored and verified; 2 bad usage or recipe, nothing changed;
 3 the environment could not be restored (a person must act); 4 another run holds the
 environment or an interrupted run must be finished first.

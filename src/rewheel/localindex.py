@@ -3,7 +3,7 @@ benchmarks, so that nothing needs the internet.
 
 It speaks PEP 503 (HTML) and, when the client asks for it with
 `Accept: application/vnd.pypi.simple.v1+json`, PEP 691 (JSON) — uv asks for JSON first, pip for
-HTML. Layout, mirroring vLLM's nightly wheel server (REFERENCE.md):
+HTML. Layout, mirroring vLLM's nightly wheel server:
 
     /simple/                    project list of the wheels directly in `wheels_dir`
     /simple/<name>/             that project's files

@@ -1,4 +1,4 @@
-"""`make demo` (`python -m rewheel.demo`): the story of SPEC.md, played for real on a machine
+"""`make demo` (`python -m rewheel.demo`): the story in the README, played for real on a machine
 without a GPU, in about half a minute.
 
 A toy vLLM nightly index runs on 127.0.0.1 with two builds: dev313 (good) and dev344, whose

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-# The story's two nightlies (REFERENCE.md: setuptools-scm versions, `g` + 9-hex short sha).
+# The story's two nightlies (setuptools-scm versions, `g` + 9-hex short sha).
 GOOD_SHA = "8c1b3f2a0"
 BAD_SHA = "5719a4e4e"
 GOOD_VERSION = f"0.16.0rc2.dev313+g{GOOD_SHA}"
