@@ -169,8 +169,10 @@ def test_no_pristine_copy_is_said(env1: Path) -> None:
     res = scan(env1)
     model = res.patches[0]
     assert model.diff is None and model.pristine_source is None
+    # uv's cached copy carries the patch too, so it cannot tell what the wheel ships either.
     assert model.pristine_note == ("no pristine copy: no snapshot holds it, uv's cached copy was "
-                                   "patched too (shared inode), the index was not consulted")
+                                   "patched too (shared inode), the index was not consulted; its "
+                                   "RECORD could not be cross-checked against the bytes its wheel ships")
 
 
 # --------------------------------------------------------------------------------------

@@ -392,6 +392,13 @@ def patches(target: TargetArg = None, python: PythonOpt = None,
         emit_json(result.to_json())
     else:
         report.render_patches(out, result)
+        if result.record_inconsistent:
+            shown = result.record_inconsistent[:10]
+            out.print(f"{len(result.record_inconsistent)} file(s) match no RECORD but are exactly what "
+                      "their wheel ships (RECORD inconsistent, matches its wheel; not patches, never "
+                      "reapplied): " + ", ".join(f"{r['path']} ({r['distribution']})" for r in shown)
+                      + (" …" if len(result.record_inconsistent) > 10 else ""),
+                      markup=False, highlight=False, style="dim", soft_wrap=True)
     _exit_if_interrupted(t, err)
 
 

@@ -93,19 +93,35 @@ class Distribution:
         except OSError:
             return []
         entries = []
-        site = str(self.site).rstrip("/") + "/"
-        for row in csv.reader(text.splitlines()):
-            if not row or not row[0]:
+        site_dir = str(self.site)
+        site = site_dir.rstrip("/") + "/"
+        # Every row goes through normpath only when the site path itself is not normal;
+        # else only rows with something to normalise (a `/.bench/` folder is normal).
+        odd_site = os.path.normpath(site_dir) + "/" != site
+        lines = [line for line in text.splitlines() if line]
+        rows = [line.split(",") for line in lines] if '"' not in text else None
+        if not odd_site and rows is not None and set(map(len, rows)) <= {3}:
+            # Nothing quoted and three fields a row (nearly every RECORD): the rows csv
+            # would give, split at C speed.
+            norm, join = os.path.normpath, os.path.join
+            return [RecordEntry(norm(join(site_dir, rel)) if rel[0] in "./" or "/." in rel or "//" in rel
+                                else site + rel,
+                                digest or None, int(size) if size.strip().isdigit() else None)
+                    for rel, digest, size in rows if rel]
+        add = entries.append
+        for row in csv.reader(lines):
+            if not row or not (rel := row[0]):
                 continue
-            rel = row[0]
             # normpath only where there is something to normalise (`../../bin/x`): it is
             # pure Python, and this runs once per installed file.
-            full = site + rel
-            if "/." in full or "//" in full or rel.startswith("/"):
-                full = os.path.normpath(os.path.join(self.site, rel))
-            digest = row[1] if len(row) > 1 and row[1] else None
-            size = int(row[2]) if len(row) > 2 and row[2].strip().isdigit() else None
-            entries.append(RecordEntry(full, digest, size))
+            if odd_site or rel[0] in "./" or "/." in rel or "//" in rel:
+                full = os.path.normpath(os.path.join(site_dir, rel))
+            else:
+                full = site + rel
+            n = len(row)
+            digest = row[1] if n > 1 and row[1] else None
+            size = int(row[2]) if n > 2 and row[2].strip().isdigit() else None
+            add(RecordEntry(full, digest, size))
         return entries
 
     @cached_property
@@ -219,8 +235,15 @@ class Environment:
         prefix = Path(info["prefix"])
         base = Path(info["base_prefix"])
         sites: list[Path] = []
+        real_prefix = os.path.realpath(prefix)
         for key in ("purelib", "platlib"):
             p = Path(info[key])
+            # A site folder linked out of the prefix (moved to another disk, linked back):
+            # what the interpreter imports is the folder the link points to, so RECORD paths
+            # and snapshots use that real folder (`roots` captures it beside the prefix).
+            real = os.path.realpath(p)
+            if not (real == real_prefix or real.startswith(real_prefix.rstrip("/") + "/")):
+                p = Path(real)
             if p not in sites:
                 sites.append(p)
         if (prefix / "conda-meta").is_dir():
@@ -234,10 +257,13 @@ class Environment:
 
     @property
     def roots(self) -> list[Path]:
-        """What a snapshot captures whole: the prefix of a venv or conda env; for a system
-        interpreter only its site directories (script files are captured through RECORDs)."""
+        """What a snapshot captures whole: the prefix of a venv or conda env, and any site
+        folder that lives outside it (linked in from another disk); for a system interpreter
+        only its site directories (script files are captured through RECORDs)."""
         if self.kind in ("venv", "conda"):
-            return [self.prefix]
+            real_prefix = os.path.realpath(self.prefix).rstrip("/") + "/"
+            return [self.prefix] + [s for s in self.site_dirs
+                                    if not (os.path.realpath(s) + "/").startswith(real_prefix)]
         return list(self.site_dirs)
 
     def distributions(self) -> list[Distribution]:

@@ -9,6 +9,15 @@ INSTALLER, REQUESTED, direct_url.json, uv_cache.json), and console-script wrappe
 are regenerated with the interpreter's path in their shebang. Files inside a package's
 folders that no RECORD lists are reported separately as `unlisted`.
 
+A patch is a file whose bytes match *no* owner's RECORD and differ from the bytes its wheel
+actually ships. A path several distributions list (a split or renamed package and its old
+metapackage, a helper module several wheels ship) holds the bytes of whichever was
+installed later: it is pristine when it matches any owner's RECORD (the fast path per
+owner, then the hash). A wheel whose own RECORD disagrees with the bytes it ships leaves a
+file that matches no RECORD: before a mismatch is called a patch it is compared with the
+wheel's bytes (uv's cache, else the index); a file equal to them is reported apart as
+`record_inconsistent`, never as a patch, and never reapplied.
+
 The pristine content a patch is diffed against comes, in this order, from a snapshot that
 holds the file with the RECORD's hash, from uv's cache (uv unpacks each wheel under
 `<cache>/archive-v0/<id>/`), or from the wheel fetched again from the index by uv. Every
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import configparser
+import csv
 import hashlib
 import json
 import os
@@ -41,7 +51,8 @@ from merge3 import Merge3
 from packaging.utils import canonicalize_name
 
 from rewheel import proc
-from rewheel.diff import as_text, count_lines, display_path, is_install_artifact, unified_diff
+from rewheel.diff import (INSTALLER_FILES, as_text, count_lines, display_path, is_install_artifact,
+                          unified_diff)
 from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import CommandNotFound
 from rewheel.snapshot import Manifest, SnapshotDamaged, Store
@@ -77,6 +88,11 @@ class Patch:
     # Bytes kept for reapplying after the reinstall (not serialised).
     patched_bytes: bytes | None = field(default=None, repr=False)
     pristine_bytes: bytes | None = field(default=None, repr=False)
+    # The bytes its wheel ships where they could be had (uv's cache, the index), and why
+    # not for the owners whose wheel could not be consulted (not serialised).
+    wheel_bytes: bytes | None = field(default=None, repr=False)
+    wheel_source: str | None = field(default=None, repr=False)
+    not_cross_checked: str | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "distribution": self.distribution, "diff": self.diff,
@@ -97,6 +113,9 @@ class PatchScan:
     skipped: list[dict[str, str]] = field(default_factory=list)  # distributions not checked
     stats: dict[str, Any] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)  # pristine sources consulted, or why not
+    # Files whose bytes match no RECORD but are exactly what their wheel ships (the wheel's
+    # RECORD is wrong): {"path", "distribution", "reason"}. Not patches, never reapplied.
+    record_inconsistent: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def modified(self) -> list[Patch]:
@@ -109,6 +128,7 @@ class PatchScan:
     def to_json(self) -> dict[str, Any]:
         return {"patches": [p.to_json() for p in self.patches], "missing": self.missing,
                 "skipped": self.skipped, "hazard_packages": sorted(hazard_packages(self)),
+                "record_inconsistent": self.record_inconsistent,
                 "sources": self.sources, "stats": self.stats, "prefix": self.prefix}
 
 
@@ -158,10 +178,18 @@ class UvCache:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._archives: list[Path] | None = None
+        self._by_dist: dict[tuple[str, str], list[Path]] | None = None
+        self._rows: dict[Path, dict[str, tuple[str, str | None]]] = {}
 
     @classmethod
     def locate(cls, env: dict[str, str] | None = None) -> UvCache | None:
         """uv's cache as `uv cache dir` names it (honours UV_CACHE_DIR); None without uv."""
+        named = (os.environ if env is None else env).get("UV_CACHE_DIR")
+        if named and not (os.environ if env is None else env).get("UV_NO_CACHE"):
+            # What `uv cache dir` would answer, without starting uv (the variable wins
+            # over uv's config files).
+            root = Path(named).expanduser().absolute()
+            return cls(root) if root.is_dir() else None
         from rewheel.installer import find_uv as uv_bin
 
         try:
@@ -215,6 +243,94 @@ class UvCache:
             data = _read_small(p)
             if data is not None and _sha256(data) == sha256:
                 return data
+        return None
+
+    def archives_of(self, dist: Distribution) -> list[Path]:
+        """The unpacked wheels that hold this distribution's `.dist-info` folder (the same
+        name and version; builds that differ are told apart by their RECORD rows)."""
+        if self._by_dist is None:
+            by: dict[tuple[str, str], list[Path]] = {}
+            for a in self.archives:
+                try:
+                    names = os.listdir(a)
+                except OSError:
+                    continue
+                for n in names:
+                    if n.endswith(".dist-info"):
+                        by.setdefault(_dist_info_key(n), []).append(a)
+            self._by_dist = by
+        return self._by_dist.get(_dist_info_key(dist.dist_info.name), [])
+
+    def wheel_file(self, dist: Distribution, rel: str, record_hash: str | None) -> tuple[Path | None, str]:
+        """The file at `rel` (relative to site-packages) as the wheel `dist` was installed
+        from ships it: (path, "") or (None, why not).
+
+        The archive must hold the distribution's `.dist-info` and its own RECORD must give
+        `rel` the very row the installed RECORD gives (the same build). Its file must not
+        have been written since uv unpacked the archive (mtime not after the archive
+        folder's ctime, which the rename that publishes it sets): a patch written in place
+        through uv's hard link changed the cached copy too, and the same inode proves
+        nothing."""
+        why = ""
+        for a in self.archives_of(dist):
+            rows = self._rows.get(a)
+            if rows is None:
+                rows = self._rows[a] = _wheel_rows(a, dist.dist_info.name)
+            row = rows.get(rel)
+            if row is None or row[1] != record_hash:
+                why = why or "uv's cache holds another build of it"
+                continue
+            p = a / row[0]
+            try:
+                st, ast = os.lstat(p), os.stat(a)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            if st.st_mtime_ns > ast.st_ctime_ns:
+                why = "uv's cached copy was written after uv unpacked it (patched in place?)"
+                continue
+            return p, ""
+        return None, why or "its wheel is not in uv's cache"
+
+
+def _dist_info_key(name: str) -> tuple[str, str]:
+    stem = name[: -len(".dist-info")]
+    dist, _, version = stem.partition("-")
+    return canonicalize_name(dist), version
+
+
+def _wheel_rows(folder: Path, dist_info_name: str) -> dict[str, tuple[str, str | None]]:
+    """RECORD rows of an unpacked wheel (or a `--target` install) by path relative to
+    site-packages: rel -> (path inside the folder, hash as the RECORD writes it).
+    `<name>.data/purelib|platlib/` files are installed into site-packages."""
+    out: dict[str, tuple[str, str | None]] = {}
+    try:
+        text = (folder / dist_info_name / "RECORD").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    data = dist_info_name[: -len(".dist-info")] + ".data/"
+    for row in csv.reader(text.splitlines()):
+        if not row or not row[0]:
+            continue
+        rel = site_rel = row[0]
+        if rel.startswith(data):
+            scheme, _, rest = rel[len(data):].partition("/")
+            if scheme not in ("purelib", "platlib") or not rest:
+                continue
+            site_rel = rest
+        out.setdefault(site_rel, (rel, row[1] if len(row) > 1 and row[1] else None))
+    return out
+
+
+def _shipped(path: Path) -> tuple[str, bytes | None] | None:
+    """(sha256, bytes when small) of a file as a wheel ships it; None when unreadable."""
+    data = _read_small(path)
+    if data is not None:
+        return _sha256(data), data
+    try:
+        return _digest_file(str(path), "sha256"), None
+    except OSError:
         return None
 
 
@@ -372,6 +488,23 @@ def _is_generated_script(path: str, scripts: dict[str, tuple[str, str]]) -> bool
     return f"from {mod} import {attr.split('.')[0]}" in text
 
 
+_BYTECODE = (".pyc", ".pyo")
+
+
+@dataclass
+class _Mismatch:
+    """A RECORD-listed file that matches none of its owners' RECORDs, awaiting the check
+    against the bytes its wheel(s) ship."""
+
+    path: str
+    st: os.stat_result
+    owners: list[tuple[Distribution, RecordEntry]]  # the one it is attributed to first
+    sha256: str
+    data: bytes | None
+    shipped: dict[str, tuple[str, str, bytes | None]] = field(default_factory=dict)  # name -> (source, sha256, bytes)
+    unchecked: dict[str, str] = field(default_factory=dict)  # name -> why its wheel was not consulted
+
+
 def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store | None = None,
          uv_cache: UvCache | None | bool = True, fetcher: Fetcher | None = None,
          with_diffs: bool = True, thorough: bool = False) -> PatchScan:
@@ -379,17 +512,19 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
 
     `dists`: only these distributions (names); `store`: snapshots to take pristine copies
     from; `uv_cache`: True = locate it with `uv cache dir`, None/False = don't use it;
-    `fetcher`: fetch wheels from an index (e.g. `UvIndexFetcher`) for pristine copies found
-    nowhere else; `with_diffs=False` only detects; `thorough` hashes every file instead of
-    trusting size + mtime.
+    `fetcher`: fetch wheels from an index (e.g. `UvIndexFetcher`) to cross-check RECORDs and
+    for pristine copies found nowhere else; `with_diffs=False` only detects; `thorough`
+    hashes every file instead of trusting size + mtime.
     """
     t0 = time.monotonic()
     all_dists = env.distributions()
     wanted = {canonicalize_name(n) for n in dists} if dists is not None else None
     targets = [d for d in all_dists if wanted is None or d.name in wanted]
+    target_names = {d.name for d in targets}
     sites = sorted({str(d.site) for d in all_dists} | {str(s) for s in env.site_dirs},
                    key=len, reverse=True)
     prefix = str(env.prefix)
+    scripts_dir = str(env.scripts_dir).rstrip("/")
     # `uv cache dir` costs a subprocess: only asked once a patch needs it.
     located: list[UvCache | None] = []
 
@@ -400,12 +535,89 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
 
     result = PatchScan(prefix, [])
     stats = {"distributions": 0, "files_checked": 0, "files_hashed": 0, "bytes_hashed": 0,
-             "fast_path": 0, "unverifiable": 0, "regenerated_scripts": 0, "unlisted_walked": 0}
-    listed: set[str] = set()
-    for d in all_dists:
-        listed.update(e.path for e in d.record)
-    found: list[tuple[Patch, Distribution]] = []
+             "fast_path": 0, "unverifiable": 0, "regenerated_scripts": 0, "unlisted_walked": 0,
+             "shared_paths": 0, "record_inconsistent": 0}
 
+    # Every RECORD-listed path; and, for a path several distributions list, all its owners.
+    listed: dict[str, RecordEntry] = {}
+    owner: dict[str, Distribution] = {}
+    shared: dict[str, list[tuple[Distribution, RecordEntry]]] = {}
+    for d in all_dists:
+        rows = {e.path: e for e in d.record}
+        for path in rows.keys() & listed.keys():
+            if path in shared:
+                shared[path].append((d, rows[path]))
+            else:
+                shared[path] = [(owner[path], listed[path]), (d, rows[path])]
+        listed.update(rows)
+        owner.update(dict.fromkeys(rows, d))
+    for owners in shared.values():
+        # The owner a patch is attributed to: the one installed last (its bytes won) among
+        # the distributions asked about.
+        owners.sort(key=lambda o: (o[0].name in target_names, o[0].install_time_ns), reverse=True)
+    stats["shared_paths"] = len(shared)
+
+    mismatches: list[_Mismatch] = []
+    scripts_of: dict[str, dict[str, tuple[str, str]]] = {}
+    counts = {"fast_path": 0, "files_hashed": 0, "bytes_hashed": 0, "unverifiable": 0,
+              "regenerated_scripts": 0}
+
+    def judge(path: str, st: os.stat_result, owners: list[tuple[Distribution, RecordEntry]]) -> None:
+        """Past the single-owner fast path: any owner's fast path, then any owner's hash."""
+        if not thorough:
+            for d, e in owners:
+                if e.size == st.st_size and st.st_mtime_ns < d.install_time_ns:
+                    counts["fast_path"] += 1
+                    return
+        now: dict[str, str] = {}
+        verifiable = True
+        for _d, e in owners:
+            digest = _record_digest(e)
+            if digest is None:
+                verifiable = False
+                continue
+            algo, want = digest
+            if e.size is not None and e.size != st.st_size:
+                continue
+            if algo not in now:
+                try:
+                    now[algo] = _digest_file(path, algo)
+                except OSError:
+                    return
+                counts["files_hashed"] += 1
+                counts["bytes_hashed"] += st.st_size
+            if now[algo] == want:
+                return
+        if not verifiable:
+            counts["unverifiable"] += 1
+            return
+        if os.path.dirname(path) == scripts_dir:
+            for d, _e in owners:
+                if d.name not in scripts_of:
+                    scripts_of[d.name] = _entry_point_scripts(d)
+                if _is_generated_script(path, scripts_of[d.name]):
+                    counts["regenerated_scripts"] += 1
+                    return
+        data = _read_small(path)
+        try:
+            sha = now.get("sha256") or (_sha256(data) if data is not None else _digest_file(path, "sha256"))
+        except OSError:
+            return
+        mismatches.append(_Mismatch(path, st, owners, sha, data))
+
+    # The package folders first: one walk lstats the listed files in them (relative to the
+    # open folder), proves most by the fast path on the spot, and finds the files no RECORD
+    # lists. A path several distributions list takes the long way below.
+    folders = _PackageFolders(targets)
+    seen: dict[str, os.stat_result] = {}
+    proven: set[str] = set()
+    stats["unlisted_walked"], extra = folders.walk(listed, owner, seen, None if thorough else proven)
+    proven.difference_update(shared)
+    seen_get = seen.get
+
+    lstat, S_ISREG = os.lstat, stat.S_ISREG
+    done: set[str] = set()
+    checked = fast = walked_fast = unverifiable = 0
     for dist in targets:
         if (dist.direct_url or {}).get("dir_info", {}).get("editable"):
             result.skipped.append({"distribution": dist.name, "reason": "editable install: its source is your checkout"})
@@ -415,68 +627,104 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
             continue
         stats["distributions"] += 1
         installed = dist.install_time_ns
-        scripts: dict[str, tuple[str, str]] | None = None
         for entry in dist.record:
-            if is_install_artifact(entry.path):
+            path = entry.path
+            if path in proven:
+                walked_fast += 1
                 continue
-            if not entry.hash:
-                stats["unverifiable"] += 1
+            # is_install_artifact, inlined where it is cheap: this runs once per file.
+            if (path.endswith(_BYTECODE) or "/__pycache__/" in path
+                    or (".dist-info/" in path and is_install_artifact(path))):
                 continue
-            try:
-                st = os.lstat(entry.path)
-            except FileNotFoundError:
-                result.missing.append({"path": display_path(entry.path, sites, prefix),
-                                       "distribution": dist.name})
+            owners = shared.get(path) if shared else None
+            if owners is not None:
+                if path in done:
+                    continue
+                done.add(path)
+            elif not entry.hash:
+                unverifiable += 1
                 continue
-            except OSError:
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            stats["files_checked"] += 1
-            if not thorough and entry.size == st.st_size and st.st_mtime_ns < installed:
-                stats["fast_path"] += 1
-                continue
-            digest = _record_digest(entry)
-            if digest is None:
-                stats["unverifiable"] += 1
-                continue
-            algo, want = digest
-            if entry.size is None or entry.size == st.st_size:
+            st = seen_get(path)
+            if st is None:  # not in a package folder (a top-level module, a script), or gone
                 try:
-                    now = _digest_file(entry.path, algo)
+                    st = lstat(path)
+                except FileNotFoundError:
+                    who = owners[0][0] if owners else dist
+                    result.missing.append({"path": display_path(path, sites, prefix),
+                                           "distribution": who.name})
+                    continue
                 except OSError:
                     continue
-                stats["files_hashed"] += 1
-                stats["bytes_hashed"] += st.st_size
-                if now == want:
+            if not S_ISREG(st.st_mode):
+                continue
+            checked += 1
+            if owners is None:
+                if not thorough and entry.size == st.st_size and st.st_mtime_ns < installed:
+                    fast += 1
                     continue
-            if os.path.dirname(entry.path) == str(env.scripts_dir).rstrip("/"):
-                if scripts is None:
-                    scripts = _entry_point_scripts(dist)
-                if _is_generated_script(entry.path, scripts):
-                    stats["regenerated_scripts"] += 1
-                    continue
-            data = _read_small(entry.path)
-            sha = _sha256(data) if data is not None else _digest_file(entry.path, "sha256")
-            p = Patch(display_path(entry.path, sites, prefix), entry.path, dist.name,
-                      dist.version_text, "modified", sha, st.st_size, stat.S_IMODE(st.st_mode),
-                      record_sha256=want if algo == "sha256" else None, record_size=entry.size,
-                      patched_bytes=data)
-            cache = get_cache() if st.st_nlink > 1 else None
-            if cache is not None:
-                hit = cache.same_inode(p.path, st)
-                if hit is not None:
-                    p.shares_uv_cache_inode = True
-                    p.uv_cache_path = str(hit)
-            found.append((p, dist))
+                owners = [(dist, entry)]
+            judge(path, st, owners)
+    stats["files_checked"] = checked + walked_fast
+    counts["fast_path"] += fast + walked_fast
+    counts["unverifiable"] += unverifiable
+    stats.update(counts)
+
+    snaps = _SnapshotSource(store) if store is not None else None
+    found: list[tuple[Patch, Distribution]] = []
+    if mismatches:
+        _cross_check(mismatches, get_cache(), snaps, fetcher)
+    for m in mismatches:
+        same = next((name for name, w in m.shipped.items() if w[1] == m.sha256), None)
+        if same is not None:
+            d, e = next(o for o in m.owners if o[0].name == same)
+            source = {"uv-cache": "uv's cache", "index": "the index"}.get(m.shipped[same][0], m.shipped[same][0])
+            told = (f"its RECORD lists size {e.size}, the wheel ships {m.st.st_size} bytes"
+                    if e.size is not None and e.size != m.st.st_size
+                    else "its RECORD lists another hash for the bytes the wheel ships")
+            result.record_inconsistent.append({
+                "path": display_path(m.path, sites, prefix), "distribution": d.name,
+                "reason": f"RECORD inconsistent, matches its wheel ({source}): {told}"})
+            continue
+        dist, entry = m.owners[0]
+        digest = _record_digest(entry)
+        algo, want = digest if digest is not None else ("", None)
+        st = m.st
+        p = Patch(display_path(m.path, sites, prefix), m.path, dist.name, dist.version_text,
+                  "modified", m.sha256, st.st_size, stat.S_IMODE(st.st_mode),
+                  record_sha256=want if algo == "sha256" else None, record_size=entry.size,
+                  patched_bytes=m.data)
+        own = m.shipped.get(dist.name)
+        if own is not None and own[0] != "snapshot" and own[2] is not None:
+            p.wheel_bytes, p.wheel_source = own[2], own[0]
+        if m.unchecked:
+            p.not_cross_checked = "; ".join(f"{n}: {why}" for n, why in m.unchecked.items())
+            p.pristine_note = ("its RECORD could not be cross-checked against the bytes its wheel "
+                               f"ships ({p.not_cross_checked})")
+        cache = get_cache() if st.st_nlink > 1 else None
+        if cache is not None:
+            hit = cache.same_inode(p.path, st)
+            if hit is not None:
+                p.shares_uv_cache_inode = True
+                p.uv_cache_path = str(hit)
+        found.append((p, dist))
+    result.record_inconsistent.sort(key=lambda r: (r["distribution"], r["path"]))
+    stats["record_inconsistent"] = len(result.record_inconsistent)
 
     # Files inside a package's folders that no RECORD lists.
-    for p, dist in _unlisted(targets, listed, sites, prefix, stats):
-        found.append((p, dist))
+    for path, st, top in extra:
+        dist = folders.owner_of(path, top)
+        data = _read_small(path)
+        try:
+            sha = _sha256(data) if data is not None else _digest_file(path, "sha256")
+        except OSError:
+            continue
+        found.append((Patch(display_path(path, sites, prefix), path, dist.name, dist.version_text,
+                            "unlisted", sha, st.st_size, stat.S_IMODE(st.st_mode),
+                            patched_bytes=data), dist))
 
     result.patches = [p for p, _ in found]
     if with_diffs and result.patches:
-        _attach_diffs(found, result, store, get_cache(), fetcher)
+        _attach_diffs(found, result, store, snaps, get_cache(), fetcher)
     elif not with_diffs:
         result.sources.append("diffs not asked for")
     stats["seconds"] = round(time.monotonic() - t0, 3)
@@ -485,63 +733,196 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
     return result
 
 
-def _unlisted(targets: list[Distribution], listed: set[str], sites: list[str], prefix: str,
-              stats: dict[str, Any]) -> Iterator[tuple[Patch, Distribution]]:
-    # A package's folders: the top-level folders under site-packages holding its files.
-    tops: dict[str, Distribution] = {}
-    dir_owner: dict[str, Distribution] = {}
-    for dist in targets:
-        if not dist.record or (dist.direct_url or {}).get("dir_info", {}).get("editable"):
-            continue
-        site = str(dist.site).rstrip("/") + "/"
-        for e in dist.record:
-            if not e.path.startswith(site):
+def _site_rel(path: str, dist: Distribution) -> str | None:
+    site = str(dist.site).rstrip("/") + "/"
+    return path[len(site):] if path.startswith(site) else None
+
+
+def _cross_check(mismatches: list[_Mismatch], cache: UvCache | None, snaps: _SnapshotSource | None,
+                 fetcher: Fetcher | None) -> None:
+    """What each owner's wheel ships at each mismatched path: from uv's cache (the archive
+    of that very build, unwritten since unpacked), else proven by a snapshot that holds the
+    RECORD's bytes there (then the wheel ships them), else from the index. Stops at the
+    first owner whose wheel ships the live bytes."""
+
+    def settle(m: _Mismatch) -> bool:
+        return any(w[1] == m.sha256 for w in m.shipped.values())
+
+    for m in mismatches:
+        for d, e in m.owners:
+            rel = _site_rel(m.path, d)
+            if rel is None:
+                m.unchecked[d.name] = "outside site-packages"
                 continue
-            rel = e.path[len(site):]
-            top, sep, _ = rel.partition("/")
-            if not sep or top.endswith((".dist-info", ".data")) or top == "__pycache__":
+            if cache is None:
+                m.unchecked[d.name] = "no uv cache"
                 continue
-            tops.setdefault(site + top, dist)
-            dir_owner.setdefault(os.path.dirname(e.path), dist)
-    for top in sorted(tops):
-        stack = [top]
-        while stack:
-            d = stack.pop()
-            try:
-                it = os.scandir(d)
-            except OSError:
+            f, why = cache.wheel_file(d, rel, e.hash)
+            if f is not None and m.st.st_nlink > 1 and m.st.st_mtime_ns >= d.install_time_ns:
+                # The installed file written after its install: if it is uv's cached copy
+                # itself (a hard link), that copy says nothing about the wheel, whatever
+                # has touched the archive's folder since.
+                try:
+                    fst = os.lstat(f)
+                except OSError:
+                    fst = None
+                if fst is None or (fst.st_dev, fst.st_ino) == (m.st.st_dev, m.st.st_ino):
+                    f, why = None, "uv's cached copy is this very file, written after the install"
+            got = _shipped(f) if f is not None else None
+            if got is None:
+                m.unchecked[d.name] = why or "unreadable in uv's cache"
                 continue
-            with it:
-                for de in it:
-                    if de.is_dir(follow_symlinks=False):
-                        if de.name != "__pycache__":
-                            stack.append(de.path)
-                        continue
-                    stats["unlisted_walked"] += 1
-                    if de.path in listed or de.name.endswith((".pyc", ".pyo")):
-                        continue
-                    try:
-                        st = de.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if not stat.S_ISREG(st.st_mode):
-                        continue
-                    owner = None
-                    up = os.path.dirname(de.path)
-                    while owner is None and len(up) >= len(top):
-                        owner = dir_owner.get(up)
-                        up = os.path.dirname(up)
-                    dist = owner or tops[top]
-                    data = _read_small(de.path)
-                    sha = _sha256(data) if data is not None else _digest_file(de.path, "sha256")
-                    yield (Patch(display_path(de.path, sites, prefix), de.path, dist.name,
-                                 dist.version_text, "unlisted", sha, st.st_size,
-                                 stat.S_IMODE(st.st_mode), patched_bytes=data), dist)
+            m.shipped[d.name] = ("uv-cache", *got)
+            if got[0] == m.sha256:
+                break
+    todo = [m for m in mismatches if m.unchecked and not settle(m)]
+    if snaps is not None and todo:
+        wanted = {m.path for m in mismatches}  # loaded once: the diffs want the same paths
+        for m in todo:
+            for d, e in m.owners:
+                sha = e.sha256_hex
+                if d.name in m.unchecked and sha and snaps.pristine(m.path, sha, wanted) is not None:
+                    m.shipped[d.name] = ("snapshot", sha, None)
+                    del m.unchecked[d.name]
+    if fetcher is None:
+        for m in todo:
+            for name in m.unchecked:
+                m.unchecked[name] += ", the index was not consulted"
+        return
+    rows: dict[str, dict[str, tuple[str, str | None]]] = {}
+    for m in todo:
+        for d, e in m.owners:
+            if d.name not in m.unchecked or m.unchecked[d.name] == "outside site-packages":
+                continue
+            rel = _site_rel(m.path, d)
+            folder = fetcher.unpack(d)
+            if folder is not None and d.name not in rows:
+                rows[d.name] = _wheel_rows(folder, d.dist_info.name)
+            row = rows[d.name].get(rel or "") if folder is not None else None
+            if row is None or row[1] != e.hash:
+                m.unchecked[d.name] += (", the index did not provide it" if folder is None or row is None
+                                        else ", the index serves another build")
+                continue
+            got = _shipped(folder / row[0])
+            if got is None:
+                continue
+            m.shipped[d.name] = ("index", *got)
+            del m.unchecked[d.name]
+            if got[0] == m.sha256:
+                break
+
+
+# Listing a folder through an open descriptor lets each file be stat'ed relative to it
+# (fstatat): no path lookup from the root per file, which is most of what an lstat costs.
+_FD_WALK = os.scandir in os.supports_fd and hasattr(os, "O_DIRECTORY")
+
+
+class _PackageFolders:
+    """The top-level folders under site-packages that hold the target distributions' files,
+    walked once: every RECORD-listed file met is lstat'ed (kept in `seen` for the RECORD
+    check), every other file is a candidate `unlisted` patch."""
+
+    def __init__(self, targets: list[Distribution]) -> None:
+        self.tops: dict[str, Distribution] = {}
+        self.packaged: list[Distribution] = []
+        for dist in targets:
+            if not dist.record or (dist.direct_url or {}).get("dir_info", {}).get("editable"):
+                continue
+            self.packaged.append(dist)
+            site = str(dist.site).rstrip("/") + "/"
+            n = len(site)
+            names = {p[n:p.find("/", n)] for e in dist.record
+                     if (p := e.path).startswith(site) and p.find("/", n) > n}
+            for top in names:
+                if top.endswith((".dist-info", ".data")) or top == "__pycache__":
+                    continue
+                self.tops.setdefault(site + top, dist)
+        self._dir_owner: dict[str, Distribution] | None = None
+
+    def walk(self, listed: dict[str, RecordEntry], owner: dict[str, Distribution],
+             seen: dict[str, os.stat_result], proven: set[str] | None
+             ) -> tuple[int, list[tuple[str, os.stat_result, str]]]:
+        """(files walked, [(path, lstat, top) of regular files no RECORD lists]).
+
+        A listed file the fast path proves (a regular file, its RECORD's size, older than
+        its distribution's install; nothing `is_install_artifact` could skip) goes into
+        `proven` (None: prove nothing), any other into `seen` with its lstat."""
+        walked = 0
+        extra: list[tuple[str, os.stat_result, str]] = []
+        get = listed.get
+        S_ISREG = stat.S_ISREG
+        prove = proven.add if proven is not None else None
+        for top in sorted(self.tops):
+            stack = [top]
+            while stack:
+                d = stack.pop()
+                base = d + "/"
+                fd = None
+                try:
+                    if _FD_WALK:
+                        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+                    it = os.scandir(d if fd is None else fd)
+                except OSError:
+                    if fd is not None:
+                        os.close(fd)
+                    continue
+                try:
+                    with it:
+                        entries = list(it)
+                    walked += len(entries)
+                    for de in entries:
+                        name = de.name
+                        full = base + name
+                        e = get(full)
+                        if e is not None:
+                            try:
+                                st = de.stat(follow_symlinks=False)
+                            except OSError:
+                                continue
+                            if (prove is not None and e.size == st.st_size and e.hash
+                                    and S_ISREG(st.st_mode)
+                                    and st.st_mtime_ns < owner[full].install_time_ns
+                                    and not name.endswith(_BYTECODE) and name not in INSTALLER_FILES):
+                                prove(full)
+                            else:
+                                seen[full] = st
+                            continue
+                        if de.is_dir(follow_symlinks=False):
+                            walked -= 1
+                            if name != "__pycache__":
+                                stack.append(full)
+                            continue
+                        if name.endswith(_BYTECODE):
+                            continue
+                        try:
+                            st = de.stat(follow_symlinks=False)
+                        except OSError:
+                            continue
+                        if stat.S_ISREG(st.st_mode):
+                            extra.append((full, st, top))
+                finally:
+                    if fd is not None:
+                        os.close(fd)
+        return walked, extra
+
+    def owner_of(self, path: str, top: str) -> Distribution:
+        """The distribution a file no RECORD lists belongs with: the nearest folder above it
+        that holds a RECORD-listed file, else its top-level folder's."""
+        if self._dir_owner is None:  # only once such a file turns up
+            self._dir_owner = {}
+            for dist in self.packaged:
+                for e in dist.record:
+                    self._dir_owner.setdefault(os.path.dirname(e.path), dist)
+        up = os.path.dirname(path)
+        while len(up) >= len(top):
+            if up in self._dir_owner:
+                return self._dir_owner[up]
+            up = os.path.dirname(up)
+        return self.tops[top]
 
 
 def _attach_diffs(found: list[tuple[Patch, Distribution]], result: PatchScan, store: Store | None,
-                  cache: UvCache | None, fetcher: Fetcher | None) -> None:
-    snaps = _SnapshotSource(store) if store is not None else None
+                  snaps: _SnapshotSource | None, cache: UvCache | None, fetcher: Fetcher | None) -> None:
     wanted = {p.abs_path for p, _ in found if p.kind == "modified"}
     result.sources = [f"snapshots in {store.snapshots_dir}" if store else "snapshots: no store given",
                       f"uv cache {cache.root}" if cache else "uv cache: not found",
@@ -556,30 +937,39 @@ def _attach_diffs(found: list[tuple[Patch, Distribution]], result: PatchScan, st
                 p.diff = unified_diff(None, text, None, p.path)
                 p.added_lines, p.removed_lines = count_lines(p.diff)
             continue
-        if p.record_sha256 is None:
-            p.pristine_note = "its RECORD hash is not sha256: no pristine copy can be verified"
-            continue
         pristine: bytes | None = None
-        if snaps is not None:
-            pristine = snaps.pristine(p.abs_path, p.record_sha256, wanted)
-            p.pristine_source = "snapshot" if pristine is not None else None
-        if pristine is None and cache is not None:
-            pristine = cache.pristine(p.path, p.record_sha256, p.record_size)
-            p.pristine_source = "uv-cache" if pristine is not None else None
-        if pristine is None and fetcher is not None:
-            folder = fetcher.unpack(dist)
-            if folder is not None:
-                data = _read_small(folder / p.path)
-                if data is not None and _sha256(data) == p.record_sha256:
-                    pristine = data
-                    p.pristine_source = "index"
+        if p.record_sha256 is not None:
+            if snaps is not None:
+                pristine = snaps.pristine(p.abs_path, p.record_sha256, wanted)
+                p.pristine_source = "snapshot" if pristine is not None else None
+            if pristine is None and cache is not None:
+                pristine = cache.pristine(p.path, p.record_sha256, p.record_size)
+                p.pristine_source = "uv-cache" if pristine is not None else None
+            if pristine is None and fetcher is not None:
+                folder = fetcher.unpack(dist)
+                if folder is not None:
+                    data = _read_small(folder / p.path)
+                    if data is not None and _sha256(data) == p.record_sha256:
+                        pristine = data
+                        p.pristine_source = "index"
+            if pristine is not None:
+                p.pristine_note = None  # bytes with the RECORD's hash exist: it is consistent
+        if pristine is None and p.wheel_bytes is not None:
+            # The wheel's own RECORD is wrong about this file: diff against what it ships.
+            pristine, p.pristine_source = p.wheel_bytes, p.wheel_source
+            p.pristine_note = "diffed against the bytes its wheel ships (its RECORD's hash does not match them)"
         if pristine is None:
+            if p.record_sha256 is None:
+                p.pristine_note = "its RECORD hash is not sha256: no pristine copy can be verified"
+                continue
             why = ["no snapshot holds it", "not in uv's cache" if cache else "no uv cache",
                    "the index was not consulted" if fetcher is None
                    else "the index did not provide it"]
             if p.shares_uv_cache_inode:
                 why[1] = "uv's cached copy was patched too (shared inode)"
             p.pristine_note = "no pristine copy: " + ", ".join(why)
+            if p.not_cross_checked:
+                p.pristine_note += "; its RECORD could not be cross-checked against the bytes its wheel ships"
             p.binary = p.patched_bytes is not None and as_text(p.patched_bytes) is None
             continue
         p.pristine_bytes = pristine
@@ -717,7 +1107,12 @@ def reapply(s: PatchScan, env: Environment | None = None, run_dir: Path | None =
     results: list[ReapplyResult] = []
     writes: list[tuple[str, bytes, int]] = []
     conflicts: list[tuple[ReapplyResult, str]] = []
+    # A file whose wheel ships exactly its bytes is no patch (its RECORD is wrong): the new
+    # version's file stays as installed, whatever list it arrives in.
+    inconsistent = {r["path"] for r in s.record_inconsistent}
     for p in s.patches:
+        if p.path in inconsistent:
+            continue
         r, write, merged = _reapply_one(p)
         results.append(r)
         if write is not None:

@@ -81,6 +81,32 @@ def scope_of(env: Environment) -> list[Root]:
     return roots
 
 
+def _shared_paths(dists: list[Distribution]) -> dict[str, list[tuple[str | None, int | None, int]]]:
+    """Paths several distributions' RECORDs list -> every owner's (sha256, size, install
+    time). Such a file holds the bytes of whichever wrote it last — not always the one
+    whose RECORD is newest (one uv run installs in parallel) — so it is proven by any owner
+    whose RECORD it matches."""
+    owners: dict[str, list[tuple[str | None, int | None, int]]] = {}
+    for d in dists:
+        t = d.install_time_ns
+        for e in d.record:
+            owners.setdefault(e.path, []).append((e.sha256_hex, e.size, t))
+    return {p: o for p, o in owners.items() if len(o) > 1}
+
+
+def _proven_sha(src: str, st: os.stat_result, owners: list[tuple[str | None, int | None, int]]) -> str | None:
+    """The sha256 a file several distributions ship provably has, or None (copy it): the
+    owners it could be (size equal, not modified after that owner's RECORD) agree, else
+    its bytes decide."""
+    fits = {o[0] for o in owners if o[0] and o[1] == st.st_size and st.st_mtime_ns <= o[2]}
+    if len(fits) == 1 and all(st.st_mtime_ns < o[2] for o in owners if o[0] in fits):
+        return fits.pop()
+    if fits:
+        h = hash_file(src)
+        return h if h in fits else None
+    return None
+
+
 def _record_index(dists: list[Distribution]) -> dict[str, tuple[str | None, int | None, int]]:
     """abs path -> (sha256 hex from RECORD, size from RECORD, install time of its dist)."""
     index: dict[str, tuple[str | None, int | None, int]] = {}
@@ -531,6 +557,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     t0 = time.monotonic()
     dists = dists if dists is not None else env.distributions()
     records = _record_index(dists)
+    shared = _shared_paths(dists)
     roots = scope_of(env)
     snap_id = secrets.token_hex(4)
     tmp = store.snapshots_dir / f".tmp-{snap_id}"
@@ -570,6 +597,9 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                 rec = records.get(src)
                 size = st.st_size
                 bytes_total += size
+                if src in shared:  # several owners: any whose RECORD the file matches proves it
+                    sha_shared = _proven_sha(src, st, shared[src])
+                    rec = (sha_shared, size, st.st_mtime_ns + 1) if sha_shared else None
                 if rec and rec[0] and rec[1] == size and (
                         st.st_mtime_ns < rec[2]
                         # Written in the same clock tick as RECORD (INSTALLER, REQUESTED,
