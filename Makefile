@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench bench-synthetic clean
 
 venv: $(STAMP)
 
@@ -21,7 +21,12 @@ test: venv
 demo: venv
 	$(BIN)/python -m rewheel.demo
 
+# The measure of record: a real vLLM release upgraded to the next (downloads ~8 GB once).
 bench: venv
+	BENCH_REAL=1 $(BIN)/python -m rewheel.bench
+
+# The quick one: a synthetic environment of the same shape, no network.
+bench-synthetic: venv
 	$(BIN)/python -m rewheel.bench
 
 clean:

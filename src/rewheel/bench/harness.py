@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import socket
 import stat
@@ -46,9 +47,11 @@ class BenchConfig:
     scale: float = DEFAULT_SCALE
     reps: int = DEFAULT_REPS
     root: Path = REPO / ".bench"
-    real: bool = False
-    real_old: str = "vllm==0.10.2"
-    real_new: str = "vllm==0.11.0"
+    real: bool = False  # the measure of record: a real vLLM release, the CLI timed end to end
+    real_old: str = "vllm==0.32.0"
+    real_new: str = "vllm==0.33.0"
+    real_uv_args: tuple[str, ...] = ()  # e.g. ("--index-url", URL) for a mirror
+    real_edit: tuple[str, ...] = ()  # the two files the bench edits (default: two of the story's)
     log_mb: float = DEFAULT_LOG_MB
     full_copy: bool = True  # also time `cp -a` (a full copy of every byte)
     rollback_rounds: int = DEFAULT_ROLLBACK_ROUNDS  # rollback-vs-uv races per repetition
@@ -68,6 +71,8 @@ class BenchConfig:
         cfg.real = e.get("BENCH_REAL", "") not in ("", "0")
         cfg.real_old = e.get("BENCH_REAL_OLD", cfg.real_old)
         cfg.real_new = e.get("BENCH_REAL_NEW", cfg.real_new)
+        cfg.real_uv_args = tuple(shlex.split(e.get("BENCH_REAL_UV_ARGS", "")))
+        cfg.real_edit = tuple(e.get("BENCH_REAL_EDIT", "").split())
         if e.get("BENCH_LOG_MB"):
             cfg.log_mb = float(e["BENCH_LOG_MB"])
         if e.get("BENCH_ROLLBACK_ROUNDS"):
@@ -77,6 +82,10 @@ class BenchConfig:
         for k, v in over.items():
             if v is not None:
                 setattr(cfg, k, v)
+        if cfg.real and not e.get("BENCH_REPS") and over.get("reps") is None:
+            from rewheel.bench.real import DEFAULT_REAL_REPS
+
+            cfg.reps = DEFAULT_REAL_REPS  # each repetition upgrades a real release twice over
         return cfg
 
 
@@ -390,34 +399,6 @@ def prepare_synthetic(cfg: BenchConfig) -> BenchEnv:
     return be
 
 
-def prepare_real(cfg: BenchConfig) -> BenchEnv:
-    """A real vLLM release installed with uv from the default index (needs the network)."""
-    base = cfg.root / "real"
-    venv = base / "venv"
-    py = venv / "bin" / "python"
-    uv_env = _uv_env(cfg.root)
-    base.mkdir(parents=True, exist_ok=True)
-    stamp = base / "stamp.json"
-    want = {"old": cfg.real_old, "new": cfg.real_new, "python": sys.executable}
-    be = BenchEnv("real", py, venv, base / "scratch", base / "home", uv_env,
-                  ["pip", "install", "-q", "--python", str(py), cfg.real_new],
-                  ["pip", "sync", "-q", "--python", str(py), "--offline", str(base / "old.txt")],
-                  [], {"old": cfg.real_old, "new": cfg.real_new})
-    if not py.exists() or not stamp.exists() or json.loads(stamp.read_text()) != want:
-        cfg.say(f"installing {cfg.real_old} into {venv} with uv (network)")
-        rm_tree(venv)
-        be.uv("venv", "-q", "--python", sys.executable, str(venv))
-        be.uv("pip", "install", "-q", "--python", str(py), cfg.real_old)
-        frozen = be.uv("pip", "freeze", "--python", str(py)).stdout
-        (base / "old.txt").write_text(frozen)
-        # Warm the cache with the new set too, so the timed steps never download.
-        be.upgrade()
-        be.sync_old()
-        stamp.write_text(json.dumps(want))
-    be.old_set = [line for line in (base / "old.txt").read_text().splitlines() if line.strip()]
-    return be
-
-
 # --------------------------------------------------------------------------------------
 # Optional modules (built concurrently; a missing one makes its row "not available")
 # --------------------------------------------------------------------------------------
@@ -488,8 +469,12 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _run(cfg: BenchConfig) -> dict[str, Any]:
+    if cfg.real:
+        from rewheel.bench.real import run_real
+
+        return run_real(cfg)
     t_start = time.perf_counter()
-    be = prepare_real(cfg) if cfg.real else prepare_synthetic(cfg)
+    be = prepare_synthetic(cfg)
     t_prepared = time.perf_counter()
     rm_tree(be.home)
     rm_tree(be.work)
@@ -722,6 +707,10 @@ def _fmt_s(x: float | None) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
+    if result["kind"] == "real":
+        from rewheel.bench.real import render_real
+
+        return render_real(result)
     env = result["environment"]
     m = result["machine"]
     lines = [
