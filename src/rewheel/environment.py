@@ -33,7 +33,6 @@ print(json.dumps({
 """
 
 
-_URLSAFE_TO_STD = str.maketrans("-_", "+/")
 
 
 @dataclass(frozen=True)
@@ -50,8 +49,9 @@ class RecordEntry:
             return None
         b64 = self.hash[len("sha256="):]
         try:
-            # binascii directly: base64.urlsafe_b64decode costs twice as much, once per file.
-            return binascii.a2b_base64(b64.translate(_URLSAFE_TO_STD) + "=" * (-len(b64) % 4),
+            # binascii directly, and two replaces: base64.urlsafe_b64decode and str.translate
+            # each cost several times as much, and this runs once per installed file.
+            return binascii.a2b_base64(b64.replace("-", "+").replace("_", "/") + "=" * (-len(b64) % 4),
                                        strict_mode=True).hex()
         except (ValueError, TypeError, binascii.Error):
             return None

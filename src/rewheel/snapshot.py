@@ -86,12 +86,22 @@ def _shared_paths(dists: list[Distribution]) -> dict[str, list[tuple[str | None,
     time). Such a file holds the bytes of whichever wrote it last — not always the one
     whose RECORD is newest (one uv run installs in parallel) — so it is proven by any owner
     whose RECORD it matches."""
-    owners: dict[str, list[tuple[str | None, int | None, int]]] = {}
+    seen: set[str] = set()
+    multi: set[str] = set()
     for d in dists:
-        t = d.install_time_ns
         for e in d.record:
-            owners.setdefault(e.path, []).append((e.sha256_hex, e.size, t))
-    return {p: o for p, o in owners.items() if len(o) > 1}
+            if e.path in seen:
+                multi.add(e.path)
+            else:
+                seen.add(e.path)
+    owners: dict[str, list[tuple[str | None, int | None, int]]] = {}
+    if multi:  # a few paths: their owners in full
+        for d in dists:
+            t = d.install_time_ns
+            for e in d.record:
+                if e.path in multi:
+                    owners.setdefault(e.path, []).append((e.sha256_hex, e.size, t))
+    return owners
 
 
 def _proven_sha(src: str, st: os.stat_result, owners: list[tuple[str | None, int | None, int]]) -> str | None:
