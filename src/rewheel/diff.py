@@ -13,6 +13,10 @@ Only the rest is hashed — so diffing an 8 GB vLLM environment against its snap
 the handful of files that were touched by hand, plus the contents of changed text files
 when line counts or unified diffs are asked for.
 
+Line counts take linear time (`count_changed_lines`: a multiset difference of the two
+versions' lines); unified diffs, which difflib builds in quadratic time at worst, are built
+only for the files shown (`with_diffs`), and their counts are those of the diff shown.
+
 Byte-compiled caches (`__pycache__`, `.pyc`) and `.dist-info` folders (metadata and the
 installer's bookkeeping: RECORD, INSTALLER, uv_cache.json, ...) are not source and are left
 out of file diffs; the package table covers them.
@@ -26,6 +30,7 @@ import hashlib
 import os
 import stat
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,8 +40,8 @@ from packaging.utils import canonicalize_name
 from rewheel import versions as vers
 from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotError, UsageError
-from rewheel.snapshot import (Manifest, Progress, SnapshotMeta, Store, _kind, _live_roots, _record_index,
-                              _walk, hash_file, scope_of)
+from rewheel.snapshot import (Manifest, Progress, Root, SnapshotMeta, Store, _kind, _live_roots,
+                              _record_index, _walk, hash_file, scope_of)
 
 # Files an installer writes into a .dist-info folder at install time; not part of the wheel's
 # payload, different on every install (uv_cache.json carries a timestamp).
@@ -77,12 +82,24 @@ def as_text(data: bytes | None) -> str | None:
 def unified_diff(old: str | None, new: str | None, path_a: str | None, path_b: str | None) -> str:
     """A git-compatible unified diff (`--- a/p`, `+++ b/p`, `/dev/null` for a missing side,
     `\\ No newline at end of file` markers) between two texts; "" when they are equal."""
+    if (old or "") == (new or ""):
+        return ""
     a = (old or "").splitlines(keepends=True)
     b = (new or "").splitlines(keepends=True)
     label_a = f"a/{path_a}" if path_a is not None and old is not None else "/dev/null"
     label_b = f"b/{path_b}" if path_b is not None and new is not None else "/dev/null"
+    lines: Iterable[str]
+    if not a or not b:
+        # A whole file added or removed: one hunk, as difflib writes it, without its matcher.
+        n = len(a) + len(b)
+        rng = "1" if n == 1 else f"1,{n}"
+        hunk = f"@@ -0,0 +{rng} @@\n" if not a else f"@@ -{rng} +0,0 @@\n"
+        sign = "+" if not a else "-"
+        lines = [f"--- {label_a}\n", f"+++ {label_b}\n", hunk, *(sign + x for x in (b or a))]
+    else:
+        lines = difflib.unified_diff(a, b, label_a, label_b, lineterm="\n")
     out: list[str] = []
-    for line in difflib.unified_diff(a, b, label_a, label_b, lineterm="\n"):
+    for line in lines:
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(out)
 
@@ -97,6 +114,85 @@ def count_lines(diff: str) -> tuple[int, int]:
         elif line.startswith("-"):
             removed += 1
     return added, removed
+
+
+# Where str.splitlines (and so unified_diff) splits a line and bytes.splitlines does not;
+# both split at "\n", "\r" and "\r\n".
+_STR_ONLY_BREAKS = ("\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
+def splits_like_bytes(text: str) -> bool:
+    """Whether `text.splitlines()` cuts the same lines as `bytes.splitlines()` of its UTF-8
+    encoding (which is faster to split and to count)."""
+    return not any(c in text for c in _STR_ONLY_BREAKS)
+
+
+def _nlines(text: str | bytes) -> int:
+    """len(text.splitlines()), without building the list."""
+    if not text:
+        return 0
+    if isinstance(text, str):
+        if "\r" in text or not splits_like_bytes(text):
+            return len(text.splitlines())
+        return text.count("\n") + (text[-1] != "\n")
+    if b"\r" in text:
+        return len(text.splitlines())
+    return text.count(b"\n") + (text[-1:] != b"\n")
+
+
+def _common_run(a: list[Any], b: list[Any], limit: int, direction: int) -> int:
+    """How many items, at most `limit`, `a` and `b` begin with (direction 1) or end with
+    (direction -1) in common."""
+    la, lb = len(a), len(b)
+    lo, hi = 0, limit  # a run of lo is common; one longer than hi is not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        same = (a[lo:mid] == b[lo:mid] if direction == 1
+                else a[la - mid:la - lo] == b[lb - mid:lb - lo])
+        if same:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def count_changed_lines(old: str | bytes | None, new: str | bytes | None) -> tuple[int, int]:
+    """(added, removed) lines between two texts, in linear time: each line (with its line
+    ending) counts as added as often as it occurs more often in `new` than in `old`, and as
+    removed the other way round — a multiset difference of the two versions' lines.
+
+    For added and removed files, added or deleted lines and edited lines that is exactly
+    what a unified diff counts (`unified_diff`, `git diff --stat`). It counts fewer where
+    lines moved: a block moved within the file (or lines that swapped places) is neither
+    added nor removed here, while a line diff shows it removed in one place and added in
+    another; and difflib, which skips lines that are very common in a long file when it
+    matches, can count more. Either way a file's count here is at most its diff's.
+
+    Both sides str, or both the UTF-8 bytes of texts that `splits_like_bytes` (the same
+    counts, faster).
+    """
+    if old == new:
+        return 0, 0
+    if not old:
+        return _nlines(new or ""), 0
+    if not new:
+        return 0, _nlines(old)
+    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
+    # The lines both versions begin and end with cancel out; counted without them (list
+    # slices compared at C speed, a binary search over their lengths).
+    head = _common_run(a, b, min(len(a), len(b)), 1)
+    tail = _common_run(a, b, min(len(a), len(b)) - head, -1)
+    a, b = a[head:len(a) - tail], b[head:len(b) - tail]
+    ca, cb = Counter(a), Counter(b)
+    if len(ca) > len(cb):
+        ca, cb = cb, ca
+    get = cb.get
+    common = 0
+    for line, k in ca.items():
+        m = get(line)
+        if m:
+            common += k if k < m else m
+    return len(b) - common, len(a) - common
 
 
 def display_path(abs_path: str, sites: Iterable[str], prefix: str | None) -> str:
@@ -279,12 +375,14 @@ class _Owners:
     def add(self, dist: str, site: str, paths: Iterable[str]) -> None:
         site = site.rstrip("/")
         self.sites.add(site)
-        for p in paths:
-            self.files.setdefault(p, dist)
-            d = os.path.dirname(p)
+        base, files, dirs = site + "/", self.files, self.dirs
+        for p in paths:  # normalised absolute paths: rpartition is os.path.dirname
+            if p not in files:
+                files[p] = dist
+            d = p.rpartition("/")[0]
             # Only folders inside site-packages: bin/ holds every distribution's scripts.
-            if d.startswith(site + "/") and not d.endswith(".dist-info"):
-                self.dirs.setdefault(d, dist)
+            if d not in dirs and d.startswith(base) and not d.endswith(".dist-info"):
+                dirs[d] = dist
 
     def owner(self, path: str) -> str | None:
         if path in self.files:
@@ -302,11 +400,12 @@ def _owners_from_env(dists: list[Distribution], owners: _Owners) -> None:
         owners.add(dist.name, str(dist.site), (e.path for e in dist.record))
 
 
-def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners) -> None:
+def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners,
+                          entries: list[list[Any]] | None = None) -> None:
     """RECORD files as stored in the snapshot's tree (the environment may have moved on)."""
     import csv
 
-    for e in man.entries:
+    for e in man.entries if entries is None else entries:
         if e[2] != "f" or not e[1].endswith(".dist-info/RECORD"):
             continue
         stored = snap.path / "tree" / str(e[0]) / e[1]
@@ -318,45 +417,68 @@ def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners) ->
         info_dir = os.path.dirname(abs_rec)
         site = os.path.dirname(info_dir)
         name = canonicalize_name(os.path.basename(info_dir)[: -len(".dist-info")].rsplit("-", 1)[0])
-        paths = [os.path.normpath(os.path.join(site, row[0]))
-                 for row in csv.reader(text.splitlines()) if row and row[0]]
+        base = site.rstrip("/") + "/"
+        odd = os.path.normpath(site) + "/" != base
+        # normpath (pure Python) only for rows with something to normalise (`../../bin/x`).
+        paths = [os.path.normpath(os.path.join(site, rel))
+                 if odd or rel[0] in "./" or "/." in rel or "//" in rel else base + rel
+                 for rel in (row[0] for row in csv.reader(text.splitlines()) if row) if rel]
         owners.add(name, site, paths)
 
 
-def _manifest_items(man: Manifest) -> dict[str, _Item]:
+def _root_bases(roots: list[Root]) -> list[str]:
+    """Each root as a prefix to put before a relative path (os.path.join, without its cost)."""
+    return [r.path if r.path.endswith("/") else r.path + "/" for r in roots]
+
+
+def _manifest_items(man: Manifest, entries: list[list[Any]] | None = None,
+                    mtimes: dict[str, int] | None = None) -> dict[str, _Item]:
+    """Files and symlinks by absolute path; `mtimes` (when given) gets each file's mtime."""
     items: dict[str, _Item] = {}
-    for e in man.entries:
-        if e[2] in ("f", "l"):
-            items[os.path.join(man.roots[e[0]].path, e[1])] = _Item(e[2], e[3], e[4], e[6], e[8])
+    bases = _root_bases(man.roots)
+    for e in man.entries if entries is None else entries:
+        kind = e[2]
+        if kind == "f" or kind == "l":
+            full = bases[e[0]] + e[1]
+            items[full] = _Item(kind, e[3], e[4], e[6], e[8])
+            if mtimes is not None and kind == "f":
+                mtimes[full] = e[5]
     return items
 
 
-def _stored_bytes(snap: SnapshotMeta, man: Manifest, abs_path: str, want_sha: str | None) -> bytes | None:
-    """A file's contents as the snapshot holds them, verified against the manifest hash (a
-    stored copy shared by hard link could have been edited in place since)."""
+class _Binary:
+    """What a read returns for a file that has a NUL byte in its first 8 KiB (as `as_text`
+    tells binary files): the rest is not read."""
+
+
+BINARY = _Binary()
+
+
+def _read_bytes(path: str, want_sha: str | None) -> bytes | _Binary | None:
+    """A file's contents, once; None when it is unreadable, over TEXT_LIMIT or not the bytes
+    `want_sha` names (a stored copy shared by hard link could have been edited in place)."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size > TEXT_LIMIT:
+                return None
+            head = f.read(8192)
+            if b"\0" in head:
+                return BINARY
+            rest = f.read()
+    except OSError:
+        return None
+    data = head + rest if rest else head
+    return data if want_sha is None or _sha(data) == want_sha else None
+
+
+def _stored_bytes(snap: SnapshotMeta, man: Manifest, abs_path: str,
+                  want_sha: str | None) -> bytes | _Binary | None:
+    """A file's contents as the snapshot holds them, verified against the manifest hash."""
     for ri, root in enumerate(man.roots):
         base = root.path.rstrip("/") + "/"
         if abs_path.startswith(base):
-            p = snap.path / "tree" / str(ri) / abs_path[len(base):]
-            try:
-                if p.stat().st_size > TEXT_LIMIT:
-                    return None
-                data = p.read_bytes()
-            except OSError:
-                return None
-            return data if want_sha is None or _sha(data) == want_sha else None
+            return _read_bytes(str(snap.path / "tree" / str(ri) / abs_path[len(base):]), want_sha)
     return None
-
-
-def _live_bytes(abs_path: str, want_sha: str | None) -> bytes | None:
-    try:
-        if os.lstat(abs_path).st_size > TEXT_LIMIT:
-            return None
-        with open(abs_path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return data if want_sha is None or _sha(data) == want_sha else None
 
 
 class _Side:
@@ -365,9 +487,9 @@ class _Side:
     def __init__(self, snap: SnapshotMeta | None, man: Manifest | None) -> None:
         self.snap, self.man = snap, man
 
-    def read(self, abs_path: str, item: _Item) -> bytes | None:
+    def read(self, abs_path: str, item: _Item) -> bytes | _Binary | None:
         if self.snap is None:
-            return _live_bytes(abs_path, None)
+            return _read_bytes(abs_path, None)
         assert self.man is not None
         return _stored_bytes(self.snap, self.man, abs_path, item.sha)
 
@@ -381,11 +503,12 @@ def _live_items(env: Environment, dists: list[Distribution], old: Mapping[str, _
     roots = scope_of(env)
     items: dict[str, _Item] = {}
     mtimes: dict[str, int] = {}
+    bases = _root_bases(roots)
     for i, (ri, rel, st) in enumerate(_walk(roots, records, skip)):
         kind = _kind(st.st_mode)
         if kind not in ("f", "l"):
             continue
-        full = os.path.join(roots[ri].path, rel)
+        full = bases[ri] + rel
         mode = stat.S_IMODE(st.st_mode)
         if kind == "l":
             items[full] = _Item("l", mode, 0, None, os.readlink(full))
@@ -467,11 +590,11 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
             pass  # another environment's snapshot: compared as recorded
     stats = {"by_manifest": 0, "by_record": 0, "hashed_files": 0, "hashed_bytes": 0}
     owners = _Owners()
-    old_items = _manifest_items(old_man)
+    old_entries = old_man.entries  # built anew on each access: once
+    old_mtimes: dict[str, int] = {}
+    old_items = _manifest_items(old_man, old_entries, old_mtimes)
     if new_snap is None:
         new_man = None
-        old_mtimes = {os.path.join(old_man.roots[e[0]].path, e[1]): e[5]
-                      for e in old_man.entries if e[2] == "f"}
         dists = env.distributions()
         new_items: Mapping[str, _Item] = _live_items(env, dists, old_items, old_mtimes,
                                                      skip or set(), stats, progress)
@@ -479,10 +602,11 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
         _owners_from_env(dists, owners)
     else:
         new_man = Manifest.load(new_snap)
-        new_items = _manifest_items(new_man)
+        new_entries = new_man.entries
+        new_items = _manifest_items(new_man, new_entries)
         new_dists = new_snap.distributions
-        _owners_from_snapshot(new_snap, new_man, owners)
-    _owners_from_snapshot(old_snap, old_man, owners)
+        _owners_from_snapshot(new_snap, new_man, owners, new_entries)
+    _owners_from_snapshot(old_snap, old_man, owners, old_entries)
     sites = sorted(owners.sites | {str(s) for s in env.site_dirs}, key=len, reverse=True)
     prefix = str(env.prefix)
 
@@ -537,25 +661,39 @@ def _fill_text(fc: FileChange, o: _Item | None, n: _Item | None, old_side: _Side
         fc.note = "symlink: " + " → ".join(x.target or "(file)" if x.kind == "l" else "(file)"
                                            for x in (o, n) if x is not None)
         return
-    old_b = old_side.read(fc.abs_path, o) if o is not None else None
-    new_b = new_side.read(fc.abs_path, n) if n is not None else None
-    if (o is not None and old_b is None) or (n is not None and new_b is None):
-        too_big = max(o.size if o else 0, n.size if n else 0) > TEXT_LIMIT
-        fc.binary = too_big
-        fc.note = ("large file: contents not compared line by line" if too_big
-                   else "contents unavailable (the stored copy was changed or removed)")
-        return
-    old_t = as_text(old_b) if old_b is not None else None
-    new_t = as_text(new_b) if new_b is not None else None
-    if (old_b is not None and old_t is None) or (new_b is not None and new_t is None):
+    if max(o.size if o else 0, n.size if n else 0) > TEXT_LIMIT:
         fc.binary = True
-        if with_diffs:
-            fc.diff = f"Binary files a/{fc.path} and b/{fc.path} differ\n"
+        fc.note = "large file: contents not compared line by line"
         return
-    d = unified_diff(old_t, new_t, fc.path, fc.path)
-    fc.added_lines, fc.removed_lines = count_lines(d)
+    texts: list[str | None] = []
+    raw: list[bytes | None] = []
+    for item, side in ((o, old_side), (n, new_side)):
+        if item is None:
+            texts.append(None)
+            raw.append(None)
+            continue
+        # Each side is read once and decoded once; a binary one ends it (the other side is
+        # not read).
+        data = side.read(fc.abs_path, item)
+        if data is None:
+            fc.note = "contents unavailable (the stored copy was changed or removed)"
+            return
+        if not isinstance(data, bytes) or (text := as_text(data)) is None:
+            fc.binary = True
+            if with_diffs:
+                fc.diff = f"Binary files a/{fc.path} and b/{fc.path} differ\n"
+            return
+        texts.append(text)
+        raw.append(data)
+    old_t, new_t = texts
     if with_diffs:
-        fc.diff = d
+        # A diff that is shown: its counts are its own +/- lines.
+        fc.diff = unified_diff(old_t, new_t, fc.path, fc.path)
+        fc.added_lines, fc.removed_lines = count_lines(fc.diff)
+    elif all(t is None or splits_like_bytes(t) for t in texts):
+        fc.added_lines, fc.removed_lines = count_changed_lines(*raw)
+    else:
+        fc.added_lines, fc.removed_lines = count_changed_lines(old_t, new_t)
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,209 @@
+"""Line counts in linear time, unified diffs only for what is shown (issue 13, item 2)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import make_venv, uv_install
+from rewheel import diff as diffmod
+from rewheel.diff import count_changed_lines, count_lines, splits_like_bytes, unified_diff
+from rewheel.recipe import Recipe
+from rewheel.runner import open_target, snapshot_now
+from support_diff import site_packages
+
+
+def by_diff(old: str | None, new: str | None) -> tuple[int, int]:
+    """(added, removed) as difflib's unified diff counts them."""
+    return count_lines(unified_diff(old, new, "p", "p"))
+
+
+def by_difflib(old: str | None, new: str | None) -> str:
+    """The unified diff straight from difflib (no fast path), in rewheel's format."""
+    a, b = (old or "").splitlines(keepends=True), (new or "").splitlines(keepends=True)
+    la = "a/p" if old is not None else "/dev/null"
+    lb = "b/p" if new is not None else "/dev/null"
+    return "".join(x if x.endswith("\n") else x + "\n\\ No newline at end of file\n"
+                   for x in difflib.unified_diff(a, b, la, lb, lineterm="\n"))
+
+
+BASE = "".join(f"line {i}\n" for i in range(40))
+
+
+@pytest.mark.parametrize("old,new", [
+    (None, "a\nb\nc\n"),                                  # added file
+    ("a\nb\nc\n", None),                                  # removed file
+    (None, "one line, no newline"),
+    ("x\n", None),
+    ("", "a\n"), ("a\n", ""), (None, ""), ("", None), ("same\n", "same\n"),
+    (BASE, BASE.replace("line 7\n", "line 7\nnew a\nnew b\n")),       # insertion
+    (BASE, "new first\n" + BASE + "new last\n"),                      # at both ends
+    (BASE, BASE.replace("line 3\nline 4\n", "").replace("line 30\n", "")),  # deletions
+    (BASE, BASE.replace("line 12\n", "line twelve\n")),               # an edit
+    (BASE, BASE.replace("line 12\nline 13\n", "x\ny\nz\n")),           # 2 lines → 3
+    ("a\nb\n", "a\nb"),                                   # the last newline dropped
+    ("a\nb", "a\nb\nc\n"),                                # ... and added back, with a line
+    ("a\r\nb\r\n", "a\r\nc\r\n"),                         # CRLF
+    ("a\n\n\nb\n", "a\n\n\n\nb\n"),                        # one more blank line
+    ("x\nx\nx\n", "x\nx\n"),                              # repeated lines
+    ("a\rb\rc\r", "a\rB\rc\r"),                           # old Mac line ends: splitlines splits them too
+    ("a\x0cb\nc\n", "a\x0cb\nd\n"),                        # a form feed: str.splitlines splits there
+    ("é\u2028x\n", "é\u2028y\n"), ("ü\nß\n", "ü\nß\nñ"),
+])
+def test_counts_equal_the_diffs_for_additions_deletions_and_edits(old: str | None, new: str | None) -> None:
+    assert count_changed_lines(old, new) == by_diff(old, new)
+    # The UTF-8 bytes give the same counts wherever they split the same lines.
+    if all(t is None or splits_like_bytes(t) for t in (old, new)):
+        enc = [None if t is None else t.encode() for t in (old, new)]
+        assert count_changed_lines(*enc) == by_diff(old, new)
+    else:
+        assert "\x0c" in (old or "") + (new or "") or "\u2028" in (old or "") + (new or "")
+
+
+def test_counts_equal_difflib_on_random_edits() -> None:
+    rnd = random.Random(13)
+    for _ in range(300):
+        # Lines with repeats (blank lines, `)`), as source files have.
+        base = [rnd.choice(["\n", "    )\n", "    pass\n"]) if rnd.random() < 0.2 else f"l{i}\n"
+                for i in range(rnd.randint(0, 120))]
+        new = list(base)
+        for _ in range(rnd.randint(1, 6)):
+            op, at = rnd.choice("idr"), rnd.randint(0, len(new))
+            if op == "i":
+                new[at:at] = [f"new{rnd.random()}\n" for _ in range(rnd.randint(1, 5))]
+            elif op == "d":
+                del new[at:at + rnd.randint(1, 5)]
+            else:
+                new[at:at + rnd.randint(1, 3)] = [f"edit{rnd.random()}\n" for _ in range(rnd.randint(1, 3))]
+        old_t, new_t = "".join(base), "".join(new)
+        assert count_changed_lines(old_t, new_t) == by_diff(old_t, new_t), (base, new)
+
+
+def test_counts_are_the_multiset_difference_of_the_lines() -> None:
+    rnd = random.Random(2)
+    for _ in range(3000):
+        x = "".join(rnd.choice(["a", "b", "\n", "\r", "\r\n", "é"]) for _ in range(rnd.randint(0, 40)))
+        y = "".join(rnd.choice(["a", "b", "\n", "\r", "\r\n", "é"]) for _ in range(rnd.randint(0, 40)))
+        if rnd.random() < 0.6:  # mostly a shared beginning and end
+            y = x[:rnd.randint(0, len(x))] + y[:4] + x[rnd.randint(0, len(x)):]
+        ca, cb = Counter(x.splitlines(True)), Counter(y.splitlines(True))
+        want = (sum((cb - ca).values()), sum((ca - cb).values()))
+        assert count_changed_lines(x, y) == want, (x, y)
+        assert count_changed_lines(x.encode(), y.encode()) == want, (x, y)
+
+
+def test_moved_lines_are_counted_once_where_a_diff_counts_them_twice() -> None:
+    old = "def a():\n    pass\n\n\ndef b():\n    return 1\n"
+    new = "def b():\n    return 1\n\n\ndef a():\n    pass\n"
+    # Two functions swapped: a line diff removes one and adds it again elsewhere.
+    assert by_diff(old, new) == (4, 4)
+    assert count_changed_lines(old, new) == (0, 0)
+    # Moved and edited: only the edit counts.
+    assert count_changed_lines(old, new.replace("return 1", "return 2")) == (1, 1)
+
+
+@pytest.mark.parametrize("old,new", [
+    (None, "a\nb\n"), (None, "a"), (None, "a\nb"), ("a\nb\n", None), ("a", None), ("a\r\nb", None),
+    ("", "x\ny\n"), ("x\n", ""), ("one\n", None), (None, "\n"),
+])
+def test_whole_file_diffs_are_difflibs(old: str | None, new: str | None) -> None:
+    assert unified_diff(old, new, "p", "p") == by_difflib(old, new)
+
+
+def test_large_added_file_counts_and_diff_fast() -> None:
+    text = "".join(f"x = {i}\n" for i in range(200_000))
+    assert count_changed_lines(None, text) == (200_000, 0)
+    assert count_changed_lines(text, None) == (0, 200_000)
+    d = unified_diff(None, text, None, "big.py")
+    assert d.startswith("--- /dev/null\n+++ b/big.py\n@@ -0,0 +1,200000 @@\n+x = 0\n")
+    assert count_lines(d) == (200_000, 0)
+
+
+def test_a_nul_in_the_head_is_binary_without_reading_the_rest(tmp_path: Path) -> None:
+    f = tmp_path / "lib.so"
+    f.write_bytes(b"\x7fELF\0" + b"a" * 100_000)
+    assert diffmod._read_bytes(str(f), "not this hash") is diffmod.BINARY
+    t = tmp_path / "t.py"
+    t.write_bytes(b"x = 1\n")
+    assert diffmod._read_bytes(str(t), None) == b"x = 1\n"
+    assert diffmod._read_bytes(str(t), "0" * 64) is None  # not the bytes the manifest names
+    assert diffmod._read_bytes(str(tmp_path / "gone"), None) is None
+
+
+# --------------------------------------------------------------------------------------
+# On an environment: counts without diffs unless files are shown
+# --------------------------------------------------------------------------------------
+MOD_OLD = "".join(f"def f{i}():\n    return {i}\n\n\n" for i in range(30))
+
+
+@pytest.fixture
+def edited(tmp_path: Path, wheelhouse: Path) -> dict:
+    py = make_venv(tmp_path / "env")
+    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
+    sp = site_packages(py)
+    (sp / "toypkg" / "mod.py").write_text(MOD_OLD)
+    (sp / "toypkg" / "blob.bin").write_bytes(b"\0\1\2" * 1000)
+    (sp / "toypkg" / "gone.py").write_text("a = 1\nb = 2\n")
+    (sp / "toypkg" / "ff.py").write_text("x\x0cy\n")  # a form feed, a line break to str.splitlines
+    t = open_target(Recipe.for_python(py))
+    snap = snapshot_now(t).result.meta
+    # New inodes (the snapshot shares the old ones by hard link).
+    for name in ("mod.py", "blob.bin", "gone.py", "ff.py"):
+        (sp / "toypkg" / name).unlink()
+    (sp / "toypkg" / "ff.py").write_text("x\x0cz\ny\n")
+    new = MOD_OLD.replace("    return 7\n", "    return 7  # edited\n") + "def g():\n    pass\n"
+    (sp / "toypkg" / "mod.py").write_text(new)
+    (sp / "toypkg" / "blob.bin").write_bytes(b"\0\1\3" * 1000)
+    (sp / "toypkg" / "added.py").write_text("x = 1\ny = 2\nz = 3")
+    return {"py": py, "snap": snap, "target": open_target(Recipe.for_python(py)), "mod_new": new}
+
+
+def test_counts_without_diffs_and_diffs_only_when_shown(edited: dict) -> None:
+    t, snap = edited["target"], edited["snap"]
+    res = diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})
+    files = {f.path: f for f in res.files}
+    assert {p: (f.change, f.added_lines, f.removed_lines, f.binary) for p, f in files.items()} == {
+        "toypkg/mod.py": ("changed", 3, 1, False),
+        "toypkg/blob.bin": ("changed", None, None, True),
+        "toypkg/gone.py": ("removed", 0, 2, False),
+        "toypkg/added.py": ("added", 3, 0, False),
+        "toypkg/ff.py": ("changed", 1, 0, False)}
+    assert all(f.diff is None for f in res.files)
+    # Shown: the diff, and the same counts.
+    res = diffmod.diff_target(t.env, t.store, snap.id, path_glob="toypkg/*.py", with_diffs=True)
+    shown = {f.path: f for f in res.files}
+    assert set(shown) == {"toypkg/mod.py", "toypkg/gone.py", "toypkg/added.py", "toypkg/ff.py"}
+    for p, f in shown.items():
+        assert (f.added_lines, f.removed_lines) == (files[p].added_lines, files[p].removed_lines)
+        assert f.diff and (f.added_lines, f.removed_lines) == count_lines(f.diff)
+    assert shown["toypkg/mod.py"].diff == by_difflib(MOD_OLD, edited["mod_new"]).replace(
+        "a/p", "a/toypkg/mod.py").replace("b/p", "b/toypkg/mod.py")
+
+
+def test_cli_json_and_stat_carry_counts_not_diffs(edited: dict) -> None:
+    rw = [sys.executable, "-m", "rewheel", "diff", "--python", str(edited["py"]), edited["snap"].id]
+    cp = subprocess.run(rw + ["--json"], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    got = {f["path"]: (f["change"], f["added_lines"], f["removed_lines"], f["diff"]) for f in doc["files"]}
+    assert got["toypkg/mod.py"] == ("changed", 3, 1, None)
+    assert got["toypkg/added.py"] == ("added", 3, 0, None)
+    cp = subprocess.run(rw + ["--stat"], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    assert " M toypkg/mod.py  +3 -1  toypkg" in lines
+    assert " M toypkg/blob.bin  binary  toypkg" in lines
+    assert " D toypkg/gone.py  +0 -2  toypkg" in lines
+    assert " 5 file(s), +7 -3" in lines
+    assert "@@" not in cp.stdout
+    cp = subprocess.run(rw + ["--json", "--path", "*mod.py"], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    [f] = json.loads(cp.stdout)["files"]
+    assert f["path"] == "toypkg/mod.py" and f["diff"].startswith("--- a/toypkg/mod.py\n")
