@@ -817,3 +817,17 @@ def test_manifest_modes_and_link_targets_are_checked(tamper: str, venv: Path, wh
     with pytest.raises(SnapshotDamaged):
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert tree_state(prefix) == before
+
+
+def test_diff_leaves_out_what_the_snapshot_excluded(venv: Path, tmp_path: Path) -> None:
+    from rewheel.diff import diff_trees
+    from rewheel.recipe import load_recipe
+    sp = site_packages(venv)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[environment]\npython = "{venv}"\n[snapshots]\nexclude = ["*.pt"]\n')
+    t = open_target(load_recipe(recipe))
+    snap = snapshot_now(t).result.meta
+    (sp / "toypkg" / "dump.pt").write_bytes(b"a dump")
+    (sp / "toypkg" / "new.py").write_text("NEW = 1\n")
+    files = [f.path for f in diff_trees(t.env, snap).files]
+    assert "toypkg/new.py" in files and not any(p.endswith(".pt") for p in files)

@@ -41,7 +41,7 @@ from rewheel import versions as vers
 from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotError, UsageError
 from rewheel.snapshot import (Manifest, Progress, Root, SnapshotMeta, Store, _kind, _live_roots,
-                              _record_index, _walk, hash_file, scope_of)
+                              _record_index, _walk, exclusion, hash_file, scope_of)
 
 # Files an installer writes into a .dist-info folder at install time; not part of the wheel's
 # payload, different on every install (uv_cache.json carries a timestamp).
@@ -496,7 +496,7 @@ class _Side:
 
 def _live_items(env: Environment, dists: list[Distribution], old: Mapping[str, _Item],
                 old_mtimes: Mapping[str, int], skip: set[str], stats: dict[str, int],
-                progress: Progress | None) -> dict[str, _Item]:
+                progress: Progress | None, exclude: list[str] | None = None) -> dict[str, _Item]:
     """Walk the live environment; take each file's hash from the manifest (same size and
     mtime), from its RECORD (provably pristine), and only otherwise by reading it."""
     records = _record_index(dists)
@@ -504,7 +504,8 @@ def _live_items(env: Environment, dists: list[Distribution], old: Mapping[str, _
     items: dict[str, _Item] = {}
     mtimes: dict[str, int] = {}
     bases = _root_bases(roots)
-    for i, (ri, rel, st) in enumerate(_walk(roots, records, skip)):
+    # What the snapshot left out (`[snapshots] exclude`) is not compared either.
+    for i, (ri, rel, st) in enumerate(_walk(roots, records, skip, None, exclusion(exclude or []))):
         kind = _kind(st.st_mode)
         if kind not in ("f", "l"):
             continue
@@ -597,7 +598,7 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
         new_man = None
         dists = env.distributions()
         new_items: Mapping[str, _Item] = _live_items(env, dists, old_items, old_mtimes,
-                                                     skip or set(), stats, progress)
+                                                     skip or set(), stats, progress, old_man.exclude)
         new_dists = [d.to_json() for d in dists]
         _owners_from_env(dists, owners)
     else:
