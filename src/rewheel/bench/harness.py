@@ -706,6 +706,24 @@ def _fmt_s(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def render_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """The table of steps: times, ratios, targets and results, in aligned columns."""
+    header = ("step", "rewheel s", "baseline", "baseline s", "ratio", "target", "result")
+    table = [header]
+    for r in rows:
+        ok = "n/a" if not r["available"] else ("-" if r["pass"] is None else ("PASS" if r["pass"] else "FAIL"))
+        table.append((r["step"], _fmt_s(r["rewheel_s"]), r["baseline"], _fmt_s(r["baseline_s"]),
+                      "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+                      "-" if r["target"] is None else f"<= {r['target']:g}x", ok))
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
+    lines = []
+    for i, row in enumerate(table):
+        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
 def render(result: dict[str, Any]) -> str:
     if result["kind"] == "real":
         from rewheel.bench.real import render_real
@@ -724,18 +742,7 @@ def render(result: dict[str, Any]) -> str:
         f"{m.get('filesystem', '?')} on {m.get('disk', m.get('device', '?'))}; {m.get('uv', '')}",
         "",
     ]
-    header = ("step", "rewheel s", "baseline", "baseline s", "ratio", "target", "result")
-    table = [header]
-    for r in result["rows"]:
-        ok = "n/a" if not r["available"] else ("-" if r["pass"] is None else ("PASS" if r["pass"] else "FAIL"))
-        table.append((r["step"], _fmt_s(r["rewheel_s"]), r["baseline"], _fmt_s(r["baseline_s"]),
-                      "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
-                      "-" if r["target"] is None else f"<= {r['target']:g}x", ok))
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
-    for i, row in enumerate(table):
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines += render_rows(result["rows"])
     lines.append("")
     sn = result["snapshot"]
     lines.append(f"snapshot extra disk: {sn['extra_disk_bytes']:,} bytes = {sn['extra_disk_pct']:.3f}% of "

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rewheel.bench.harness import (TARGETS, BenchConfig, Row, _median, first_differences, fingerprint,
-                                   machine_info, rm_tree, settle, stat_walk)
+                                   machine_info, render_rows, rm_tree, settle, stat_walk)
 from rewheel.errors import RewheelError
 from rewheel.installer import find_uv as uv_bin
 
@@ -271,19 +271,7 @@ def render_real(result: dict[str, Any]) -> str:
              f"medians of {result['reps']}",
              f"machine: {m.get('nproc')} CPUs ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB RAM, "
              f"{m.get('filesystem', '?')} on {m.get('disk', m.get('device', '?'))}; {m.get('uv', '')}", ""]
-    header = ("step", "rewheel s", "baseline", "baseline s", "ratio", "target", "result")
-    table = [header]
-    for r in result["rows"]:
-        ok = "-" if r["pass"] is None else ("PASS" if r["pass"] else "FAIL")
-        table.append((r["step"], "-" if r["rewheel_s"] is None else f"{r['rewheel_s']:.3f}", r["baseline"],
-                      "-" if r["baseline_s"] is None else f"{r['baseline_s']:.3f}",
-                      "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
-                      "-" if r["target"] is None else f"<= {r['target']:g}x", ok))
-    widths = [max(len(str(row[i])) for row in table) for i in range(len(header))]
-    for i, row in enumerate(table):
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip())
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    lines += render_rows(result["rows"])
     lines.append("")
     lines.append(f"false patches on the pristine release: {result['false_patches']}; exactly the two edited "
                  f"files found: {result['edited_found_exactly']}")
