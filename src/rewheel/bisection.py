@@ -430,7 +430,7 @@ def _compare_url(project_urls: dict[str, str], github: str | None, good: Build,
 
 
 def render_bisect(console: Any, res: BisectResult) -> None:
-    from rich.markup import escape
+    from rewheel.report import escape  # control characters made visible, markup escaped
 
     from rewheel import report
 

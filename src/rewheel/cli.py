@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -69,13 +70,15 @@ def handles_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except RewheelError as exc:
             failure = exc
-        except KeyboardInterrupt:
-            # Ctrl-C: say what state things are in (a run's journal now shows it as
-            # interrupted) instead of a bare exit 130, and keep --json one document.
+        except KeyboardInterrupt as exc:
+            # Ctrl-C, SIGTERM or SIGHUP (see `Terminated`): the child being waited on (uv, the
+            # smoke test) has had its whole process group killed on the way here. Say what
+            # state things are in (a run's journal now shows it as interrupted) instead of a
+            # bare exit 130, and keep --json one document.
             from rewheel.errors import InterruptedRun
 
             failure = InterruptedRun(
-                "interrupted (Ctrl-C)",
+                f"interrupted ({exc.signame if isinstance(exc, Terminated) else 'Ctrl-C'})",
                 hint="if this was changing an environment, its run is recorded as interrupted: "
                      "`rewheel resume TARGET` finishes or undoes it, `rewheel history TARGET` shows it")
         if json_mode:
@@ -86,7 +89,35 @@ def handles_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled exactly like Ctrl-C (KeyboardInterrupt): a service manager
+    stopping rewheel, or its terminal going away, must not leave uv or the smoke test running."""
+
+    def __init__(self, signum: int) -> None:
+        self.signame = signal.Signals(signum).name
+        super().__init__(self.signame)
+
+
+_terminating = False
+
+
+def _on_terminate(signum: int, _frame: Any) -> None:
+    global _terminating
+    if _terminating:
+        return  # one is enough: a second must not interrupt the cleanup the first started
+    _terminating = True
+    raise Terminated(signum)
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM and SIGHUP raise `Terminated` in the main thread, as SIGINT raises
+    KeyboardInterrupt. (Python handlers are reset to the default in the children.)"""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_terminate)
+
+
 def main() -> None:
+    install_signal_handlers()
     if "--json" not in sys.argv[1:]:
         app()
         return
@@ -117,6 +148,16 @@ def _target(target: str | None, python: str | None):  # -> runner.Target
     return runner.open_target(recipe.load_target(target, python))
 
 
+def _refuse_empty_ref(name: str, ref: str | None) -> None:
+    """An empty snapshot reference is a mistake (an unset shell variable), never "the default"."""
+    if ref is not None and not ref.strip():
+        from rewheel.errors import UsageError
+
+        raise UsageError(f"{name}: empty snapshot reference {ref!r}",
+                         hint="give a snapshot id, a unique prefix of one or an exact label "
+                              "(`rewheel history TARGET` lists them), or leave it out for the default")
+
+
 def _exit_if_interrupted(t, err: Console) -> None:  # t: runner.Target
     """Read-only commands are how an operator investigates, so they report fully — then exit
     4 like every other command while an interrupted run is pending."""
@@ -133,11 +174,11 @@ def _streams(err: Console, quiet: bool = False) -> tuple[Callable[[str], None], 
     smoke test), dimmed and indented; both to stderr so that --json stays one document."""
 
     def say(msg: str) -> None:
-        err.print(msg, highlight=False, markup=False)
+        err.print(report.clean(msg), highlight=False, markup=False)
 
     def on_output(line: str) -> None:
         if not quiet:
-            err.print("  │ " + line, style="dim", highlight=False, markup=False)
+            err.print("  │ " + report.clean(line, lines=False), style="dim", highlight=False, markup=False)
 
     return say, on_output
 
@@ -212,13 +253,15 @@ def rollback(target: TargetArg = None,
     """Restore a snapshot (stops and starts the service when given a recipe)."""
     from rewheel import runner
 
-    if python and target and snapshot_id is None:
+    if python and target is not None and snapshot_id is None:
         target, snapshot_id = None, target
+    _refuse_empty_ref("SNAPSHOT", snapshot_id)
     t = _target(target, python)
+    runner.refuse_system_interpreter(t)  # before a question or a snapshot lookup
     out, err = consoles(json_out)
-    snap = t.store.get(snapshot_id) if snapshot_id else runner.default_rollback_snapshot(t.store)
-    confirm(f"Restore {t.env.prefix} to snapshot {snap.id} ({snap.label or snap.status}, "
-            f"{snap.created_iso})?", yes)
+    snap = t.store.get(snapshot_id) if snapshot_id is not None else runner.default_rollback_snapshot(t.store)
+    confirm(report.clean(f"Restore {t.env.prefix} to snapshot {snap.id} ({snap.label or snap.status}, "
+                         f"{snap.created_iso})?", lines=False), yes)
     cb, status = _progress(err)
     with status:
         result = runner.rollback(t, snap.id, say=_streams(err)[0],
@@ -276,6 +319,7 @@ def resume(target: TargetArg = None, python: PythonOpt = None, yes: YesOpt = Fal
     from rewheel import journal, runner
 
     t = _target(target, python)
+    runner.refuse_system_interpreter(t)  # before the question
     out, err = consoles(json_out)
     j = journal.interrupted_run(t.store.env_dir)
     if j is not None:
@@ -360,6 +404,8 @@ def diff(target: TargetArg = None,
         if len(given) > 2:
             raise UsageError("with --python give at most two snapshots: [A] [B]")
         target, a, b = None, *(given + [None, None])[:2]
+    _refuse_empty_ref("A", a)
+    _refuse_empty_ref("B", b)
     t = _target(target, python)
     out, err = consoles(json_out)
     with_diffs = not stat_only and (show_patch or bool(package) or bool(path_glob))
@@ -396,7 +442,7 @@ def patches(target: TargetArg = None, python: PythonOpt = None,
             shown = result.record_inconsistent[:10]
             out.print(f"{len(result.record_inconsistent)} file(s) match no RECORD but are exactly what "
                       "their wheel ships (RECORD inconsistent, matches its wheel; not patches, never "
-                      "reapplied): " + ", ".join(f"{r['path']} ({r['distribution']})" for r in shown)
+                      "reapplied): " + report.clean(", ".join(f"{r['path']} ({r['distribution']})" for r in shown))
                       + (" …" if len(result.record_inconsistent) > 10 else ""),
                       markup=False, highlight=False, style="dim", soft_wrap=True)
     _exit_if_interrupted(t, err)

@@ -224,7 +224,14 @@ class Environment:
         py = Path(python)
         if not py.exists():
             raise TargetError(f"interpreter {py} does not exist")
-        res = proc.run([str(py), "-I", "-c", _PROBE], timeout=60)
+        if py.is_dir():
+            raise TargetError(f"interpreter {py} is a folder, not an interpreter",
+                              hint="give the environment's python, e.g. /root/ml-env/bin/python")
+        try:
+            res = proc.run([str(py), "-I", "-c", _PROBE], timeout=60)
+        except OSError as exc:  # a text file, no permission to run it, a broken binary
+            raise TargetError(f"interpreter {py} cannot be run: {exc.strerror or exc}",
+                              hint="give the environment's python, e.g. /root/ml-env/bin/python") from None
         if not res.ok:
             raise TargetError(f"interpreter {py} failed to start (exit {res.returncode}): "
                               f"{(res.stderr or res.stdout).strip()[-500:]}")

@@ -34,7 +34,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import httpx
 from packaging.utils import canonicalize_name
@@ -111,16 +111,72 @@ def _has_option(args: Sequence[str], option: str) -> bool:
     return any(a == option or a.startswith(option + "=") for a in args)
 
 
-def _index_args(recipe: Recipe) -> list[str]:
-    spec = recipe.install
+def split_credentials(url: str) -> tuple[str, str | None, str | None]:
+    """(the URL without its userinfo, username, password), percent-decoded."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None, None
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, sep, password = userinfo.partition(":")
+    return (urlunsplit(parts._replace(netloc=hostport)), unquote(user) or None,
+            unquote(password) if sep else None)
+
+
+def index_options(index_url: str | None, extra_index_urls: Sequence[str],
+                  find_links: Sequence[str] = ()) -> tuple[list[str], dict[str, str], tuple[str, ...]]:
+    """uv's index options, the environment variables that carry their credentials, and the
+    variables to drop from the inherited environment.
+
+    Credentials never go on uv's command line (every user sees it in `ps`; a process's
+    environment only its owner and root). Without any, the recipe's URLs become
+    `--index-url` / `--extra-index-url` as written. With any, every index of the recipe
+    becomes a *named* index — `--default-index rewheel-index=URL`, `--index
+    rewheel-extra-N=URL` (same order, same first-index priority) — with its userinfo taken out
+    of the URL and given to uv as `UV_INDEX_<NAME>_USERNAME` / `_PASSWORD`. The inherited
+    UV_INDEX_URL / UV_DEFAULT_INDEX (UV_EXTRA_INDEX_URL / UV_INDEX) are dropped when the recipe
+    sets its own, as a command-line option would override them."""
+    urls = ([index_url] if index_url else []) + list(extra_index_urls)
     args: list[str] = []
-    if spec.index_url:
-        args += ["--index-url", spec.index_url]
-    for url in spec.extra_index_urls:
-        args += ["--extra-index-url", url]
-    for link in spec.find_links:
+    env: dict[str, str] = {}
+    drop: tuple[str, ...] = ()
+    if not any("@" in urlsplit(u).netloc for u in urls):
+        if index_url:
+            args += ["--index-url", index_url]
+        for url in extra_index_urls:
+            args += ["--extra-index-url", url]
+    else:
+        named = ([("--default-index", "rewheel-index", index_url)] if index_url else []) + \
+                [("--index", f"rewheel-extra-{i}", u) for i, u in enumerate(extra_index_urls)]
+        for option, name, url in named:
+            bare, user, password = split_credentials(url)
+            args += [option, f"{name}={bare}"]
+            var = "UV_INDEX_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+            if user is not None:
+                env[f"{var}_USERNAME"] = user
+            if password is not None:
+                env[f"{var}_PASSWORD"] = password
+        drop = (("UV_INDEX_URL", "UV_DEFAULT_INDEX") if index_url else ()) + \
+               (("UV_EXTRA_INDEX_URL", "UV_INDEX") if extra_index_urls else ())
+    for link in find_links:
         args += ["--find-links", link]
-    return args
+    return args, env, drop
+
+
+def uv_environment(recipe: Recipe, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment uv runs with for `recipe`: `base` (default: ours) with the index
+    credentials that `index_options` keeps off the command line."""
+    spec = recipe.install
+    _args, creds, drop = index_options(spec.index_url, spec.extra_index_urls)
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in drop}
+    env.update(creds)
+    return env
+
+
+def _index_args(recipe: Recipe) -> list[str]:
+    """uv's index options for the recipe, without credentials (see `index_options`): run uv
+    with `uv_environment(recipe)`."""
+    spec = recipe.install
+    return index_options(spec.index_url, spec.extra_index_urls, spec.find_links)[0]
 
 
 def install_argv(recipe: Recipe, *, lock: Path | None = None, dry_run: bool = False,
@@ -194,8 +250,8 @@ def install_argv(recipe: Recipe, *, lock: Path | None = None, dry_run: bool = Fa
     return argv
 
 
-def _uv_env(lock: Path | None) -> dict[str, str]:
-    env = dict(os.environ)
+def _uv_env(lock: Path | None, recipe: Recipe | None = None) -> dict[str, str]:
+    env = uv_environment(recipe) if recipe is not None else dict(os.environ)
     if lock is not None:
         # pylock support is a preview feature in uv; opt in so uv does not warn on every run.
         env.setdefault("UV_PREVIEW_FEATURES", "pylock")
@@ -368,7 +424,7 @@ def _prepared(recipe: Recipe, lock: Path | None, installed: Sequence[str] | None
         reinstall_only = None
         if kept and recipe.install.reinstall == "all":
             probe = install_argv(recipe, dry_run=True, **kwargs)
-            cp = proc.stream(probe, timeout=timeout, env=_uv_env(lock_path), redact=redact)
+            cp = proc.stream(probe, timeout=timeout, env=_uv_env(lock_path, recipe), redact=redact)
             _raise_for_plan(recipe, cp, probe, timeout)
             reinstall_only = [c.name for c in parse_changes(cp.stdout.splitlines())
                               if c.name not in kept]
@@ -404,7 +460,7 @@ def plan(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str] |
     del client
     validate_urls(recipe)
     with _prepared(recipe, lock, installed, keep, also_reinstall, True, timeout) as (argv, path):
-        cp = proc.stream(argv, on_line=on_line, timeout=timeout, env=_uv_env(path),
+        cp = proc.stream(argv, on_line=on_line, timeout=timeout, env=_uv_env(path, recipe),
                          redact=redact)
     _raise_for_plan(recipe, cp, argv, timeout)
     lines = cp.stdout.splitlines()
@@ -471,7 +527,7 @@ def install(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a", encoding="utf-8") as log:
                 log.write(f"[rewheel] $ {' '.join(shown)}\n")
-        cp = proc.stream(argv, on_line=on_line, timeout=timeout, env=_uv_env(lock_path),
+        cp = proc.stream(argv, on_line=on_line, timeout=timeout, env=_uv_env(lock_path, recipe),
                          log_path=log_path, redact=redact)
     lines = cp.stdout.splitlines()
     tail = [redact(l) for l in lines[-50:]]

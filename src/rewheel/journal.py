@@ -1,9 +1,12 @@
 """Crash-safe run state: the per-environment lock and each run's append-only journal.
 
-The lock is an `flock` on `<envdir>/lock`: the kernel drops it when its holder dies, so a
-`kill -9` never leaves a stale lock — but it does leave a journal without a `finished`
-record, which is how the next command learns that a run was interrupted. Every record is
-fsynced before the step it announces acts.
+The lock is an `flock` on a machine-wide file keyed by the environment prefix's device and
+inode (`paths.lock_dir`), so it holds whichever state home a command uses. The kernel drops it
+when the last descriptor on it is closed, so a `kill -9` never leaves a stale lock — but it
+does leave a journal without a `finished` record, which is how the next command learns that a
+run was interrupted. The descriptor is inherited by uv and the smoke test (`proc.lend_fd`):
+while anything rewheel started still runs, the lock stays held. Every record is fsynced
+before the step it announces acts.
 """
 
 from __future__ import annotations
@@ -13,47 +16,261 @@ import fcntl
 import json
 import os
 import secrets
+import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rewheel.errors import InterruptedRun, LockHeld
-from rewheel.paths import fsync_dir
+from rewheel import proc
+from rewheel.errors import InterruptedRun, LockHeld, PreflightError
+from rewheel.paths import fsync_dir, lock_dir
+
+RECLAIM_WAIT_S = 10.0  # after stopping a dead holder's children: how long the lock may take to free
+
+
+def _prefix_of(env_dir: Path) -> Path:
+    """The environment a state folder belongs to (its env.json), else the folder itself."""
+    try:
+        prefix = json.loads((env_dir / "env.json").read_text())["prefix"]
+        if prefix and os.path.isdir(prefix):
+            return Path(prefix)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return env_dir
+
+
+def _describe(pids: list[int]) -> str:
+    return ", ".join(f"{p} ({(proc.cmdline(p) or '?')[:80]})" for p in pids)
 
 
 class EnvLock:
-    """One rewheel process per environment at a time."""
+    """One rewheel process per environment at a time, whichever state home it uses.
 
-    def __init__(self, env_dir: Path, purpose: str) -> None:
-        self.path = env_dir / "lock"
+    `prefix`: the environment to lock (default: the one `env_dir`'s env.json names; a folder
+    without one, such as a bisection's state, locks itself). The lock file holds JSON lines:
+    the holder (pid, /proc start time, purpose), then each child it started. A command that
+    finds the lock taken exits 4 naming the holder — or, when that rewheel is gone, the
+    processes it started that still hold the lock.
+
+    `reclaim=True` (resume, rollback): when the holder is gone, its recorded children (in the
+    lock file or the interrupted run's journal) are stopped — SIGTERM to every process of the group,
+    up to 10 s, SIGKILL, wait until gone — and the lock is taken; with the lock taken, recorded
+    children that still run are stopped the same way. All before any file is touched;
+    `stopped` lists what was stopped.
+    """
+
+    def __init__(self, env_dir: Path, purpose: str, *, prefix: Path | None = None,
+                 reclaim: bool = False, say: Callable[[str], None] | None = None) -> None:
+        self.env_dir = Path(env_dir)
         self.purpose = purpose
+        self.prefix = Path(prefix) if prefix is not None else _prefix_of(self.env_dir)
+        self.reclaim = reclaim
+        self.say = say or (lambda _msg: None)
+        self.path: Path | None = None
         self.fd: int | None = None
+        self.previous: list[dict[str, Any]] = []  # what the last holder left in the file
+        self.stopped: list[dict[str, Any]] = []
+        self.journal: RunJournal | None = None  # set by a run: children are journaled there too
+        self._end = 0
+        self._owner = os.geteuid()  # the lock folder's owner, once known
 
-    def __enter__(self) -> EnvLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+    # -- the lock file ----------------------------------------------------------------
+    def _lock_path(self) -> tuple[Path, int]:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            st = os.stat(self.prefix)
+        except OSError:
+            st = os.stat(self.env_dir)
+        try:
+            d = lock_dir(st.st_uid)
         except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                os.close(fd)
-                raise
+            raise PreflightError(f"cannot lock {self.prefix}: {exc}",
+                                 hint="remove or fix that folder (or set REWHEEL_LOCK_DIR for every "
+                                      "rewheel on this machine); nothing was changed") from None
+        owner = os.lstat(d).st_uid
+        return d / f"env-{st.st_dev:x}-{st.st_ino}.lock", owner
+
+    @staticmethod
+    def _records(fd: int) -> list[dict[str, Any]]:
+        out = []
+        raw = os.pread(fd, 1 << 20, 0).decode(errors="replace")
+        for line in raw.splitlines():
             try:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-            finally:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                out.append(doc)
+        return out
+
+    def _try(self) -> int | list[dict[str, Any]]:
+        """The locked descriptor, or the records of the current holder when it is taken."""
+        assert self.path is not None
+        for _ in range(50):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise PreflightError(f"lock file {self.path} is a symlink: refusing to use it",
+                                         hint="remove it; nothing was changed") from None
+                raise
+            fst = os.fstat(fd)
+            if not stat.S_ISREG(fst.st_mode):
                 os.close(fd)
-            raise LockHeld(f"another rewheel process holds this environment ({holder or 'unknown'})",
-                           hint="wait for it to finish; the lock is released when it exits") from None
+                raise PreflightError(f"lock file {self.path} is not a regular file: refusing to use it")
+            if os.geteuid() == 0 and fst.st_uid != self._owner:
+                os.fchown(fd, self._owner, -1)  # root made it in the owner's folder
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                try:
+                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise
+                    return self._records(fd)
+                finally:
+                    os.close(fd)
+            # The last holder removes the file on release: make sure this is still the file
+            # the path names, else lock the new one.
+            try:
+                pst = os.lstat(self.path)
+            except FileNotFoundError:
+                os.close(fd)
+                continue
+            if (pst.st_dev, pst.st_ino) != (fst.st_dev, fst.st_ino):
+                os.close(fd)
+                continue
+            return fd
+        raise LockHeld(f"could not take the lock {self.path}: it kept being replaced",
+                       hint="another rewheel is starting and ending on this environment; try again")
+
+    # -- who holds it -----------------------------------------------------------------
+    @staticmethod
+    def _holder(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return next((r for r in records if "pid" in r), None)
+
+    @staticmethod
+    def _holder_alive(holder: dict[str, Any] | None) -> bool:
+        if holder is None:
+            return True  # unknown: assume a live rewheel
+        try:
+            pid = int(holder["pid"])
+        except (TypeError, ValueError):
+            return True
+        st = proc.proc_stat(pid)
+        if st is None or st.state in ("Z", "X"):
+            return False
+        return holder.get("start") is None or st.start == holder.get("start")
+
+    def _recorded_children(self, records: list[dict[str, Any]]) -> list[proc.Child]:
+        """Children named by the lock file's records and by this home's interrupted runs."""
+        found: dict[tuple[int, int | None], proc.Child] = {}
+        docs = [r["child"] for r in records if isinstance(r.get("child"), dict)]
+        for j in list_runs(self.env_dir):
+            if not j.finished:
+                docs += [r for r in j.records if r.get("event") == "child"]
+        for doc in docs:
+            c = proc.Child.from_json(doc)
+            if c is not None:
+                found[(c.pid, c.start)] = c
+        return list(found.values())
+
+    def _stop(self, children: list[proc.Child]) -> None:
+        for c in children:
+            done = proc.stop_child(c)
+            if done is None:
+                continue
+            self.stopped.append(done)
+            how = "stopped" if done["stopped"] else "could NOT stop"
+            procs = ", ".join(f"{p} ({(done['commands'].get(str(p)) or '?')[:80]})" for p in done["processes"])
+            self.say(f"{how} {c.name} (pid {c.pid}, process group {c.pgid}, {done['signal']}) left "
+                     f"running by an interrupted rewheel: {procs}")
+
+    def _refuse(self, records: list[dict[str, Any]]) -> LockHeld:
+        assert self.path is not None
+        holder = self._holder(records)
+        what = f"pid {holder.get('pid')}: {holder.get('purpose')}" if holder else "unknown"
+        if self._holder_alive(holder):
+            return LockHeld(f"another rewheel process holds this environment ({what})",
+                            hint="wait for it to finish; the lock is released when it exits")
+        pids: list[int] = []
+        for c in self._recorded_children(records):
+            pids += [p for p in c.live_members() if p not in pids]
+        pids += [p for p in proc.fd_holders(self.path) if p not in pids]
+        running = _describe(pids) if pids else "unknown processes (not visible to this user)"
+        return LockHeld(f"the rewheel process that held this environment ({what}) is gone, but "
+                        f"processes it started still run and hold its lock: {running}",
+                        hint="`rewheel resume TARGET` (or `rewheel rollback TARGET`) stops them and "
+                             "finishes or undoes the interrupted run; or wait until they end")
+
+    # -- enter / exit -----------------------------------------------------------------
+    def __enter__(self) -> EnvLock:
+        self.path, self._owner = self._lock_path()
+        got = self._try()
+        if not isinstance(got, int):
+            if not self.reclaim or self._holder_alive(self._holder(got)):
+                raise self._refuse(got)
+            # The holder is gone; what it started is not: stop that, then take the lock.
+            self._stop(self._recorded_children(got))
+            deadline = time.monotonic() + RECLAIM_WAIT_S
+            while not isinstance(got, int):
+                if time.monotonic() >= deadline:
+                    raise self._refuse(got)
+                time.sleep(0.1)
+                got = self._try()
+        fd = got
+        self.previous = self._records(fd)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()}: {self.purpose}".encode(), 0)
+        line = json.dumps({"pid": os.getpid(), "start": proc.start_time(os.getpid()),
+                           "purpose": self.purpose, "prefix": str(self.prefix),
+                           "state": str(self.env_dir)}) + "\n"
+        os.pwrite(fd, line.encode(), 0)
+        self._end = len(line.encode())
         self.fd = fd
+        proc.lend_fd(fd)
+        proc.watch(self)
+        if self.reclaim:
+            # Recorded children that no longer hold the lock may still run (a worker that
+            # closed its descriptors): stopped too, before anything is touched.
+            try:
+                self._stop(self._recorded_children(self.previous))
+            except BaseException:
+                self.__exit__()
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.fd is None:
+            return
+        proc.unwatch(self)
+        proc.unlend_fd(self.fd)
+        if not proc.live_children() and self.path is not None:
+            # Nothing rewheel started shares the descriptor: remove the file while holding the
+            # lock (a waiter re-checks the path), so lock files do not pile up.
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        # Closed, not unlocked: a child that survived its kill keeps holding the lock.
+        os.close(self.fd)
+        self.fd = None
+
+    # -- proc watcher: the children this holder starts ---------------------------------
+    def child_starting(self, name: str) -> None:
+        if self.journal is not None:
+            self.journal.append("child-starting", name=name)
+
+    def child_started(self, child: proc.Child) -> None:
         if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+            line = (json.dumps({"child": child.to_json()}) + "\n").encode()
+            os.pwrite(self.fd, line, self._end)
+            self._end += len(line)
+        if self.journal is not None:
+            self.journal.append("child", **child.to_json())
+
+    def child_ended(self, child: proc.Child) -> None:
+        if self.journal is not None:
+            self.journal.append("child-ended", pid=child.pid, pgid=child.pgid, name=child.name)
 
 
 def new_run_id() -> str:
@@ -74,10 +291,20 @@ class RunJournal:
     @classmethod
     def create(cls, env_dir: Path, kind: str, **info: Any) -> RunJournal:
         run_dir = env_dir / "runs" / new_run_id()
-        run_dir.mkdir(parents=True, mode=0o700)
-        fsync_dir(run_dir.parent)
-        j = cls(run_dir)
-        j.append("started", kind=kind, **info)
+        try:
+            run_dir.mkdir(parents=True, mode=0o700)
+            fsync_dir(run_dir.parent)
+            j = cls(run_dir)
+            j.append("started", kind=kind, **info)
+        except OSError as exc:
+            # A journal that could not be started (a full disk) must not be left behind: it
+            # would read as an interrupted run. Nothing was changed yet.
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+            raise PreflightError(f"cannot write the journal in {run_dir.parent}: {exc.strerror or exc}",
+                                 hint="free disk there (or move the store: [snapshots] store, "
+                                      "REWHEEL_HOME); nothing was changed") from None
         return j
 
     @classmethod

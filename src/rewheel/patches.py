@@ -390,17 +390,18 @@ class UvIndexFetcher:
         argv = [uv_bin(), "pip", "install", "--quiet", "--no-deps", "--no-cache",
                 "--python", self.python, "--target", str(target),
                 f"{dist.display_name}=={dist.version_text}"]
+        from rewheel.installer import index_options
+
         if self.no_index:
             argv.append("--no-index")
-        if self.index_url:
-            argv += ["--index-url", self.index_url]
-        for u in self.extra_index_urls:
-            argv += ["--extra-index-url", u]
-        for u in self.find_links:
-            argv += ["--find-links", u]
+        # Credentials go to uv in its environment, never on its command line (`ps`).
+        index_args, creds, drop = index_options(self.index_url, self.extra_index_urls, self.find_links)
+        argv += index_args
         if self.prerelease:
             argv += ["--prerelease", "allow"]
-        res = proc.run(argv, timeout=self.timeout)
+        env = {k: v for k, v in os.environ.items() if k not in drop}
+        env.update(creds)
+        res = proc.run(argv, timeout=self.timeout, env=env)
         if not res.ok:
             tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["timed out"]
             self.notes.append(f"index: {dist.display_name}=={dist.version_text} not fetched ({tail[0][:200]})")
@@ -1011,7 +1012,19 @@ def patched_distributions(s: PatchScan) -> set[str]:
 
 
 def _flat(path: str) -> str:
-    return path.replace("/", "__")
+    """A file name for a patched file's path: `/` as `__`, bytes as the file system has them
+    (a non-UTF-8 name arrives surrogate-escaped and is written back as the same bytes), and
+    bounded: a name longer than 200 bytes keeps its last 150 (the file's own name) behind a
+    hash of the whole path, so that it fits in a file name (255 bytes) with its suffix and
+    two long paths never share one."""
+    raw = path.encode("utf-8", "surrogateescape").replace(b"/", b"__")
+    if len(raw) > 200:
+        digest = hashlib.sha256(raw).hexdigest()[:12].encode()
+        tail = raw[-150:]
+        while tail and 0x80 <= tail[0] < 0xC0:  # do not start inside a UTF-8 sequence
+            tail = tail[1:]
+        raw = digest + b"--" + tail
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def patch_text(p: Patch) -> str:
@@ -1033,7 +1046,8 @@ def save_patches(s: PatchScan, run_dir: Path) -> list[Path]:
     written: list[Path] = []
     for p in s.patches:
         target = out / f"{_flat(p.path)}.patch"
-        target.write_text(patch_text(p), encoding="utf-8")
+        # surrogateescape: a non-UTF-8 file name goes into the patch as the bytes it has.
+        target.write_text(patch_text(p), encoding="utf-8", errors="surrogateescape")
         written.append(target)
         if p.diff is None or p.binary:
             whole = out / f"{_flat(p.path)}.file"

@@ -1,9 +1,12 @@
 """Where rewheel keeps its state: `$REWHEEL_HOME` (default `~/.local/state/rewheel`).
 
 Layout, per environment (keyed by the prefix's real path):
-  <home>/envs/<slug>-<hash>/{env.json, lock, snapshots/<id>/, runs/<id>/}
+  <home>/envs/<slug>-<hash>/{env.json, snapshots/<id>/, runs/<id>/}
 The home is created private to its owner (0700): snapshots hold copies of files that may
 carry credentials or proprietary patches.
+
+The environment's lock is not in the home — two homes must not both act on one environment —
+but machine-wide, keyed by the prefix's device and inode (`lock_dir`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,13 @@ import hashlib
 import json
 import os
 import re
+import stat
 from pathlib import Path
+
+# Machine-wide places for locks, the first that is a sticky world-writable folder wins (the
+# same answer for every user of the machine). /run/lock is not private per service
+# (systemd's PrivateTmp= gives a service its own /tmp) and is emptied at boot.
+LOCK_BASES = ("/run/lock", "/tmp")
 
 
 def state_home(override: str | os.PathLike[str] | None = None) -> Path:
@@ -24,13 +33,57 @@ def state_home(override: str | os.PathLike[str] | None = None) -> Path:
     return Path.home() / ".local" / "state" / "rewheel"
 
 
-def ensure_private_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+# Pseudo-filesystems: nothing rewheel writes there would be kept (or writable at all).
+_PSEUDO_FS = ("/proc", "/sys")
+
+
+def ensure_private_dir(path: Path, *, what: str | None = None) -> Path:
+    """A folder for rewheel's state. When rewheel creates it, it is private to its owner
+    (0700). A folder that already exists keeps its mode — it may be shared, like a 1777 /tmp —
+    and is refused (UsageError, exit 2, naming `what`, e.g. "REWHEEL_HOME", and the folder)
+    when it is not a folder, sits on a pseudo-filesystem (/proc, /sys), is
+    world-writable without the sticky bit (anyone could replace what rewheel keeps there),
+    or sits in a sticky world-writable folder but belongs to another user."""
+    from rewheel.errors import UsageError
+
+    path = Path(path)
+    name = f"{what} {path}" if what else f"state folder {path}"
+    hint = "give a folder of your own, or one that does not exist yet (rewheel creates it, mode 0700)"
+    real = os.path.realpath(path)
+    pseudo = next((p for p in _PSEUDO_FS if real == p or real.startswith(p + "/")), None)
+    if pseudo is not None:
+        raise UsageError(f"{name}: is under {pseudo}, a pseudo-filesystem, not a place to keep "
+                         "snapshots", hint=hint)
     try:
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o700)
-    except PermissionError:
-        pass
+        st: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise UsageError(f"{name}: cannot be used: {exc.strerror or exc}", hint=hint) from None
+    if st is None:
+        try:
+            path.mkdir(parents=True, mode=0o700)
+            return path
+        except FileExistsError:
+            st = os.stat(path)  # made meanwhile by another rewheel: check it as any other
+        except OSError as exc:
+            raise UsageError(f"{name}: cannot be created: {exc.strerror or exc}", hint=hint) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"{name}: is a file, not a folder", hint=hint)
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise UsageError(f"{name}: is world-writable without the sticky bit (mode "
+                         f"{stat.S_IMODE(st.st_mode):o}): any user could replace what rewheel "
+                         "keeps there", hint="remove its write permission for others (chmod o-w) or "
+                         "give a folder of your own; rewheel never changes the mode of a folder it "
+                         "did not create")
+    try:
+        parent = os.stat(path.parent)
+    except OSError:
+        parent = None
+    shared = parent is not None and parent.st_mode & (stat.S_IWOTH | stat.S_ISVTX) == stat.S_IWOTH | stat.S_ISVTX
+    if shared and st.st_uid not in (os.geteuid(), 0):
+        raise UsageError(f"{name}: belongs to uid {st.st_uid} and sits in {path.parent}, a folder "
+                         "every user can write to: refusing to keep state there", hint=hint)
     return path
 
 
@@ -42,8 +95,8 @@ def env_key(prefix: Path) -> str:
 
 def env_dir(home: Path, prefix: Path) -> Path:
     ensure_private_dir(home)
-    d = home / "envs" / env_key(prefix)
-    d.mkdir(parents=True, exist_ok=True)
+    ensure_private_dir(home / "envs")
+    d = ensure_private_dir(home / "envs" / env_key(prefix))
     info = d / "env.json"
     if not info.exists():
         info.write_text(json.dumps({"prefix": str(Path(prefix).resolve())}) + "\n")
@@ -74,3 +127,48 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def lock_base() -> Path:
+    """Where the per-user lock folders live: `$REWHEEL_LOCK_DIR` (tests, containers; it must be
+    the same for every rewheel on the machine), else the first of LOCK_BASES that is a sticky
+    world-writable folder."""
+    override = os.environ.get("REWHEEL_LOCK_DIR")
+    if override:
+        return Path(override).expanduser()
+    for base in LOCK_BASES:
+        try:
+            st = os.stat(base)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & (stat.S_ISVTX | stat.S_IWOTH) == stat.S_ISVTX | stat.S_IWOTH:
+            return Path(base)
+    return Path("/tmp")
+
+
+def lock_dir(owner: int) -> Path:
+    """`<base>/rewheel-locks-<uid>` for the environment's owner `owner`, so its owner and root
+    share one lock: a folder (never a symlink) owned by that user, mode 0700, made so when
+    missing. A user who is neither the owner nor root uses their own folder. Raises
+    PermissionError naming the folder when it is not what it must be (someone else made it)."""
+    me = os.geteuid()
+    if me not in (0, owner):
+        owner = me
+    d = lock_base() / f"rewheel-locks-{owner}"
+    try:
+        os.mkdir(d, 0o700)
+        if me != owner:
+            os.chown(d, owner, -1)  # root, making it for the environment's owner
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"lock folder {d} is not a folder (a symlink?): refusing to use it")
+    if st.st_uid != owner:
+        raise PermissionError(f"lock folder {d} belongs to uid {st.st_uid}, not {owner}: refusing to use it")
+    if st.st_mode & 0o077:
+        if me != owner:
+            raise PermissionError(f"lock folder {d} is open to other users (mode "
+                                  f"{stat.S_IMODE(st.st_mode):o}): refusing to use it")
+        os.chmod(d, 0o700)
+    return d

@@ -3,19 +3,29 @@
 `run` captures output; `stream` hands each output line to a callback as it arrives, keeps a
 log file, and on timeout kills the child's whole process group (model-init smoke tests
 fork worker processes that would otherwise outlive their parent).
+
+`stream` children (uv, the smoke test) run in their own sessions, so a `kill -9` of rewheel
+does not stop them. Two things keep that safe: they inherit the environment lock's descriptor
+(`lend_fd`), so the lock stays held while any of them lives, and every start and end is
+reported to the registered watchers (`watch`: the lock file and the run's journal), with the
+child's pid, process group and /proc start time — so `resume` can find and stop exactly those
+processes later (`stop_child`), never a process that merely reuses the pid.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 from rewheel.errors import CommandNotFound
 
@@ -74,23 +84,283 @@ def run(argv: Sequence[str], *, timeout: float | None = None,
                      seconds=time.monotonic() - start)
 
 
-def kill_group(pgid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM a process group, then SIGKILL whatever is left after `grace_s`."""
+def kill_group(pgid: int, grace_s: float = 5.0, *, gone_wait_s: float = 5.0) -> bool:
+    """SIGTERM a process group, then SIGKILL whatever is left after `grace_s`; then wait (up to
+    `gone_wait_s`) until no member is left (a zombie, dead but not yet reaped, counts as gone).
+    Returns whether the group is gone."""
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
+        return True
+    if _wait_group_gone(pgid, grace_s):
+        return True
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
+        return True
+    return _wait_group_gone(pgid, gone_wait_s)
+
+
+def _wait_group_gone(pgid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while True:
+        if not group_members(pgid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+# --- the processes rewheel starts, and finding them again after a crash ------------------------
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of /proc/<pid>/stat rewheel needs."""
+
+    pid: int
+    state: str
+    pgid: int
+    sid: int
+    start: int  # clock ticks after boot: with the pid, names one process for good
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """/proc/<pid>/stat, or None when there is no such process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp session ... starttime(22nd)": comm may hold spaces and ")"
+    rest = raw[raw.rfind(")") + 2:].split()
+    try:
+        return ProcStat(pid, rest[0], int(rest[2]), int(rest[3]), int(rest[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def start_time(pid: int) -> int | None:
+    st = proc_stat(pid)
+    return st.start if st else None
+
+
+def _all_pids() -> list[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group `pgid`."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
         pass
+    out = []
+    for pid in _all_pids():
+        st = proc_stat(pid)
+        if st is not None and st.pgid == pgid and st.state not in ("Z", "X"):
+            out.append(pid)
+    return out
+
+
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@'\"<>`]+@")
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line, for messages: the userinfo of URLs in it (an index's
+    credentials) masked as `***@`."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    text = " ".join(a.decode(errors="replace") for a in raw.split(b"\0") if a)
+    return _USERINFO.sub(lambda m: m.group(1) + "***@", text)[:200]
+
+
+@dataclass(frozen=True)
+class Child:
+    """A process `stream` started in its own session: the leader of process group `pgid`."""
+
+    pid: int
+    pgid: int
+    start: int | None
+    name: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "pgid": self.pgid, "start": self.start, "name": self.name}
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Child | None:
+        try:
+            start = doc.get("start")
+            return cls(int(doc["pid"]), int(doc["pgid"]), int(start) if start is not None else None,
+                       str(doc.get("name") or "?"))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            return None
+
+    def live_members(self) -> list[int]:
+        """The processes of this child's group that still run — provably this child's. With
+        its leader alive (pid and start time both match): the whole group. With the pid naming
+        another process now: nothing (Linux reuses no number still in use as a process group's
+        id, so the group had ended). With no process of that pid: the members of group (and
+        session) `pgid` started no earlier than the leader. Nothing without a start time."""
+        if self.start is None:
+            return []
+        st = proc_stat(self.pid)
+        if st is not None and st.state not in ("Z", "X") and st.start != self.start:
+            return []  # a recycled pid
+        leader_ok = st is not None and st.start == self.start and st.state not in ("Z", "X")
+        out = []
+        for pid in _all_pids():
+            ps = proc_stat(pid)
+            if ps is None or ps.pgid != self.pgid or ps.state in ("Z", "X"):
+                continue
+            if leader_ok or (ps.sid == self.pgid and ps.start >= self.start):
+                out.append(pid)
+        return out
+
+
+def stop_child(child: Child, *, term_wait_s: float = 10.0, kill_wait_s: float = 10.0) -> dict[str, Any] | None:
+    """Stop what is left of a recorded child's process group (SIGTERM, wait up to `term_wait_s`,
+    SIGKILL, wait up to `kill_wait_s` until every member is gone). None when nothing of it
+    runs; else what was done: the pids, the last signal sent, whether all are gone."""
+    members = child.live_members()
+    if not members:
+        return None
+    doc: dict[str, Any] = {**child.to_json(), "processes": members,
+                           "commands": {str(p): cmdline(p) for p in members}}
+
+    def signal_all(sig: int) -> None:
+        for pid in child.live_members():  # re-checked each time: never a recycled pid
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def wait_gone(seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while child.live_members():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    signal_all(signal.SIGTERM)
+    doc["signal"] = "SIGTERM"
+    if not wait_gone(term_wait_s):
+        signal_all(signal.SIGKILL)
+        doc["signal"] = "SIGKILL"
+        wait_gone(kill_wait_s)
+    left = child.live_members()
+    doc["stopped"] = not left
+    if left:
+        doc["still_running"] = left
+    return doc
+
+
+def fd_holders(path: str | Path) -> list[int]:
+    """Processes (other than this one) with a descriptor open on the file `path` — those this
+    user may look at."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    key = (st.st_dev, st.st_ino)
+    me = os.getpid()
+    out = []
+    for pid in _all_pids():
+        if pid == me:
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                fst = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (fst.st_dev, fst.st_ino) == key:
+                out.append(pid)
+                break
+    return out
+
+
+_lent_fds: list[int] = []
+_watchers: list[Any] = []
+_live: dict[int, Child] = {}
+
+
+def lend_fd(fd: int) -> None:
+    """Every `stream` child inherits `fd` from now on (the environment lock's descriptor)."""
+    _lent_fds.append(fd)
+
+
+def unlend_fd(fd: int) -> None:
+    if fd in _lent_fds:
+        _lent_fds.remove(fd)
+
+
+def watch(watcher: Any) -> None:
+    """Tell `watcher` about every `stream` child: `child_starting(name)` before it is started,
+    `child_started(Child)` once it runs, `child_ended(Child)` once its whole group is gone. A
+    watcher may define any of the three."""
+    _watchers.append(watcher)
+
+
+def unwatch(watcher: Any) -> None:
+    if watcher in _watchers:
+        _watchers.remove(watcher)
+
+
+@contextmanager
+def watching(watcher: Any) -> Iterator[None]:
+    watch(watcher)
+    try:
+        yield
+    finally:
+        unwatch(watcher)
+
+
+def live_children() -> list[Child]:
+    """`stream` children of this process whose group may still run."""
+    return list(_live.values())
+
+
+def _notify(event: str, arg: Any) -> None:
+    for w in list(_watchers):
+        fn = getattr(w, event, None)
+        if fn is not None:
+            fn(arg)
+
+
+def _ended(child: Child) -> None:
+    if group_members(child.pgid):
+        return  # something of it survived even SIGKILL (uninterruptible): still "live"
+    _live.pop(child.pid, None)
+    try:
+        _notify("child_ended", child)
+    except Exception:  # a record that could not be written must not mask the result
+        pass
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM/SIGHUP while a child group is being killed: a second Ctrl-C (or
+    SIGTERM) must not abandon that cleanup half-way and leave the group running."""
+    sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    try:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def stream(argv: Sequence[str], *, on_line: Callable[[str], None] | None = None,
@@ -107,12 +377,21 @@ def stream(argv: Sequence[str], *, on_line: Callable[[str], None] | None = None,
     start = time.monotonic()
     log = open(log_path, "a", encoding="utf-8") if log_path else None
     tail: list[str] = []
+    name = os.path.basename(resolved[0])
+    try:
+        _notify("child_starting", name)
+    except BaseException:
+        if log:
+            log.close()
+        raise
+    sel = selectors.DefaultSelector()
+    # The environment lock's descriptor goes along (pass_fds): while anything of this child's
+    # group lives, the lock stays held, also after a `kill -9` of rewheel.
     proc = subprocess.Popen(resolved, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=dict(env) if env is not None else None,
-                            cwd=cwd, start_new_session=True)
+                            cwd=cwd, start_new_session=True, pass_fds=tuple(_lent_fds))
     assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
+    child = Child(proc.pid, proc.pid, None, name)
     buf = b""
     timed_out = False
 
@@ -130,6 +409,10 @@ def stream(argv: Sequence[str], *, on_line: Callable[[str], None] | None = None,
             on_line(line)
 
     try:
+        child = Child(proc.pid, proc.pid, start_time(proc.pid), name)
+        _live[child.pid] = child
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        _notify("child_started", child)
         eof = False
         while not eof:
             remaining = None if timeout is None else timeout - (time.monotonic() - start)
@@ -157,17 +440,18 @@ def stream(argv: Sequence[str], *, on_line: Callable[[str], None] | None = None,
         else:
             proc.wait()
             # Children that detached from the pipe but stayed in the group are ours to reap.
-            try:
-                os.killpg(proc.pid, 0)
+            if group_members(proc.pid):
                 kill_group(proc.pid, grace_s=2.0)
-            except ProcessLookupError:
-                pass
+        _ended(child)
     except BaseException:
-        # Ctrl-C, or an on_line callback that raised: the child runs in its own session, so
-        # nothing else would stop it (a uv still writing into the environment, a smoke test
-        # still holding the GPUs). Kill its group before giving up.
-        kill_group(proc.pid, grace_s=2.0)
-        proc.wait()
+        # Ctrl-C, SIGTERM/SIGHUP, or an on_line callback that raised: the child runs in its
+        # own session, so nothing else would stop it (a uv still writing into the environment,
+        # a smoke test still holding the GPUs). Kill its group, and wait until it is gone,
+        # before giving up.
+        with _signals_deferred():
+            kill_group(proc.pid, grace_s=2.0)
+            proc.wait()
+            _ended(child)
         raise
     finally:
         sel.close()

@@ -198,7 +198,9 @@ def _resolve(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output
     rep.logs["resolve"] = str(log)
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"[rewheel] $ {' '.join(redact_argv(argv))}\n")
-    env = dict(os.environ)
+    from rewheel.installer import uv_environment
+
+    env = uv_environment(scoped)  # the indexes' credentials: never on uv's command line
     env.setdefault("UV_PREVIEW_FEATURES", "pylock")
     cp = proc.stream(argv, on_line=on_output, timeout=nightly.COMPILE_TIMEOUT_S, env=env,
                      log_path=log, redact=redact)
@@ -396,7 +398,7 @@ def write_reports(rep: CiReport, *, junit: Path | None, summary: Path | None) ->
 
 def render_ci(console: Any, rep: CiReport) -> None:
     """Human report on a rich console."""
-    from rich.markup import escape
+    from rewheel.report import escape  # control characters made visible, markup escaped
 
     from rewheel import report
 

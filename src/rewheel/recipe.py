@@ -8,6 +8,7 @@ together. `{python}` in an argv is the only template.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -85,6 +86,9 @@ class Recipe:
     keep: int = 5
     store: Path | None = None
     snapshot_exclude: tuple[str, ...] = ()  # globs left out of snapshots (caches)
+    # `[environment] system = true`: a system interpreter (not a venv or conda env) may be
+    # changed by run, rollback and resume; without it they refuse one.
+    system: bool = False
 
     @property
     def source(self) -> str:
@@ -97,19 +101,25 @@ class Recipe:
     @classmethod
     def for_python(cls, python: str | os.PathLike[str]) -> Recipe:
         """A bare target for commands given `--python PATH` instead of a recipe."""
+        hint = "give the path of the environment's python, e.g. /root/ml-env/bin/python"
+        if not str(python).strip():
+            raise RecipeError("--python", None, "empty interpreter path", hint=hint)
         p = Path(python).expanduser()
         if not p.is_absolute():
             p = Path.cwd() / p
         if not p.exists():
-            raise RecipeError("--python", None, f"interpreter {p} does not exist",
-                              hint="give the path of the environment's python, e.g. /root/ml-env/bin/python")
+            raise RecipeError("--python", None, f"interpreter {p} does not exist", hint=hint)
+        if p.is_dir():
+            raise RecipeError("--python", None, f"{p} is a folder, not an interpreter", hint=hint)
+        if not os.access(p, os.X_OK):
+            raise RecipeError("--python", None, f"{p} is not an executable interpreter", hint=hint)
         return cls(name=p.parent.parent.name or "env", python=p)
 
 
 # The schema: key -> (type name, required). Tables nest.
 _SCHEMA: dict[str, Any] = {
     "name": ("str", False),
-    "environment": {"python": ("str", True)},
+    "environment": {"python": ("str", True), "system": ("bool", False)},
     "service": {
         "manager": ("str", True), "unit": ("str", False), "start": ("argv", False),
         "stop": ("argv", False), "health_url": ("str", False),
@@ -178,6 +188,11 @@ def _check(path: Path, data: dict[str, Any], schema: dict[str, Any], prefix: str
             kind, _ = spec
             if not _type_ok(kind, value):
                 raise RecipeError(path, keypath, f"expected {_TYPE_WORDS[kind]}, got {_describe(value)}")
+            # TOML has nan and inf: a settle time of inf waits forever, -3 makes no sense.
+            if kind in ("int", "number") and not math.isfinite(value):
+                raise RecipeError(path, keypath, f"expected a finite number, got {value!r}")
+            if kind in ("int", "number") and value < 0:
+                raise RecipeError(path, keypath, f"expected 0 or more, got {value!r}")
     for key, spec in schema.items():
         required = (not isinstance(spec, dict)) and spec[1]
         if required and key not in data:
@@ -204,6 +219,8 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
     python = _resolve_path(base, data["environment"]["python"])
     if check_interpreter and not python.exists():
         raise RecipeError(path, "environment.python", f"interpreter {python} does not exist")
+    if check_interpreter and python.is_dir():
+        raise RecipeError(path, "environment.python", f"{python} is a folder, not an interpreter")
     if check_interpreter and not os.access(python, os.X_OK):
         raise RecipeError(path, "environment.python", f"interpreter {python} is not executable")
 
@@ -289,7 +306,8 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
         name=data.get("name") or path.stem, python=python, path=path, service=service,
         install=install, smoke=smoke, patch_policy=policy,
         cleanup_paths=tuple(_resolve_glob(base, p) for p in data.get("cleanup", {}).get("paths", ())),
-        keep=keep, store=store, snapshot_exclude=exclude)
+        keep=keep, store=store, snapshot_exclude=exclude,
+        system=data["environment"].get("system", False))
 
 
 def load_recipe(path: str | os.PathLike[str], *, check_interpreter: bool = True) -> Recipe:
@@ -305,6 +323,12 @@ def load_recipe(path: str | os.PathLike[str], *, check_interpreter: bool = True)
         raise RecipeError(p, None, f"TOML syntax error: {exc}") from None
     except UnicodeDecodeError as exc:
         raise RecipeError(p, None, f"not UTF-8 text: {exc}") from None
+    except OSError as exc:
+        raise RecipeError(p, None, f"cannot be read: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise RecipeError(p, None, "TOML nested too deeply to be a recipe (arrays or tables "
+                                   "inside each other hundreds of levels deep)",
+                          hint="a recipe is a few flat tables: [environment], [install], ...") from None
     return parse_recipe(p, data, check_interpreter=check_interpreter)
 
 
@@ -314,7 +338,7 @@ def load_target(recipe: str | None, python: str | None) -> Recipe:
 
     if recipe and python:
         raise UsageError("give a recipe or --python, not both")
-    if python:
+    if python is not None:
         return Recipe.for_python(python)
     if not recipe:
         raise UsageError("missing target: give a recipe file or --python PATH")

@@ -2,10 +2,42 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as _escape_markup
 
 from rewheel.errors import RewheelError
+
+# What must never reach a terminal raw from text rewheel did not write (labels, paths,
+# versions, log lines, file contents, messages quoting them): C0 and C1 control characters
+# and DEL (an ESC starts sequences that clear the screen or set the window title), bidi
+# overrides (text that reads differently than it is), and surrogate-escaped bytes of
+# non-UTF-8 file names (unprintable; an encoding error on a strict stream).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_UNSAFE_LINES = re.compile("[\n\t]")
+
+
+def _visible(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    if 0xDC80 <= c <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+        return f"\\x{c - 0xDC00:02x}"
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def clean(text: object, *, lines: bool = True) -> str:
+    """`text` safe for a terminal: every control character (but newline and tab, unless
+    `lines=False`), bidi override and undecodable byte shown as a visible escape (`\\x1b`).
+    Every human rendering of text from files goes through this (`escape` does it); JSON
+    keeps the raw text."""
+    out = _UNSAFE.sub(_visible, str(text))
+    return out if lines else _UNSAFE_LINES.sub(_visible, out)
+
+
+def escape(text: object) -> str:
+    """Text from outside rewheel for a rich markup string: control characters made visible
+    (`clean`), then markup escaped."""
+    return _escape_markup(clean(text))
 
 
 def print_error(console: Console, exc: RewheelError) -> None:
@@ -39,7 +71,7 @@ def _run_versions(summary: dict, names: list[str], limit: int = 2) -> str:
 def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommandResult
     r = result.result
     m = r.meta
-    console.print(f"[bold green]snapshot {m.id}[/] taken of {escape(m.prefix)}"
+    console.print(f"[bold green]snapshot {escape(m.id)}[/] taken of {escape(m.prefix)}"
                   + (f" — label {escape(repr(m.label))}" if m.label else ""))
     console.print(f"  {m.files:,} files, {human_bytes(m.bytes_total)} in all; "
                   f"{r.files_linked:,} shared by {m.link_mode} ({human_bytes(m.bytes_linked)}), "
@@ -61,16 +93,16 @@ def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommand
 def render_history(console: Console, hist) -> None:  # runner.History
     from rich.table import Table
 
-    t = Table(title=f"snapshots of {hist.target}", title_justify="left")
+    t = Table(title=f"snapshots of {escape(hist.target)}", title_justify="left")
     for col in ("id", "created", "status", "label", "versions", "size (extra)"):
         t.add_column(col)
     for s in hist.snapshots:
-        t.add_row(s.id, s.created_iso, s.status, escape(s.label),
+        t.add_row(escape(s.id), s.created_iso, escape(s.status), escape(s.label),
                   escape(_versions_line(s.versions, hist.key_packages)),
                   f"{human_bytes(s.bytes_total)} ({human_bytes(s.bytes_copied)})")
     console.print(t if hist.snapshots else "no snapshots yet")
     for bad in hist.damaged:
-        console.print(f"[yellow]snapshot {bad} is damaged (unreadable meta.json) and cannot be restored; "
+        console.print(f"[yellow]snapshot {escape(bad)} is damaged (unreadable meta.json) and cannot be restored; "
                       f"inspect or delete its folder in the store[/]")
     if hist.runs:
         rt = Table(title="runs", title_justify="left")
@@ -78,14 +110,14 @@ def render_history(console: Console, hist) -> None:  # runner.History
             rt.add_column(col)
         for r in hist.runs:
             style = "bold red" if not r.finished else ""
-            rt.add_row(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "",
+            rt.add_row(*(escape(v or "") for v in (r.id, r.kind, r.status, r.snapshot_id, r.last_step)),
                        escape(_run_versions(r.summary(), hist.key_packages)), style=style)
         console.print(rt)
 
 
 def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
     r = result.restore
-    console.print(f"[bold green]restored snapshot {result.snapshot.id}[/] "
+    console.print(f"[bold green]restored snapshot {escape(result.snapshot.id)}[/] "
                   f"({escape(result.snapshot.label or result.snapshot.status)}, {result.snapshot.created_iso})")
     console.print(f"  {r.written:,} files written, {r.deleted:,} removed, {r.chmodded:,} modes fixed, "
                   f"{r.unchanged:,} unchanged; {r.verified:,} entries verified against the manifest "
@@ -119,6 +151,13 @@ def render_plan(console: Console, rep) -> None:  # runner.RunReport
         console.print(f"  {escape(str(c.get('name')))}: {escape(arrow)}")
     if len(changes) > 40:
         console.print(f"  … and {len(changes) - 40} more")
+    est = plan.get("snapshot_estimate")
+    if est:
+        console.print(f"  the snapshot will share {est['files'] - est['files_to_copy']:,} files with the environment "
+                      f"and copy {est['files_to_copy']:,} ({human_bytes(est['bytes_to_copy'])} of "
+                      f"{human_bytes(est['store_free'])} free at the store)"
+                      + (f"; {human_bytes(est['bytes_reused'])} unchanged since the last snapshot is shared with it"
+                         if est.get("bytes_reused") else ""))
     for check in rep.preflight:
         if check.get("name") == "service":
             console.print(f"  the service is stopped during the upgrade: {escape(str(check.get('detail')))}")
@@ -194,7 +233,7 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
     for r in rep.reapply:
         console.print(f"  reapply {escape(str(r.get('path')))}: {r.get('status')}")
     if rep.hazards:
-        console.print(f"  [yellow]patched files shared inodes with uv's cache: {', '.join(rep.hazards)}[/]")
+        console.print(f"  [yellow]patched files shared inodes with uv's cache: {escape(', '.join(rep.hazards))}[/]")
     if rep.failure:
         console.print(f"[bold red]failed at {rep.failure.get('step')}:[/] {escape(str(rep.failure.get('message')))}")
         render_root_cause(console, rep.root_cause)
@@ -350,7 +389,7 @@ def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  
         removed += f.removed_lines or 0
         if i:
             listing.append("\n")
-        listing.append(f" {_FILE_MARK.get(f.change, '?')} {f.path}  ")
+        listing.append(f" {_FILE_MARK.get(f.change, '?')} {clean(f.path, lines=False)}  ")
         if f.binary:
             listing.append("binary", "dim")
         elif f.added_lines is not None or f.removed_lines is not None:
@@ -359,17 +398,20 @@ def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  
             listing.append(f"-{f.removed_lines or 0}", "red")
         if f.distribution:
             listing.append("  ")
-            listing.append(f.distribution, "dim")
+            listing.append(clean(f.distribution, lines=False), "dim")
         if f.note:
             listing.append("  ")
-            listing.append(f.note, "dim")
-    console.print(listing, soft_wrap=True)
+            listing.append(clean(f.note), "dim")
+    if console.is_terminal:
+        console.print(listing, soft_wrap=True)
+    else:  # no styles to show: the text as it is (rich's rendering is half the time)
+        console.out(listing.plain, highlight=False)
     console.print(f" {len(result.files)} file(s), [green]+{added}[/] [red]-{removed}[/]")
     if stat_only:
         return
     for f in result.files:
         if f.diff:
-            console.print(Syntax(f.diff, "diff", theme="ansi_dark", word_wrap=True))
+            console.print(Syntax(clean(f.diff), "diff", theme="ansi_dark", word_wrap=True))
     h = result.stats
     if h.get("hashed_files"):
         console.print(f"[dim]{h['hashed_files']} file(s) hashed ({human_bytes(h['hashed_bytes'])}); "
@@ -386,7 +428,7 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                       f"({st.get('files_checked', 0):,} files of {st.get('distributions', 0)} "
                       f"distributions checked, {st.get('files_hashed', 0)} hashed)")
     else:
-        t = Table(title=f"local patches in {scan.prefix}", title_justify="left")
+        t = Table(title=f"local patches in {escape(scan.prefix)}", title_justify="left")
         for col in ("kind", "file", "distribution", "lines", "pristine from"):
             t.add_column(col)
         for p in scan.patches:
@@ -400,7 +442,7 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
         for p in scan.patches:
             console.print(f"[bold]{escape(p.path)}[/] ({p.kind}, {escape(p.distribution)} {escape(p.version)})")
             if p.diff:
-                console.print(Syntax(p.diff, "diff", theme="ansi_dark", word_wrap=True))
+                console.print(Syntax(clean(p.diff), "diff", theme="ansi_dark", word_wrap=True))
             elif p.pristine_note:
                 console.print(f"  [yellow]{escape(p.pristine_note)}[/]")
     hazard = sorted({p.distribution for p in scan.patches if p.shares_uv_cache_inode})

@@ -48,7 +48,38 @@ class Target:
 def open_target(recipe: Recipe) -> Target:
     restore_lanes_setting()  # a bad value is refused before any command acts
     env = Environment.inspect(recipe.python)
-    return Target(recipe, env, Store(env.prefix, recipe.store or state_home()))
+    return Target(recipe, env, Store(env.prefix, _checked_home(recipe)))
+
+
+def _checked_home(recipe: Recipe) -> Path:
+    """The store's folder, refused (exit 2, naming where it came from) when it is a file,
+    on a pseudo-filesystem (/proc, /sys), or a world-writable folder without the
+    sticky bit; created private (0700) when it does not exist."""
+    import os
+
+    from rewheel.paths import ensure_private_dir
+
+    if recipe.store is not None:
+        home, what = recipe.store, f"{recipe.source}: snapshots.store"
+    else:
+        home = state_home()
+        what = "REWHEEL_HOME" if os.environ.get("REWHEEL_HOME") else "the state folder"
+    return ensure_private_dir(home, what=what)
+
+
+def refuse_system_interpreter(t: Target) -> None:
+    """run, rollback and resume change the environment: a system interpreter's (not a venv,
+    not a conda env) only when the recipe says `[environment] system = true`. Exit 2 before
+    anything is touched; read-only commands are not asked."""
+    from rewheel.errors import TargetError
+
+    if t.env.kind == "system" and not t.recipe.system:
+        where = (f"add `system = true` under [environment] in {t.recipe.path}" if t.recipe.path
+                 else "use a recipe with [environment] system = true (--python alone never allows it)")
+        raise TargetError(f"{t.env.python} is a system interpreter (prefix {t.env.prefix}, not a venv "
+                          "or conda environment): refusing to change it (environment.system is not set)",
+                          hint=f"upgrade a virtualenv instead, or, if this interpreter is really the "
+                               f"service's own, {where}; nothing was changed")
 
 
 def protected_snapshots(store: Store) -> set[str]:
@@ -74,7 +105,7 @@ class SnapshotCommandResult:
 
 
 def snapshot_now(t: Target, *, label: str = "", progress: Progress | None = None) -> SnapshotCommandResult:
-    with EnvLock(t.store.env_dir, "snapshot"):
+    with EnvLock(t.store.env_dir, "snapshot", prefix=t.env.prefix):
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
         res = take_snapshot(t.env, t.store, label=label, status="manual", progress=progress,
                             exclude=t.recipe.snapshot_exclude)
@@ -125,12 +156,15 @@ class RollbackResult:
     service: dict[str, Any] | None = None
     finished_run: str | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
+    # Processes an interrupted rewheel had started (uv, the smoke test) that were still running
+    # and were stopped before anything was restored.
+    stopped_processes: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"status": "restored", "snapshot_id": self.snapshot.id, "run_id": self.run_id,
                 "restore": self.restore.to_json(), "service": self.service,
                 "versions": self.snapshot.versions, "finished_interrupted_run": self.finished_run,
-                "steps": self.steps}
+                "steps": self.steps, "stopped_processes": self.stopped_processes}
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
@@ -195,8 +229,11 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
     rollback finishes). A service that was stopped stays stopped. When the environment
     already matches the snapshot, nothing is stopped or restarted (a running service is
     only health-checked). Finishes an interrupted run as `rolled-back`."""
-    with EnvLock(t.store.env_dir, "rollback"):
-        snap = t.store.get(ref) if ref else default_rollback_snapshot(t.store)
+    # An interrupted rewheel's uv or smoke test that still runs is stopped (and waited for)
+    # when the lock is taken, before any file is touched.
+    refuse_system_interpreter(t)
+    with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
+        snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
         interrupted = journal.interrupted_run(t.store.env_dir)
         # The last command, if it left the service stopped: interrupted, or failed without
         # putting things back (`--no-revert`, a revert that could not verify, a restart
@@ -265,7 +302,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
             interrupted.append("finished", status="rolled-back", by_run=j.id)
         j.append("finished", status="restored", snapshot_id=snap.id)
         return RollbackResult(snap, res, j.id, service_state,
-                              interrupted.id if interrupted else None, steps)
+                              interrupted.id if interrupted else None, steps, lk.stopped)
 
 
 class ServiceSteps:
@@ -750,14 +787,16 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
     and for a failure before the reinstall (the service is put back as it was)."""
     from rewheel.errors import RewheelError
 
+    refuse_system_interpreter(t)
     cyc = _Cycle(t, lock=lock, say=say, on_output=on_output,
                  progress=progress, client=client)
-    with EnvLock(t.store.env_dir, "run"):
+    with EnvLock(t.store.env_dir, "run", prefix=t.env.prefix) as lk:
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
         if not cyc.preflight(confirm, dry_run):
             return cyc.report
         cyc.j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=lock,
                                   before=cyc.report.before, plan=cyc.report.plan)
+        lk.journal = cyc.j  # uv and the smoke test are journaled (pid, group, start time)
         cyc.report.run_id = cyc.j.id
         cyc.report.run_dir = str(cyc.j.dir)
         try:
@@ -820,6 +859,9 @@ class ResumeResult:
     action: str
     report: RunReport | None = None
     rollback: RollbackResult | None = None
+    # Processes the interrupted rewheel had started (uv, the smoke test) that were still
+    # running and were stopped before anything was touched.
+    stopped_processes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -828,7 +870,8 @@ class ResumeResult:
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "run_id": self.run_id, "action": self.action,
                 "report": self.report.to_json() if self.report else None,
-                "rollback": self.rollback.to_json() if self.rollback else None}
+                "rollback": self.rollback.to_json() if self.rollback else None,
+                "stopped_processes": self.stopped_processes}
 
 
 def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
@@ -836,10 +879,14 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
     """An interrupted upgrade is undone (restored from its pre-upgrade snapshot) unless it had
     already passed every check and was only recording its result, which is then finished.
     An interrupted rollback or revert is run again (restores are idempotent)."""
-    with EnvLock(t.store.env_dir, "resume"):
+    # The interrupted rewheel's uv or smoke test, if still running, is stopped (and waited
+    # for) when the lock is taken, before any file is touched.
+    refuse_system_interpreter(t)
+    with EnvLock(t.store.env_dir, "resume", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         j = journal.interrupted_run(t.store.env_dir)
         if j is None:
-            return ResumeResult("nothing-to-resume", None, "no interrupted run")
+            return ResumeResult("nothing-to-resume", None, "no interrupted run",
+                                stopped_processes=lk.stopped)
         was_active = any(r.get("service_was_active") for r in j.records if r["event"] == "note")
         steps_seen = [r.get("name") for r in j.records if r["event"] == "step"]
         cyc = _Cycle(t, lock=None, say=say, on_output=say, progress=progress, client=client)
@@ -863,7 +910,8 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
             cyc.snap.save()
             j.append("finished", status="upgraded", resumed=True, after=cyc.report.after)
             cyc.report.status = "upgraded"
-            return ResumeResult("upgraded", j.id, "finished recording a verified upgrade", cyc.report)
+            return ResumeResult("upgraded", j.id, "finished recording a verified upgrade", cyc.report,
+                                stopped_processes=lk.stopped)
 
         if cyc.snap is None:
             # Interrupted before the snapshot existed: the environment was not touched.
@@ -872,13 +920,15 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
                 cyc.report.service = cyc.svc.start_and_verify()
             j.append("finished", status="aborted", resumed=True)
             cyc.report.status = "failed"
-            return ResumeResult("aborted", j.id, "nothing had been changed; service restored as it was", cyc.report)
+            return ResumeResult("aborted", j.id, "nothing had been changed; service restored as it was", cyc.report,
+                                stopped_processes=lk.stopped)
 
         try:
             cyc.revert(f"resuming interrupted {j.kind} {j.id} (last step: {j.last_step})")
         finally:
             j.append("finished", status=cyc.report.status, resumed=True, after=cyc.report.after)
-        return ResumeResult("reverted", j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report)
+        return ResumeResult("reverted", j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report,
+                            stopped_processes=lk.stopped)
 
 
 # --------------------------------------------------------------------------------------

@@ -304,18 +304,26 @@ class Store:
         return bad
 
     def get(self, ref: str) -> SnapshotMeta:
-        if not ref:
-            raise SnapshotError(f"no snapshot {ref!r}")
-        # An id is a plain folder name; a label may hold any text ("cu12.8/torch2.7").
-        if "/" not in ref and not ref.startswith("."):
+        shown = repr(ref if len(ref) <= 80 else ref[:60] + "…") + (
+            f" ({len(ref):,} characters)" if len(ref) > 80 else "")
+        if not ref.strip():
+            raise SnapshotError(f"empty snapshot reference {ref!r}",
+                                hint="`rewheel history TARGET` lists the snapshots")
+        # An id is a plain folder name; a label may hold any text ("cu12.8/torch2.7"). A
+        # reference longer than a file name can be (NAME_MAX) can only be a label.
+        if "/" not in ref and not ref.startswith(".") and len(ref) <= 255:
             exact = self.snapshots_dir / ref
-            if (exact / "meta.json").exists():
+            try:
+                found = (exact / "meta.json").exists()
+            except (OSError, ValueError):  # too long a name, a NUL, an unencodable character
+                found = False
+            if found:
                 return SnapshotMeta.load(exact)
         matches = [m for m in self.list() if m.id.startswith(ref) or m.label == ref]
         if len(matches) == 1:
             return matches[0]
         if not matches:
-            raise SnapshotError(f"no snapshot {ref!r} for {self.env_dir.name}",
+            raise SnapshotError(f"no snapshot {shown} for {self.env_dir.name}",
                                 hint="`rewheel history TARGET` lists the snapshots")
         raise SnapshotError(f"snapshot reference {ref!r} is ambiguous: "
                             + ", ".join(m.id for m in matches))
@@ -572,7 +580,13 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     snap_id = secrets.token_hex(4)
     tmp = store.snapshots_dir / f".tmp-{snap_id}"
     tree = tmp / "tree"
-    tree.mkdir(parents=True, mode=0o700)
+    try:
+        tree.mkdir(parents=True, mode=0o700)
+        for ri in range(len(roots)):
+            (tree / str(ri)).mkdir()
+    except OSError as exc:  # a full disk already
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _snapshot_failed(exc, env, store) from None
     linker = _Linker()
     entries: list[list[Any]] = []
     bytes_total = bytes_copied = bytes_linked = 0
@@ -580,8 +594,6 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     skip = {str(store.home)}
     nested: list[str] = []
     previous = _PreviousCopies(store, roots)
-    for ri in range(len(roots)):
-        (tree / str(ri)).mkdir()
     # Plain concatenation, not os.path.join: this loop runs once per file.
     src_base = [r.path.rstrip("/") + "/" for r in roots]
     dst_base = [f"{tree}/{ri}/" for ri in range(len(roots))]
@@ -662,10 +674,33 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
         os.rename(tmp, store.snapshots_dir / snap_id)
         fsync_dir(store.snapshots_dir)
         meta.path = store.snapshots_dir / snap_id
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise _snapshot_failed(exc, env, store) from None
         raise
     return SnapshotResult(meta, time.monotonic() - t0, n_linked, n_copied)
+
+
+def _snapshot_failed(exc: OSError, env: Environment, store: Store) -> SnapshotError:
+    """What a failed snapshot tells a person: the store's disk is full, or a file of the
+    environment cannot be read — both before anything in the environment changed (exit 2;
+    the partial snapshot is already removed)."""
+    why = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return SnapshotError(f"no space left in the store {store.snapshots_dir} while taking the snapshot "
+                             f"of {env.prefix}: {why}",
+                             hint="free disk there, put the store elsewhere ([snapshots] store or "
+                                  "REWHEEL_HOME), or leave caches out ([snapshots] exclude); the partial "
+                                  "snapshot was removed; taking it changed nothing in the environment")
+    name = os.fsdecode(exc.filename) if exc.filename is not None else None
+    if name is not None and not name.startswith(str(store.home)):
+        return SnapshotError(f"cannot read {name} to take the snapshot of {env.prefix}: {why}",
+                             hint="make it readable by this user, or leave it out of snapshots "
+                                  "([snapshots] exclude); taking the snapshot changed nothing in the environment")
+    return SnapshotError(f"the snapshot of {env.prefix} into {store.snapshots_dir} failed: {why}"
+                         + (f" ({name})" if name else ""),
+                         hint="the partial snapshot was removed; taking it changed nothing in the environment")
 
 
 # --------------------------------------------------------------------------------------

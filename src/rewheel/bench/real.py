@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -115,6 +116,12 @@ class RealBench:
 
     # Preparation ------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
+        need = 30 << 30  # both releases in uv's cache, the venv's folders, a reinstall's fresh copy
+        free = shutil.disk_usage(self.cfg.root if self.cfg.root.exists() else self.cfg.root.parent).free
+        if not (self.base / "stamp.json").exists() and free < need:
+            raise RewheelError(f"the real benchmark needs about {need >> 30} GiB free under {self.cfg.root}; "
+                               f"{free / 2**30:.1f} GiB is free",
+                               hint="free some disk or point BENCH_DIR (--dir) elsewhere")
         stamp = self.base / "stamp.json"
         want = {"old": self.cfg.real_old, "new": self.cfg.real_new, "python": sys.executable,
                 "uv_args": list(self.cfg.real_uv_args)}
@@ -214,6 +221,10 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
             rb.sync_old()
             os.sync()
             s["uv_sync" if kind == "plain" else "uv_sync_all"].append(time.perf_counter() - t0)
+            if kind != "plain":
+                # `--reinstall` implies `--refresh`: each one unpacks every wheel into uv's cache
+                # anew (8 GB). Drop what no entry points at any more, or the disk fills up.
+                rb.uv("cache", "prune")
             cfg.say(f"  {kind} rollback {s[key][-1]:.2f}s (written {r.get('written')}, proven "
                     f"{r.get('proven_same')}) vs uv sync {s['uv_sync' if kind == 'plain' else 'uv_sync_all'][-1]:.2f}s")
         cfg.say(f"  patches {s['patches'][-1]:.2f}s (stat walk {s['stat_walk'][-1]:.2f}s), snapshot "

@@ -1,0 +1,343 @@
+"""Bad input, one table: every case runs the real CLI (`python -m rewheel ... --json`) and gets
+a documented exit code, a message that names the key or value, exactly one JSON document on
+stdout, no traceback — and nothing changed in the environment.
+
+The unreadable file is a mode-000 file in the environment, read by a rewheel that lacks the
+power to ignore file modes: as root, through `setpriv` dropping CAP_DAC_OVERRIDE and
+CAP_DAC_READ_SEARCH (the situation of root on an NFS export with root_squash); as another
+user, as it is. Disk-full cases use a real 2 MiB tmpfs (root, as in CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import make_venv, tree_state, uv
+from support_index import toy_wheels
+
+Setup = Callable[["Ctx"], "Call"]
+
+
+@dataclass
+class Call:
+    args: list[str]
+    words: list[str]  # each must appear in the error message (or, exit 0, in the JSON)
+    env: dict[str, str] = field(default_factory=dict)
+    as_unprivileged: bool = False
+    check: Callable[[dict[str, Any]], None] | None = None
+
+
+@pytest.fixture(scope="module")
+def index_url(tmp_path_factory: pytest.TempPathFactory):
+    from rewheel.localindex import start_index
+
+    # Only the installed versions: a run reinstalls what is there and changes no byte.
+    wheels = toy_wheels(tmp_path_factory.mktemp("wheels"), toypkg=("1.0.0",), toyhelper=("1.0.0",))
+    server = start_index(wheels)
+    yield server.url
+    server.stop()
+
+
+class Ctx:
+    def __init__(self, tmp: Path, index_url: str) -> None:
+        self.tmp = tmp
+        self.index_url = index_url
+        self._python: Path | None = None
+        self.mounts: list[Path] = []
+
+    def python(self) -> Path:
+        if self._python is None:
+            self._python = make_venv(self.tmp / "env")
+            uv("pip", "install", "-q", "--python", str(self._python), "--index-url", self.index_url,
+               "toypkg==1.0.0")
+        return self._python
+
+    @property
+    def site(self) -> Path:
+        return next((self.python().parent.parent / "lib").glob("python3*/site-packages"))
+
+    @property
+    def home(self) -> Path:
+        return Path(os.environ["REWHEEL_HOME"])
+
+    def recipe(self, extra: str = "", *, python: str | None = None, name: str = "r.toml") -> Path:
+        path = self.tmp / name
+        path.write_text(f'[environment]\npython = "{python or self.python()}"\n'
+                        f'[install]\npackages = ["toypkg"]\nindex_url = "{self.index_url}"\n{extra}',
+                        encoding="utf-8")
+        return path
+
+    def state_of_env(self) -> dict[str, tuple]:
+        prefix = self.python().parent.parent
+        # What a reinstall of the same version rewrites without changing a byte that matters:
+        # uv's bookkeeping of its cache.
+        return {k: v for k, v in tree_state(prefix).items() if not k.endswith("uv_cache.json")}
+
+    def tmpfs(self, name: str) -> Path:
+        d = self.tmp / name
+        d.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(d)]).returncode != 0:
+            pytest.fail("mounting a 2 MiB tmpfs needs root (as in CI)")
+        self.mounts.append(d)
+        return d
+
+    def cli(self, *args: str, env: dict[str, str] | None = None,
+            unprivileged: bool = False) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "rewheel", *args]
+        if unprivileged and os.geteuid() == 0:
+            argv = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                    "--bounding-set=-dac_override,-dac_read_search", *argv]
+        return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **(env or {})}, timeout=300)
+
+
+def one_document(stdout: str) -> dict[str, Any]:
+    text = stdout.strip()
+    doc, end = json.JSONDecoder().raw_decode(text)
+    assert text[end:].strip() == "", f"more than one JSON document on stdout:\n{stdout}"
+    assert isinstance(doc, dict)
+    return doc
+
+
+def system_python() -> str:
+    """An interpreter that is neither a venv nor a conda env: the machine's own."""
+    for cand in ("/usr/bin/python3", os.path.join(sys.base_prefix, "bin", "python3")):
+        if os.path.exists(cand):
+            probe = subprocess.run([cand, "-c", "import sys; print(sys.prefix == sys.base_prefix)"],
+                                   capture_output=True, text=True)
+            prefix = Path(os.path.realpath(cand)).parent.parent
+            if probe.stdout.strip() == "True" and not (prefix / "conda-meta").exists():
+                return cand
+    pytest.fail("no system interpreter on this machine")
+
+
+# --- the cases --------------------------------------------------------------------------------
+
+def python_folder(c: Ctx) -> Call:
+    (c.tmp / "folder").mkdir()
+    return Call(["history", "--python", str(c.tmp / "folder")], ["--python", str(c.tmp / "folder")])
+
+
+def python_empty(c: Ctx) -> Call:
+    return Call(["history", "--python", ""], ["--python", "empty"])
+
+
+def python_text_file(c: Ctx) -> Call:
+    p = c.tmp / "notes.txt"
+    p.write_text("not an interpreter\n")
+    return Call(["snapshot", "--python", str(p)], [str(p)])
+
+
+def python_text_file_executable(c: Ctx) -> Call:
+    p = c.tmp / "python"
+    p.write_text("not an interpreter\n")
+    p.chmod(0o755)
+    return Call(["history", "--python", str(p)], [str(p)])
+
+
+def home_is_a_file(c: Ctx) -> Call:
+    f = c.tmp / "home-file"
+    f.write_text("")
+    return Call(["history", "--python", str(c.python())], ["REWHEEL_HOME", str(f)],
+                env={"REWHEEL_HOME": str(f)})
+
+
+def store_is_a_file(c: Ctx) -> Call:
+    f = c.tmp / "store-file"
+    f.write_text("")
+    return Call(["history", str(c.recipe(f'[snapshots]\nstore = "{f}"\n'))], ["snapshots.store", str(f)])
+
+
+def home_under_proc(c: Ctx) -> Call:
+    return Call(["snapshot", "--python", str(c.python())], ["REWHEEL_HOME", "/proc"],
+                env={"REWHEEL_HOME": "/proc/rewheel-home"})
+
+
+def store_under_proc(c: Ctx) -> Call:
+    return Call(["history", str(c.recipe('[snapshots]\nstore = "/proc/self/rewheel"\n'))],
+                ["snapshots.store", "/proc"])
+
+
+def home_world_writable(c: Ctx) -> Call:
+    d = c.tmp / "shared"
+    d.mkdir()
+    d.chmod(0o777)
+
+    def mode_kept(_doc: dict[str, Any]) -> None:
+        assert stat.S_IMODE(d.stat().st_mode) == 0o777 and not any(d.iterdir())
+
+    return Call(["history", "--python", str(c.python())], ["REWHEEL_HOME", str(d), "world-writable"],
+                env={"REWHEEL_HOME": str(d)}, check=mode_kept)
+
+
+def deep_toml(c: Ctx) -> Call:
+    p = c.tmp / "deep.toml"
+    p.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    return Call(["check", str(p)], [str(p), "nested"])
+
+
+def settle(value: str) -> Setup:
+    def setup(c: Ctx) -> Call:
+        r = c.recipe(f'[service]\nmanager = "command"\nstart = ["true"]\nsettle_s = {value}\n')
+        return Call(["check", str(r)], ["service.settle_s", value])
+    return setup
+
+
+def long_snapshot_id(c: Ctx) -> Call:
+    ref = "a" * 5000
+    return Call(["rollback", "--python", str(c.python()), ref, "--yes"], [ref[:40], "5,000 characters"])
+
+
+def empty_snapshot_ref(c: Ctx) -> Call:
+    # A snapshot exists, and the environment has changed since: an empty reference must not
+    # restore the default snapshot.
+    assert c.cli("snapshot", "--python", str(c.python())).returncode == 0
+    (c.site / "toypkg" / "added.py").write_text("X = 1\n")
+    return Call(["rollback", "--python", str(c.python()), "", "--yes"], ["SNAPSHOT", "empty"])
+
+
+def patched_files(*rel: bytes) -> Callable[[dict[str, Any]], None]:
+    def check(doc: dict[str, Any]) -> None:
+        assert doc["status"] == "upgraded"
+        paths = [os.fsencode(p["path"]) for p in doc["patches"]]
+        for r in rel:
+            assert r in paths, paths
+        assert len(doc["patch_files"]) >= len(rel)
+        for f in doc["patch_files"]:
+            assert os.path.isfile(os.fsencode(f)) and len(os.path.basename(os.fsencode(f))) <= 255
+    return check
+
+
+def non_utf8_name(c: Ctx) -> Call:
+    (c.site / "toypkg").joinpath(os.fsdecode(b"caf\xe9-debug.py")).write_text("DEBUG = 1\n")
+    return Call(["run", str(c.recipe()), "--yes"], [], check=patched_files(b"toypkg/caf\xe9-debug.py"))
+
+
+def long_path(c: Ctx) -> Call:
+    deep = c.site / "toypkg" / ("d" * 120) / ("e" * 120) / ("f" * 120)
+    deep.mkdir(parents=True)
+    (deep / ("g" * 100 + ".py")).write_text("G = 1\n")
+    rel = "/".join(["toypkg", "d" * 120, "e" * 120, "f" * 120, "g" * 100 + ".py"]).encode()
+    return Call(["run", str(c.recipe()), "--yes"], [], check=patched_files(rel))
+
+
+def disk_full_snapshot(c: Ctx) -> Call:
+    small = c.tmpfs("small")
+    (c.site / "toypkg" / "cache.bin").write_bytes(os.urandom(3 << 20))  # no RECORD lists it: copied
+
+    def no_leftover(_doc: dict[str, Any]) -> None:
+        left = [p for p in small.rglob("*") if p.name.startswith(".tmp-")]
+        assert not left, left
+
+    return Call(["snapshot", "--python", str(c.python())], ["no space left", str(small)],
+                env={"REWHEEL_HOME": str(small / "home")}, check=no_leftover)
+
+
+def disk_full_journal(c: Ctx) -> Call:
+    small = c.tmpfs("small")
+    home = {"REWHEEL_HOME": str(small / "home")}
+    assert c.cli("snapshot", "--python", str(c.python()), env=home).returncode == 0
+    (c.site / "toypkg" / "added.py").write_text("X = 1\n")  # so that a rollback would act
+    with open(small / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+    def not_left_interrupted(_doc: dict[str, Any]) -> None:
+        (small / "filler").unlink()
+        cp = c.cli("history", "--python", str(c.python()), "--json", env=home)
+        assert cp.returncode == 0, cp.stdout + cp.stderr  # no journal left to read as interrupted
+
+    return Call(["rollback", "--python", str(c.python()), "--yes"], ["journal", "No space left"],
+                env=home, check=not_left_interrupted)
+
+
+def unreadable_file(c: Ctx) -> Call:
+    secret = c.site / "toypkg" / "secret.bin"
+    secret.write_bytes(b"key\n")
+    secret.chmod(0)
+    return Call(["snapshot", "--python", str(c.python())], ["cannot read", str(secret)],
+                as_unprivileged=True)
+
+
+def cleanup_matches_state(c: Ctx) -> Call:
+    return Call(["run", str(c.recipe(f'[cleanup]\npaths = ["{c.home}"]\n')), "--yes"],
+                ["[cleanup] paths", str(c.home)])
+
+
+def system_run(c: Ctx) -> Call:
+    py = system_python()
+    return Call(["run", str(c.recipe(python=py)), "--yes"], [py, "environment.system"])
+
+
+def system_rollback(c: Ctx) -> Call:
+    py = system_python()
+    return Call(["rollback", "--python", py, "--yes"], [py, "system interpreter"])
+
+
+def system_resume(c: Ctx) -> Call:
+    py = system_python()
+    return Call(["resume", "--python", py, "--yes"], [py, "system interpreter"])
+
+
+CASES: list[tuple[str, Setup, int]] = [
+    ("python-is-a-folder", python_folder, 2),
+    ("python-is-empty", python_empty, 2),
+    ("python-is-a-text-file", python_text_file, 2),
+    ("python-is-an-executable-text-file", python_text_file_executable, 2),
+    ("home-is-a-file", home_is_a_file, 2),
+    ("store-is-a-file", store_is_a_file, 2),
+    ("home-under-proc", home_under_proc, 2),
+    ("store-under-proc", store_under_proc, 2),
+    ("home-world-writable-without-sticky-bit", home_world_writable, 2),
+    ("deeply-nested-toml", deep_toml, 2),
+    ("settle_s-negative", settle("-3"), 2),
+    ("settle_s-nan", settle("nan"), 2),
+    ("settle_s-inf", settle("inf"), 2),
+    ("snapshot-id-5000-characters", long_snapshot_id, 2),
+    ("empty-snapshot-reference", empty_snapshot_ref, 2),
+    ("non-utf8-file-name-in-a-package", non_utf8_name, 0),
+    ("very-long-path-in-a-package", long_path, 0),
+    ("disk-full-writing-a-snapshot", disk_full_snapshot, 2),
+    ("disk-full-writing-the-journal", disk_full_journal, 2),
+    ("unreadable-file-in-the-environment", unreadable_file, 2),
+    ("cleanup-glob-matches-the-state-folder", cleanup_matches_state, 2),
+    ("system-interpreter-run", system_run, 2),
+    ("system-interpreter-rollback", system_rollback, 2),
+    ("system-interpreter-resume", system_resume, 2),
+]
+
+
+@pytest.mark.parametrize("setup, code", [(s, c) for _, s, c in CASES], ids=[i for i, _, _ in CASES])
+def test_bad_input(setup: Setup, code: int, tmp_path: Path, index_url: str) -> None:
+    ctx = Ctx(tmp_path, index_url)
+    try:
+        call = setup(ctx)
+        before = ctx.state_of_env() if ctx._python else None
+        cp = ctx.cli(*call.args, "--json", env=call.env, unprivileged=call.as_unprivileged)
+        assert "Traceback" not in cp.stderr, cp.stderr
+        doc = one_document(cp.stdout)
+        assert cp.returncode == code, (cp.stdout, cp.stderr)
+        if code:
+            assert doc["exit_code"] == code and doc["error"]
+            for word in call.words:
+                assert word in doc["message"], (word, doc["message"])
+        if before is not None:
+            assert ctx.state_of_env() == before
+        if call.check:
+            call.check(doc)
+    finally:
+        for m in reversed(ctx.mounts):
+            subprocess.run(["umount", "-l", str(m)])
