@@ -1250,6 +1250,10 @@ class _Restore:
         # the same version); None once nothing can be proven here.
         self.same: _SameBytes | None = _SameBytes(env, snap, man, roots)
         self.same_checked = False
+        # `REWHEEL_FAULT_AT=restore-commit:N`: SIGKILL this process once it has put N files in
+        # place (crash-safety tests kill at a real point inside the commit).
+        fault = os.environ.get("REWHEEL_FAULT_AT", "")
+        self.kill_at = int(fault.partition(":")[2]) if fault.startswith("restore-commit:") else -1
         self.excluded = exclusion(man.exclude)
         self.proven = 0
         self.todo = 0
@@ -1517,6 +1521,8 @@ class _Restore:
 
     def count_written(self) -> None:
         self.written += 1
+        if self.written == self.kill_at:  # testing hook: a power cut halfway through the commit
+            os.kill(os.getpid(), signal.SIGKILL)
         if self.progress and self.written % 500 == 0:
             # In two lanes, this process counts its own half (the other prints nothing).
             self.progress("restore" if self.owned is None else "restore (lane 1 of 2)", self.written, self.todo)
