@@ -1827,7 +1827,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
         _remove_stale_staging(live_roots)
         # The other lane is forked before the manifest is read: each reads its own copy
         # (in parallel), so neither pays for copy-on-write pages of the other's objects.
-        peer = _Peer.start(env, snap, live_roots) if n == 2 else None
+        peer = _Peer.start(env, snap, live_roots, remove=not defer_removal) if n == 2 else None
         try:
             r = _prepare(env, snap, live_roots, (0, 2) if peer else None, progress, mark)
         except BaseException:
@@ -1854,6 +1854,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
         # returns or raises, so a restore reported done is on disk. It starts once both
         # lanes have committed, so it covers what each wrote.
         syncer = threading.Thread(target=os.sync, name="rewheel-sync", daemon=True)
+        back: RestoreResult | None = None
         other: dict[str, Any] = {}
         try:
             try:
@@ -1881,22 +1882,26 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                     shutil.rmtree(p, ignore_errors=True)
                 raise
             mark("verify")
-            res = RestoreResult(snap.id, done["written"], done["deleted"], done["chmodded"],
-                                verified - done["written"] - done["chmodded"], verified, 0.0,
-                                folders_rebuilt=done["folders_rebuilt"], displaced=done["displaced"],
-                                phases=phases, lanes=n, proven_same=done["proven"])
+            res = back = RestoreResult(snap.id, done["written"], done["deleted"], done["chmodded"],
+                                       verified - done["written"] - done["chmodded"], verified, 0.0,
+                                       folders_rebuilt=done["folders_rebuilt"], displaced=done["displaced"],
+                                       phases=phases, lanes=n, proven_same=done["proven"])
             del r  # freed here, so the collector has none of it to walk once back on
         finally:
             if syncer.ident is not None:
                 syncer.join()
+            t_back = time.perf_counter()
             if peer is not None:
+                if not defer_removal and back is not None:
+                    remove_displaced(back)  # while the other lane deletes what it moved out
                 peer.reap()
         mark("finish")
     # `seconds`: until the environment is back, verified and on disk. Deleting what was
     # moved out of it is counted apart (`removal_seconds`), whenever it happens.
-    res.seconds = time.perf_counter() - t0
+    res.seconds = t_back - t0
     if not defer_removal:
         remove_displaced(res)
+        res.removal_seconds = time.perf_counter() - t_back
     return res
 
 
@@ -1957,7 +1962,7 @@ class _Peer:
         self.pid, self.rfd, self.wfd = pid, rfd, wfd
 
     @classmethod
-    def start(cls, env: Environment, snap: SnapshotMeta, live_roots: list[Root]) -> _Peer:
+    def start(cls, env: Environment, snap: SnapshotMeta, live_roots: list[Root], *, remove: bool = False) -> _Peer:
         up_r, up_w = os.pipe()
         down_r, down_w = os.pipe()
         with warnings.catch_warnings():
@@ -1970,7 +1975,7 @@ class _Peer:
             try:
                 os.close(up_r)
                 os.close(down_w)
-                _lane_child(env, snap, live_roots, down_r, up_w)
+                _lane_child(env, snap, live_roots, down_r, up_w, remove)
                 code = 0
             finally:
                 os._exit(code)
@@ -2018,7 +2023,8 @@ class _Peer:
             os.waitpid(self.pid, 0)
 
 
-def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], rfd: int, wfd: int) -> None:
+def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], rfd: int, wfd: int,
+                remove: bool = False) -> None:
     """The body of the second lane (in the forked process)."""
     with contextlib.suppress(ValueError):  # (not the main thread: then Ctrl-C never reaches this one)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first lane decides; Ctrl-C reaches it
@@ -2045,7 +2051,16 @@ def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], rf
             exc = _failed_midway(env, snap, exc)
         _send(wfd, _error_msg(exc))
         return
-    _send(wfd, ("done", {**r.summary(), "problems": problems}))
+    done = r.summary()
+    if remove and not problems:
+        # What this lane moved out is deleted here, on the second CPU, while the first lane
+        # deletes its own; the first waits for this process before it returns.
+        displaced, done["displaced"] = done["displaced"], []
+        _send(wfd, ("done", {**done, "problems": problems}))
+        for path in displaced:
+            shutil.rmtree(path, ignore_errors=True)
+        return
+    _send(wfd, ("done", {**done, "problems": problems}))
 
 
 def _error_msg(exc: BaseException) -> tuple[Any, ...]:
