@@ -1083,7 +1083,7 @@ class _SameBytes:
 
     def __init__(self, env: Environment, snap: SnapshotMeta, man: Manifest, roots: list[Root]) -> None:
         self.env, self.snap, self.man, self.roots = env, snap, man, roots
-        self._live: dict[str, tuple[str | None, int | None, int]] | None = None
+        self._live: dict[str, dict[str, tuple[str, str, int]]] | None = None
         self._aliases: dict[str, list[int]] | None = None
         self.found: dict[str, list[int]] = {}  # proven by this restore: "ri/path" -> [ino, mtime]
 
@@ -1097,15 +1097,16 @@ class _SameBytes:
             self._aliases = _read_aliases(self.snap.path / ALIASES)
         return self._aliases
 
-    def live(self) -> dict[str, tuple[str, int, int]]:
-        """abs path -> (RECORD's hash field, size, install time) from the RECORDs of
-        distributions reinstalled at the version the snapshot holds; paths two of them claim
-        are left out. Hashes stay as RECORD writes them: only those looked up are compared."""
+    def live(self) -> dict[str, dict[str, tuple[str, str, int]]]:
+        """Site folder ("/…/site-packages/") -> RECORD path -> (RECORD's hash field, size as
+        written, install time), from the RECORDs of distributions reinstalled at the version
+        the snapshot holds; paths two of them claim are left out. Rows are kept as RECORD
+        writes them (tens of thousands: no per-row conversion); only the files looked up are
+        compared."""
         if self._live is not None:
             return self._live
-        index: dict[str, tuple[str, int, int]] = {}
-        claimed: set[str] = set()
-        for site in (os.path.realpath(p) for p in self.env.site_dirs):
+        live: dict[str, dict[str, tuple[str, str, int]]] = {}
+        for site in dict.fromkeys(os.path.realpath(p) for p in self.env.site_dirs):
             for ri, root in enumerate(self.roots):
                 base = os.path.realpath(root.path).rstrip("/") + "/"
                 if root.whole and site.startswith(base):
@@ -1118,6 +1119,8 @@ class _SameBytes:
                 names = os.listdir(site) if sf is not None else []
             except OSError:
                 continue
+            index: dict[str, tuple[str, str, int]] = {}
+            claimed: set[str] = set()
             for name in names:
                 if not name.endswith(".dist-info") or sf is None:
                     continue
@@ -1145,18 +1148,24 @@ class _SameBytes:
                             continue
                     else:
                         row = line.rsplit(",", 2)
-                    if len(row) != 3 or not row[0] or not row[1].startswith("sha256=") or not row[2].isdigit():
+                    if len(row) != 3 or not row[1].startswith("sha256="):
                         continue
-                    full = f"{site}/{row[0]}"
-                    if "/." in full or "//" in full or row[0].startswith("/"):
-                        full = os.path.normpath(os.path.join(site, row[0]))
-                    if full in index:
-                        claimed.add(full)
-                    index[full] = (row[1], int(row[2]), t)
-        for p in claimed:
-            del index[p]
-        self._live = index
-        return index
+                    rel = row[0]  # `../../bin/x` and other odd spellings never match a lookup
+                    if rel in index:
+                        claimed.add(rel)
+                    index[rel] = (row[1], row[2], t)
+            for rel in claimed:
+                del index[rel]
+            if index:
+                live[site.rstrip("/") + "/"] = index
+        self._live = live
+        return live
+
+    def _record_row(self, abs_path: str) -> tuple[str, str, int] | None:
+        for site, index in self.live().items():
+            if abs_path.startswith(site):
+                return index.get(abs_path[len(site):])
+        return None
 
     def same(self, key: str, abs_path: str, size: int, sha: Callable[[], str | None],
              lstat: Callable[[], os.stat_result]) -> bool:
@@ -1164,7 +1173,7 @@ class _SameBytes:
         from `sha()`; its lstat from `lstat()`) holds the snapshot's bytes. Cheapest first:
         most files a restore asks about are neither aliased nor reinstalled."""
         alias = self.aliases().get(key)
-        rec = self.live().get(abs_path)
+        rec = self._record_row(abs_path)
         if alias is None and rec is None:
             return False
         st = lstat()
@@ -1172,7 +1181,7 @@ class _SameBytes:
             return False
         if alias is not None and alias[0] == st.st_ino and alias[1] == st.st_mtime_ns:
             return True
-        if rec is None or rec[1] != size or st.st_mtime_ns > rec[2]:
+        if rec is None or rec[1] != str(size) or st.st_mtime_ns > rec[2]:
             return False
         want = sha()
         if not isinstance(want, str) or rec[0] != _record_hash(want):
@@ -1715,10 +1724,21 @@ class _Restore:
                     problems.append(problem)
             if not self.roots[d.ri].whole:
                 problems.extend(f"extra: {p}" for p, _ in d.extras if os.path.lexists(p))
-            elif d.touched or d.attrs_off:
+            elif d.touched:
                 self.check_folder(d.ri, d.rel, d.path, d.entry, problems, deep=False)
                 for e in d.missing:
                     self.check_folder(d.ri, e[1], self.path_of(d, e), e, problems, deep=True)
+            elif d.attrs_off and d.entry is not None:
+                # Only its mode or mtime was reset (a reinstall touches every folder it writes
+                # into): its names were compared by the scan and the commit changed none.
+                try:
+                    st = os.lstat(d.path)
+                except FileNotFoundError:
+                    problems.append(f"missing: {d.rel}")
+                    continue
+                if not stat.S_ISDIR(st.st_mode) or stat.S_IMODE(st.st_mode) != d.entry[3] \
+                        or st.st_mtime_ns != d.entry[5]:
+                    problems.append(f"folder mode or mtime differs: {d.rel}")
         return problems
 
     def summary(self) -> dict[str, Any]:
