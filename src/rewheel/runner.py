@@ -267,8 +267,9 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         t0 = time.monotonic()
         try:
             # What the restore moved out (a failed build's new folders) is deleted once the
-            # service is back up: the environment is restored and synced already.
-            res = restore_snapshot(t.env, snap, progress=progress, defer_removal=True)
+            # service is back up: the environment is restored and synced already. Without a
+            # service, both lanes delete their own at once, inside the restore.
+            res = restore_snapshot(t.env, snap, progress=progress, defer_removal=svc is not None)
         except (SnapshotError, SnapshotDamaged):
             # Refused before anything changed (wrong environment, damaged store): this
             # rollback is over — leaving it unfinished would block every later command with

@@ -50,7 +50,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import RestoreError, RewheelError, SnapshotDamaged, SnapshotError, UsageError
@@ -1161,19 +1161,29 @@ class _SameBytes:
         self._live = live
         return live
 
-    def _record_row(self, abs_path: str) -> tuple[str, str, int] | None:
+    def folder(self, ri: int, rel: str, path: str) -> _FolderProof | None:
+        """What the files directly in folder `rel` (at `path`) are looked up by; None when
+        none of them can be proven (no reinstalled RECORD covers it, no aliases). Once per
+        folder, so the per-file work is two dict lookups."""
+        rows: dict[str, tuple[str, str, int]] = {}
+        spelled = ""
+        p = path.rstrip("/") + "/"
         for site, index in self.live().items():
-            if abs_path.startswith(site):
-                return index.get(abs_path[len(site):])
-        return None
+            if p.startswith(site):
+                rows, spelled = index, p[len(site):]
+                break
+        aliases = self.aliases()
+        if not rows and not aliases:
+            return None
+        return _FolderProof(rows, spelled, f"{ri}/{rel}/" if rel else f"{ri}/", aliases, p)
 
-    def same(self, key: str, abs_path: str, size: int, sha: Callable[[], str | None],
+    def same(self, fp: _FolderProof, name: str, size: int, sha: Callable[[], str | None],
              lstat: Callable[[], os.stat_result]) -> bool:
-        """Whether the live file at manifest entry `key` ("ri/path", of `size` bytes, sha256
-        from `sha()`; its lstat from `lstat()`) holds the snapshot's bytes. Cheapest first:
-        most files a restore asks about are neither aliased nor reinstalled."""
-        alias = self.aliases().get(key)
-        rec = self._record_row(abs_path)
+        """Whether the live file `name` in the folder `fp` describes (of `size` bytes in the
+        manifest, sha256 from `sha()`; its lstat from `lstat()`) holds the snapshot's bytes.
+        Cheapest first: most files a restore asks about are neither aliased nor reinstalled."""
+        alias = fp.aliases.get(fp.key + name) if fp.aliases else None
+        rec = fp.rows.get(fp.spelled + name) if fp.rows else None
         if alias is None and rec is None:
             return False
         st = lstat()
@@ -1188,10 +1198,20 @@ class _SameBytes:
             return False
         # Written in the same clock tick as RECORD: not provably older, so proven by its bytes
         # where that is cheap (as a snapshot does), else relinked.
-        if st.st_mtime_ns == rec[2] and (size > _TIE_HASH_MAX or hash_file(abs_path) != want):
+        if st.st_mtime_ns == rec[2] and (size > _TIE_HASH_MAX or hash_file(fp.path + name) != want):
             return False
-        self.found[key] = [st.st_ino, st.st_mtime_ns]
+        self.found[fp.key + name] = [st.st_ino, st.st_mtime_ns]
         return True
+
+
+class _FolderProof(NamedTuple):
+    """`_SameBytes` for one folder: its files' RECORD rows (by the path RECORD spells, which
+    starts with `spelled`), their alias keys (`key` + name), and the folder's path + "/"."""
+    rows: dict[str, tuple[str, str, int]]
+    spelled: str
+    key: str
+    aliases: dict[str, list[int]]
+    path: str
 
 
 def _record_hash(sha_hex: str) -> str:
@@ -1259,6 +1279,8 @@ class _Restore:
         # the same version); None once nothing can be proven here.
         self.same: _SameBytes | None = _SameBytes(env, snap, man, roots)
         self.same_checked = False
+        self.proof_of: tuple[int, str] | None = None  # the folder `proof` is for
+        self.proof: _FolderProof | None = None
         # `REWHEEL_FAULT_AT=restore-commit:N`: SIGKILL this process once it has put N files in
         # place (crash-safety tests kill at a real point inside the commit).
         fault = os.environ.get("REWHEEL_FAULT_AT", "")
@@ -1381,9 +1403,12 @@ class _Restore:
             if same.useless:
                 self.same = None  # nothing to prove in this tree: no further work for it
                 return False
-        name = f.names[i]
-        ok = same.same(f"{ri}/{rel}/{name}" if rel else f"{ri}/{name}", f"{path}/{name}", f.sizes[i],
-                       lambda: f.sha(i), lambda: lst or de.stat(follow_symlinks=False))
+        if self.proof_of != (ri, rel):
+            self.proof_of, self.proof = (ri, rel), same.folder(ri, rel, path)
+        if self.proof is None:
+            return False
+        ok = same.same(self.proof, f.names[i], f.sizes[i], lambda: f.sha(i),
+                       lambda: lst or de.stat(follow_symlinks=False))
         self.proven += ok
         return ok
 
@@ -2166,8 +2191,12 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
         seen += 1
         path = os.path.join(roots[ri].path, rel)
         problem = _entry_problem(e, st, path)
-        if (problem and problem.startswith("content differs") and roots[ri].whole
-                and same.same(f"{ri}/{rel}", path, e[4], lambda e=e: e[6], lambda st=st: st)):
+        if problem and problem.startswith("content differs") and roots[ri].whole:
+            folder, _, name = rel.rpartition("/")
+            fp = same.folder(ri, folder, os.path.join(roots[ri].path, folder))
+            if fp is None or not same.same(fp, name, e[4], lambda e=e: e[6], lambda st=st: st):
+                problems.append(problem)
+                continue
             problem = _entry_problem([*e[:5], st.st_mtime_ns, *e[6:]], st, path)  # its mode, still
         if problem:
             problems.append(problem)
