@@ -173,6 +173,9 @@ def _type_ok(kind: str, value: Any) -> bool:
     raise AssertionError(kind)
 
 
+MAX_SECONDS = 7 * 24 * 3600  # the longest duration a recipe may set (`*_s` keys)
+
+
 def _check(path: Path, data: dict[str, Any], schema: dict[str, Any], prefix: str) -> None:
     for key, value in data.items():
         keypath = f"{prefix}{key}"
@@ -193,6 +196,9 @@ def _check(path: Path, data: dict[str, Any], schema: dict[str, Any], prefix: str
                 raise RecipeError(path, keypath, f"expected a finite number, got {value!r}")
             if kind in ("int", "number") and value < 0:
                 raise RecipeError(path, keypath, f"expected 0 or more, got {value!r}")
+            # A duration of 1e300 s is finite and still waits forever.
+            if key.endswith("_s") and value > MAX_SECONDS:
+                raise RecipeError(path, keypath, f"expected at most {MAX_SECONDS} seconds (7 days), got {value!r}")
     for key, spec in schema.items():
         required = (not isinstance(spec, dict)) and spec[1]
         if required and key not in data:
