@@ -77,7 +77,12 @@ def test_rollback_also_clears_an_interrupted_run(tmp_path: Path) -> None:
         h._index.stop()  # type: ignore[attr-defined]
 
 
-def test_interrupted_rollback_is_finished_by_resume(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault, lanes", [("step:restore", None), ("restore-commit:2", "1"),
+                                          ("restore-commit:2", "2")])
+def test_interrupted_rollback_is_finished_by_resume(tmp_path: Path, fault: str, lanes: str | None) -> None:
+    """SIGKILL of a rollback as its restore starts, or halfway through the restore's commit
+    (some files relinked, others not, a second lane possibly still at work): `resume`
+    finishes the rollback byte-exact and the service is back on the old build."""
     h = make_host(tmp_path, "2.0.0", "good")
     try:
         h.start_service()
@@ -85,36 +90,12 @@ def test_interrupted_rollback_is_finished_by_resume(tmp_path: Path) -> None:
         snap = json.loads(h.rewheel("snapshot", str(h.recipe), "--json").stdout)["id"]
         code, rep = h.run_json()
         assert code == 0 and h.served_version() == "2.0.0", rep["_stderr"]
-        cp = h.rewheel("rollback", str(h.recipe), snap, "--yes", env={"REWHEEL_FAULT_AT": "step:restore"})
-        assert cp.returncode == -9
-        assert h.rewheel("history", str(h.recipe)).returncode == 4
-        res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
-        assert res.returncode == 0, res.stderr
-        assert h.state() == before
-        assert h.served_version() == "1.0.0"
-        snaps = json.loads(h.rewheel("history", str(h.recipe), "--json").stdout)["snapshots"]
-        assert not any(s["status"] == "failed-upgrade" for s in snaps)
-    finally:
-        h.stop_service()
-        h._index.stop()  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize("lanes", ["1", "2"])
-def test_rollback_killed_inside_the_commit_is_finished_by_resume(tmp_path: Path, lanes: str) -> None:
-    """SIGKILL halfway through the restore's commit (some files relinked, others not, a
-    second lane possibly still at work): `resume` finishes the rollback byte-exact and the
-    service is back on the old build."""
-    h = make_host(tmp_path, "2.0.0", "good")
-    try:
-        h.start_service()
-        before = h.state()
-        snap = json.loads(h.rewheel("snapshot", str(h.recipe), "--json").stdout)["id"]
-        code, rep = h.run_json()
-        assert code == 0 and h.served_version() == "2.0.0", rep["_stderr"]
-        env = {"REWHEEL_FAULT_AT": "restore-commit:2", "REWHEEL_RESTORE_LANES": lanes}
+        env = {"REWHEEL_FAULT_AT": fault, **({"REWHEEL_RESTORE_LANES": lanes} if lanes else {})}
         cp = h.rewheel("rollback", str(h.recipe), snap, "--yes", env=env)
         assert cp.returncode == -9, cp.stderr
-        assert h.state() != before  # killed midway: neither the old nor the new build
+        if fault.startswith("restore-commit"):
+            assert h.state() != before  # killed midway: neither the old nor the new build
+        assert h.rewheel("history", str(h.recipe)).returncode == 4
         res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
         if res.returncode == 4:  # a second lane still finishing its share held the lock
             time.sleep(2)
@@ -122,6 +103,8 @@ def test_rollback_killed_inside_the_commit_is_finished_by_resume(tmp_path: Path,
         assert res.returncode == 0, res.stderr
         assert h.state() == before
         assert h.served_version() == "1.0.0"
+        snaps = json.loads(h.rewheel("history", str(h.recipe), "--json").stdout)["snapshots"]
+        assert not any(s["status"] == "failed-upgrade" for s in snaps)
     finally:
         h.stop_service()
         h._index.stop()  # type: ignore[attr-defined]
