@@ -25,16 +25,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import REPO
+from devtools.demo import toyvllm as toy
+from devtools.wheelbuild import build_wheel
 from rewheel import proc
-from rewheel.demo import toyvllm as toy
 from rewheel.installer import find_uv as uv_bin
-from rewheel.wheelbuild import build_wheel
 
 LOCAL_PATCH_MARKER = "# LOCAL PATCH (ops, 2026-02-18)"
 DEEPSEEK_REL = "vllm/model_executor/models/deepseek_v2.py"
 WEIGHT_UTILS_REL = "vllm/model_executor/model_loader/weight_utils.py"
 N_DUMPS = 35
-RECIPE_TEMPLATE = Path(__file__).resolve().parents[3] / "recipes" / "demo.toml"
+RECIPE_TEMPLATE = REPO / "recipes" / "demo.toml"
 
 
 @dataclass(frozen=True)

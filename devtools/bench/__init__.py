@@ -21,4 +21,4 @@ target and pass/fail; the exit status is 1 when a target is missed.
 Modules this measures that are not in the tree (yet) make their row "not available".
 """
 
-from rewheel.bench.harness import BenchConfig, Row, main, run_bench  # noqa: F401
+from devtools.bench.harness import BenchConfig, Row, main, run_bench  # noqa: F401

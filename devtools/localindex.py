@@ -14,7 +14,7 @@ HTML. Layout, mirroring vLLM's nightly wheel server:
 
 The folder is read on every request, so wheels added while the server runs are offered at once.
 An optional basic-auth requirement (`auth=("user", "secret")`) lets tests prove that credentials
-inside index URLs never reach logs. Run it by hand with `python -m rewheel.localindex DIR --port N`.
+inside index URLs never reach logs. Run it by hand with `python -m devtools.localindex DIR --port N`.
 """
 
 from __future__ import annotations
@@ -347,7 +347,7 @@ def serve_index(wheels_dir: str | os.PathLike[str], *,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rewheel.localindex",
+    ap = argparse.ArgumentParser(prog="python -m devtools.localindex",
                                  description="Serve a folder of wheels as a PEP 503/691 index.")
     ap.add_argument("wheels_dir", help="folder of wheels; its sub-folders become sub-indexes")
     ap.add_argument("--port", type=int, default=0, help="port (default: a free one)")

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rewheel.bench.harness import (TARGETS, BenchConfig, Row, _median, first_differences, fingerprint,
-                                   machine_info, render_rows, rm_tree, settle, stat_walk)
+from devtools.bench.harness import (TARGETS, BenchConfig, Row, _median, first_differences, fingerprint,
+                                    machine_info, render_rows, rm_tree, settle, stat_walk)
 from rewheel.errors import RewheelError
 from rewheel.installer import find_uv as uv_bin
 

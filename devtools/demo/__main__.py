@@ -1,4 +1,4 @@
-"""`make demo` (`python -m rewheel.demo`): the story in the README, played for real on a machine
+"""`make demo` (`python -m devtools.demo`): the story in the README, played for real on a machine
 without a GPU, in about half a minute.
 
 A toy vLLM nightly index runs on 127.0.0.1 with two builds: dev313 (good) and dev344, whose
@@ -31,11 +31,10 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from devtools import REPO
+from devtools.demo import stage as st
+from devtools.demo import toyvllm as toy
 from rewheel import proc
-from rewheel.demo import stage as st
-from rewheel.demo import toyvllm as toy
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 @dataclass
@@ -137,7 +136,7 @@ def _installed_version(python: Path, dist: str) -> str:
 
 def play(demo: Demo) -> None:
     from rewheel import journal, runner, service
-    from rewheel.localindex import start_index
+    from devtools.localindex import start_index
     from rewheel.recipe import load_recipe
 
     stage = demo.stage
@@ -278,7 +277,7 @@ def teardown(demo: Demo) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rewheel.demo", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", default=None, help="the demo's folder (default: $REWHEEL_DEMO_DIR or <repo>/.demo)")
     args = ap.parse_args(argv)
     stage = Path(args.dir).resolve() if args.dir else _default_stage()

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devtools import REPO
+from devtools.bench import profile as prof
 from rewheel import proc
-from rewheel.bench import profile as prof
 from rewheel.environment import Environment
 from rewheel.errors import RewheelError
 from rewheel.installer import find_uv as uv_bin
@@ -34,7 +35,6 @@ DEFAULT_SCALE = 1.0  # a real vLLM environment's size: ~57,000 files, 8 GiB
 DEFAULT_REPS = 5
 DEFAULT_ROLLBACK_ROUNDS = 3
 DEFAULT_LOG_MB = 1024
-REPO = Path(__file__).resolve().parents[3]
 
 # Targets: rewheel's time over the baseline's, in the same run.
 TARGETS = {"snapshot": 3.0, "patch scan": 5.0, "diff": 5.0, "rollback": 1.0, "why": 3.0}
@@ -83,7 +83,7 @@ class BenchConfig:
             if v is not None:
                 setattr(cfg, k, v)
         if cfg.real and not e.get("BENCH_REPS") and over.get("reps") is None:
-            from rewheel.bench.real import DEFAULT_REAL_REPS
+            from devtools.bench.real import DEFAULT_REAL_REPS
 
             cfg.reps = DEFAULT_REAL_REPS  # each repetition upgrades a real release twice over
         return cfg
@@ -424,7 +424,7 @@ def _differ() -> Callable[[Environment, Any], Any] | None:
 
 def _log_tools() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     try:
-        from rewheel.bench_logs import generate_log
+        from devtools.bench_logs import generate_log
         from rewheel.diagnose import analyse_file
     except ImportError:
         return None
@@ -470,7 +470,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
 def _run(cfg: BenchConfig) -> dict[str, Any]:
     if cfg.real:
-        from rewheel.bench.real import run_real
+        from devtools.bench.real import run_real
 
         return run_real(cfg)
     t_start = time.perf_counter()
@@ -665,7 +665,7 @@ def bench_why(cfg: BenchConfig) -> dict[str, Any]:
     grep_s: list[float] = []
     if tools is None:
         row = Row("why", None, "grep -c Traceback", None, TARGETS["why"],
-                  note="not available (rewheel.diagnose / rewheel.bench_logs missing)", available=False)
+                  note="not available (rewheel.diagnose / devtools.bench_logs missing)", available=False)
         return {"row": row, "log_bytes": size, "peak_rss_mb": None}
     generate_log, _ = tools
     if not log.exists():
@@ -677,7 +677,9 @@ def bench_why(cfg: BenchConfig) -> dict[str, Any]:
     why_s: list[float] = []
     rss: list[float] = []
     root_cause = None
-    child_env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # The child finds rewheel in REPO/src and devtools in REPO, whatever directory it starts in.
+    child_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO),
+                                                              os.environ.get("PYTHONPATH", "")])}
     for _ in range(cfg.reps):
         dt, _ = timed(lambda: subprocess.run(["grep", "-c", "Traceback", str(log)], capture_output=True))
         grep_s.append(dt)
@@ -726,7 +728,7 @@ def render_rows(rows: list[dict[str, Any]]) -> list[str]:
 
 def render(result: dict[str, Any]) -> str:
     if result["kind"] == "real":
-        from rewheel.bench.real import render_real
+        from devtools.bench.real import render_real
 
         return render_real(result)
     env = result["environment"]
@@ -766,7 +768,7 @@ def render(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rewheel.bench", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m devtools.bench", description=__doc__)
     ap.add_argument("--scale", type=float, help=f"fraction of a full vLLM env (env BENCH_SCALE, default {DEFAULT_SCALE})")
     ap.add_argument("--reps", type=int, help=f"repetitions (env BENCH_REPS, default {DEFAULT_REPS})")
     ap.add_argument("--dir", type=Path, help="cache and scratch folder (env BENCH_DIR, default <repo>/.bench)")

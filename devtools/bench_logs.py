@@ -5,7 +5,7 @@ service (TP=8): startup, request and throughput chatter, /health probes, now and
 handled warning-level traceback and a client-disconnect cascade, and at the end the
 upgrade's crash loop — Worker_TP4 dying in deepseek_v2.py:998 — repeated over several
 restarts. `run_benchmark(path)` times `analyse_file` against `grep -c Traceback`.
-Run `python -m rewheel.bench_logs [SIZE_MB]` for a quick measurement.
+Run `python -m devtools.bench_logs [SIZE_MB]` for a quick measurement.
 """
 
 from __future__ import annotations

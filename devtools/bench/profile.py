@@ -8,7 +8,7 @@ byte count (the number of distributions stays 200: uv's and rewheel's per-distri
 is part of what is measured).
 
 Wheels are generated deterministically (same scale, same bytes) with
-`rewheel.wheelbuild.build_wheel`: small files are Python-like text, large ones are
+`devtools.wheelbuild.build_wheel`: small files are Python-like text, large ones are
 incompressible bytes stored uncompressed. The upgraded distributions' new versions change
 about 5% of their small files, drop 1%, add 1%, and replace every large binary — as a
 nightly rebuild does.
@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rewheel.wheelbuild import build_wheel, wheel_filename
+from devtools.wheelbuild import build_wheel, wheel_filename
 
 MB = 1 << 20
 PROFILE_VERSION = 3  # bump when the generated content changes: invalidates .bench caches
