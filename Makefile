@@ -22,18 +22,18 @@ test: venv
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q tests
 
 demo: venv
-	$(BIN)/python -m rewheel.demo
+	$(BIN)/python -m devtools.demo
 
 # The measure of record: a real vLLM release upgraded to the next (downloads ~8 GB once).
 # (byte-code compiled first: an edited source would otherwise be compiled by every timed command)
 bench: venv
-	$(BIN)/python -m compileall -q src/rewheel
-	BENCH_REAL=1 $(BIN)/python -m rewheel.bench
+	$(BIN)/python -m compileall -q src/rewheel devtools
+	BENCH_REAL=1 $(BIN)/python -m devtools.bench
 
 # The quick one: a synthetic environment of the same shape, no network.
 bench-synthetic: venv
-	$(BIN)/python -m compileall -q src/rewheel
-	$(BIN)/python -m rewheel.bench
+	$(BIN)/python -m compileall -q src/rewheel devtools
+	$(BIN)/python -m devtools.bench
 
 clean:
 	rm -rf $(VENV) .demo .bench

@@ -1,21 +1,20 @@
-"""Shared fixtures: real uv-built virtualenvs, real wheels, a private uv cache, a private
-REWHEEL_HOME per test. Helpers for specific areas live in tests/support_*.py."""
+"""Shared fixtures only: real wheels, a private uv cache, a private REWHEEL_HOME per test.
+Helpers live in tests/support_*.py (virtualenvs and uv in support_env.py), imported by name."""
 
 from __future__ import annotations
 
-import hashlib
-import os
-import stat
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rewheel.installer import find_uv as uv_bin
-from rewheel.wheelbuild import build_wheel
-
 TESTS = Path(__file__).parent
+# The repository root, for `devtools` (the wheel builder, the local index, the demo, the
+# benchmarks): not installed with rewheel, and not on sys.path when pytest runs as a script.
+if str(TESTS.parent) not in sys.path:
+    sys.path.insert(0, str(TESTS.parent))
+
+from devtools.wheelbuild import build_wheel  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -38,45 +37,6 @@ def _uv_env(uv_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("UV_INDEX_URL", raising=False)
     monkeypatch.delenv("UV_EXTRA_INDEX_URL", raising=False)
     monkeypatch.delenv("VIRTUAL_ENV", raising=False)
-
-
-def uv(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    cp = subprocess.run([uv_bin(), *args], capture_output=True, text=True,
-                        env={**os.environ, **(env or {})})
-    if cp.returncode != 0:
-        raise AssertionError(f"uv {' '.join(args)} failed:\n{cp.stdout}\n{cp.stderr}")
-    return cp
-
-
-def make_venv(path: Path) -> Path:
-    """A real virtualenv made by uv, with the interpreter running these tests."""
-    uv("venv", "-q", "--python", sys.executable, str(path))
-    return path / "bin" / "python"
-
-
-def uv_install(python: Path, *specs: str, find_links: Path | None = None, extra: tuple[str, ...] = ()) -> None:
-    args = ["pip", "install", "-q", "--python", str(python)]
-    if find_links is not None:
-        args += ["--no-index", "--find-links", str(find_links)]
-    uv(*args, *extra, *specs)
-
-
-def tree_state(root: Path) -> dict[str, tuple]:
-    """Every entry under root: sha256 and mode for files, target for symlinks, mode for dirs.
-    Byte-compiled caches are included: a restore must bring back exactly what was there."""
-    state: dict[str, tuple] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            rel = str(p.relative_to(root))
-            st = p.lstat()
-            if stat.S_ISLNK(st.st_mode):
-                state[rel] = ("l", os.readlink(p))
-            elif stat.S_ISDIR(st.st_mode):
-                state[rel] = ("d", stat.S_IMODE(st.st_mode))
-            else:
-                state[rel] = ("f", stat.S_IMODE(st.st_mode), hashlib.sha256(p.read_bytes()).hexdigest())
-    return state
 
 
 def toy_files(version: str, *, body: str = "", extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from rewheel.wheelbuild import build_wheel
+from devtools.wheelbuild import build_wheel
 
 VLLM_URLS = {"Homepage": "https://github.com/vllm-project/vllm",
              "Documentation": "https://docs.example.invalid/en/latest/"}

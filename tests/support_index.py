@@ -11,7 +11,7 @@ import tomli_w
 
 from rewheel.recipe import Recipe, load_recipe
 from support_standins import pid_alive
-from rewheel.wheelbuild import build_wheel
+from devtools.wheelbuild import build_wheel
 
 # The nightly-style version a prerelease-only index offers (setuptools-scm form).
 NIGHTLY = "1.0.0rc2.dev344+g5719a4e4e"

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import tomli_w
 
-from rewheel.wheelbuild import build_wheel
+from devtools.wheelbuild import build_wheel
 
 REPO_URLS = {"Source": "https://github.com/example/toypkg"}
 

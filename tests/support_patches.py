@@ -8,7 +8,7 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from rewheel.wheelbuild import build_wheel, record_hash
+from devtools.wheelbuild import build_wheel, record_hash
 
 
 def rewrite_record(wheel: Path, recorded: Mapping[str, bytes]) -> Path:

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import tomli_w
 
-from conftest import make_venv, tree_state
+from support_env import make_venv, tree_state
 from support_standins import free_port
-from rewheel.wheelbuild import build_wheel
+from devtools.wheelbuild import build_wheel
 
 SERVER = Path(__file__).parent / "services" / "toy_model_server.py"
 
@@ -149,7 +149,7 @@ class Host:
 
 
 def make_host(tmp: Path, new_version: str, variant: str) -> Host:
-    from rewheel.localindex import start_index
+    from devtools.localindex import start_index
 
     wheels = tmp / "wheels"
     build_toypkg(wheels, "1.0.0")

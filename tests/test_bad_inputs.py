@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conftest import make_venv, tree_state, uv
+from support_env import make_venv, tree_state, uv
 from support_index import toy_wheels
 
 Setup = Callable[["Ctx"], "Call"]
@@ -38,7 +38,7 @@ class Call:
 
 @pytest.fixture(scope="module")
 def index_url(tmp_path_factory: pytest.TempPathFactory):
-    from rewheel.localindex import start_index
+    from devtools.localindex import start_index
 
     # Only the installed versions: a run reinstalls what is there and changes no byte.
     wheels = toy_wheels(tmp_path_factory.mktemp("wheels"), toypkg=("1.0.0",), toyhelper=("1.0.0",))

@@ -8,8 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from rewheel.bench.harness import BenchConfig, render, run_bench
-from rewheel.bench.profile import full_profile, scaled, totals
+from devtools.bench.harness import BenchConfig, render, run_bench
+from devtools.bench.profile import full_profile, scaled, totals
+from support_env import REPO
 
 
 def test_profile_matches_a_vllm_environment_at_full_scale() -> None:
@@ -72,9 +73,9 @@ def test_cli_writes_results_json(tmp_path: Path) -> None:
     import subprocess
 
     out = tmp_path / "r.json"
-    cp = subprocess.run([sys.executable, "-m", "rewheel.bench", "--scale", "0.002", "--reps", "1",
+    cp = subprocess.run([sys.executable, "-m", "devtools.bench", "--scale", "0.002", "--reps", "1",
                          "--log-mb", "1", "--dir", str(tmp_path / "b"), "--no-full-copy", "--json", str(out)],
-                        capture_output=True, text=True)
+                        capture_output=True, text=True, cwd=REPO)
     assert cp.returncode in (0, 1), cp.stderr  # 1: a target missed at this toy scale
     doc = json.loads(out.read_text())
     assert doc["environment"]["scale"] == 0.002
@@ -87,8 +88,8 @@ def test_a_scale_the_disk_cannot_hold_is_refused_before_anything_is_built(tmp_pa
 
     free = shutil.disk_usage(tmp_path).free
     scale = max(1.0, 3 * free / totals(1.0)["bytes"])  # needs three times more than is free
-    cp = subprocess.run([sys.executable, "-m", "rewheel.bench", "--scale", f"{scale:.0f}", "--reps", "1",
-                         "--dir", str(tmp_path / "b")], capture_output=True, text=True)
+    cp = subprocess.run([sys.executable, "-m", "devtools.bench", "--scale", f"{scale:.0f}", "--reps", "1",
+                         "--dir", str(tmp_path / "b")], capture_output=True, text=True, cwd=REPO)
     assert cp.returncode == 2, (cp.stdout, cp.stderr)
     assert f"free under {tmp_path / 'b'}" in cp.stderr and "BENCH_SCALE" in cp.stderr, cp.stderr
     # Nothing was built: the scale's folder holds at most the set lists, no wheels.

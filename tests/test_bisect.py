@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rewheel import nightly
-from rewheel.localindex import serve_index
+from devtools.localindex import serve_index
 from support_nightly import (CompareApi, build_toypkg, fake_sha, json_of, make_git_repo,
                              nightly_version, rewheel, smoke_script, write_recipe)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_venv, uv
-from rewheel.localindex import serve_index
-from rewheel.wheelbuild import build_wheel
+from support_env import make_venv, uv
+from devtools.localindex import serve_index
+from devtools.wheelbuild import build_wheel
 from support_index import installed_version
 from support_nightly import (build_toypkg, fake_sha, json_of, nightly_version, rewheel,
                              smoke_script, write_recipe)

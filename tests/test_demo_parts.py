@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import uv
-from rewheel.demo import stage as st
-from rewheel.demo import toyvllm as toy
+from support_env import uv
+from devtools.demo import stage as st
+from devtools.demo import toyvllm as toy
 from rewheel.smoke.vllm_init import find_config_file, shrink_overrides
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -100,7 +100,7 @@ def test_index_layout_mirrors_per_commit_nightlies(tmp_path: Path) -> None:
 
 def test_index_serves_nightly_to_uv(tmp_path: Path, uv_cache: Path) -> None:
     """Through the real local index, the nightly resolves to dev344 and its pinned flashinfer."""
-    from rewheel.localindex import serve_index
+    from devtools.localindex import serve_index
 
     idx = st.build_index(tmp_path / "index")
     req = tmp_path / "requirements.in"

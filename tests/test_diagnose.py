@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rewheel import diagnose
-from rewheel.bench_logs import generate_log
+from devtools.bench_logs import generate_log
 from rewheel.errors import CommandNotFound, UsageError
 
 LOGS = Path(__file__).parent / "logs"

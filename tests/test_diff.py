@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_venv, uv, uv_install
+from support_env import make_venv, uv, uv_install
 from rewheel import diff as diffmod
 from rewheel import versions
 from rewheel.recipe import Recipe
@@ -254,7 +254,7 @@ def test_unified_diff_format() -> None:
 
 
 def test_diff_through_a_symlinked_prefix_sees_the_same_files(tmp_path: Path, wheelhouse: Path) -> None:
-    from conftest import uv_install
+    from support_env import uv_install
 
     py = make_venv(tmp_path / "real-env")
     uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_venv, uv_install
+from support_env import make_venv, uv_install
 from rewheel import diff as diffmod
 from rewheel.diff import count_changed_lines, count_lines, splits_like_bytes, unified_diff
 from rewheel.recipe import Recipe

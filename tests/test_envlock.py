@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from conftest import make_venv
+from support_env import make_venv
 from rewheel.errors import LockHeld, PreflightError
 from rewheel.journal import EnvLock
 

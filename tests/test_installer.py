@@ -1,4 +1,4 @@
-"""The uv installer against real pieces: wheels built with rewheel.wheelbuild, served by the local
+"""The uv installer against real pieces: wheels built with devtools.wheelbuild, served by the local
 index on 127.0.0.1, installed by uv into real venvs. No test touches the internet: every recipe
 sets `index_url` to a local index (or a closed port)."""
 
@@ -14,12 +14,12 @@ import pytest
 from rewheel import installer
 from rewheel.errors import InstallError, PreflightError, RecipeError, UsageError
 from rewheel.installer import PlannedChange, redact
-from rewheel.localindex import serve_index
-from rewheel.wheelbuild import build_wheel
+from devtools.localindex import serve_index
+from devtools.wheelbuild import build_wheel
 from support_index import (NIGHTLY, closed_port, installed_version, site_packages, toy_wheels,
                            write_recipe)
 
-from conftest import make_venv, uv
+from support_env import make_venv, uv
 
 SECRET = "s3cr3t-T0ken"
 

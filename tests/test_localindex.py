@@ -1,5 +1,5 @@
 """The local package index: PEP 503 HTML, PEP 691 JSON, per-commit sub-indexes, basic auth, the
-`python -m rewheel.localindex` entry point — and uv really installing from it."""
+`python -m devtools.localindex` entry point — and uv really installing from it."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rewheel.localindex import JSON_TYPE, serve_index
-from rewheel.wheelbuild import build_wheel
+from devtools.localindex import JSON_TYPE, serve_index
+from devtools.wheelbuild import build_wheel
 from support_index import NIGHTLY, installed_version, toy_wheels
 
-from conftest import make_venv, uv
+from support_env import REPO, make_venv, uv
 
 
 @pytest.fixture
@@ -125,8 +125,8 @@ def test_uv_installs_from_a_per_commit_sub_index(tmp_path: Path) -> None:
 
 def test_module_entry_point_serves_until_terminated(tmp_path: Path) -> None:
     wheels = toy_wheels(tmp_path / "w")
-    p = subprocess.Popen([sys.executable, "-m", "rewheel.localindex", str(wheels), "--port", "0"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-m", "devtools.localindex", str(wheels), "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert p.stdout is not None
         url = p.stdout.readline().strip()
@@ -139,6 +139,6 @@ def test_module_entry_point_serves_until_terminated(tmp_path: Path) -> None:
 
 
 def test_module_entry_point_rejects_a_missing_folder(tmp_path: Path) -> None:
-    cp = subprocess.run([sys.executable, "-m", "rewheel.localindex", str(tmp_path / "nope")],
-                        capture_output=True, text=True, timeout=30)
+    cp = subprocess.run([sys.executable, "-m", "devtools.localindex", str(tmp_path / "nope")],
+                        capture_output=True, text=True, timeout=30, cwd=REPO)
     assert cp.returncode == 2 and "does not exist" in cp.stderr

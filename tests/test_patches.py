@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_venv, uv, uv_install
+from support_env import make_venv, uv, uv_install
 from rewheel import patches
 from rewheel.environment import Environment
-from rewheel.localindex import serve_index
+from devtools.localindex import serve_index
 from rewheel.recipe import Recipe
 from rewheel.runner import open_target, snapshot_now
 from support_diff import (LOADER, edit_by_replace, edit_in_place, model_source, patchme_wheels,
@@ -281,7 +281,7 @@ def test_reapply_conflict_changes_nothing(env1: Path, wheels: Path, tmp_path: Pa
 
 
 def test_reapply_reports_a_file_the_new_version_dropped(env1: Path, wheels: Path, tmp_path: Path) -> None:
-    from rewheel.wheelbuild import build_wheel
+    from devtools.wheelbuild import build_wheel
 
     build_wheel(wheels, "patchme", "4.0", {"patchme/__init__.py": "VERSION = 4\n", "patchme/loader.py": LOADER})
     patch_env(env1)

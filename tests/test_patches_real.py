@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_venv, uv_install
+from support_env import make_venv, uv_install
 from rewheel import patches
 from rewheel.environment import Environment
-from rewheel.localindex import serve_index
-from rewheel.wheelbuild import build_wheel
+from devtools.localindex import serve_index
+from devtools.wheelbuild import build_wheel
 from support_diff import edit_by_replace, edit_in_place, site_packages
 from support_patches import build_lying_wheel
 

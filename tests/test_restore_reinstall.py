@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_venv, tree_state, uv_install
+from support_env import make_venv, tree_state, uv_install
 from rewheel import snapshot as snapmod
 from rewheel.environment import Environment
 from rewheel.snapshot import ALIASES, Store, restore_snapshot, take_snapshot, verify

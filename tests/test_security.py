@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_venv, uv
+from support_env import make_venv, uv
 from support_index import toy_wheels, write_recipe
 from test_bad_inputs import system_python
 
@@ -42,7 +42,7 @@ def test_index_credentials_never_reach_uvs_command_line(tmp_path: Path, env_v1, 
     authenticates, so the credentials did reach uv (through its environment)."""
     from rewheel import installer, patches
     from rewheel.environment import Environment
-    from rewheel.localindex import serve_index
+    from devtools.localindex import serve_index
 
     python, wheels = env_v1
     real = installer.find_uv()

@@ -14,7 +14,7 @@ from rewheel.errors import CommandNotFound, PreflightError
 from rewheel.smoke import SmokeResult, check_smoke, run_smoke
 from support_index import alive, live_group_members, write_recipe
 
-from conftest import make_venv
+from support_env import make_venv
 
 # A smoke command that forks a worker (like vLLM's per-rank workers), records both pids, prints
 # and then hangs; the worker hangs too and ignores SIGTERM, as a stuck CUDA worker may.

@@ -1,0 +1,3 @@
+"""FlashInfer (toy build)."""
+
+__version__ = "@VERSION@"

@@ -1,0 +1,1 @@
+from vllm.model_executor.layers.fused_moe.layer import FusedMoE

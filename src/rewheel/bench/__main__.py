@@ -1,5 +1,0 @@
-import sys
-
-from rewheel.bench.harness import main
-
-sys.exit(main())
