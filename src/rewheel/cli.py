@@ -265,7 +265,7 @@ def rollback(target: TargetArg = None,
     cb, status = _progress(err)
     with status:
         result = runner.rollback(t, snap.id, say=_streams(err)[0],
-                                 progress=cb, service_ops=runner.service_ops_for(t))
+                                 progress=cb)
     if json_out:
         emit_json(result.to_json())
     else:

@@ -16,6 +16,7 @@ from typing import Any
 from rewheel import journal
 from rewheel.environment import Environment
 from rewheel.errors import SnapshotDamaged, SnapshotError
+from rewheel.host import Host
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
 from rewheel.recipe import Recipe
@@ -35,6 +36,8 @@ class Target:
     recipe: Recipe
     env: Environment
     store: Store
+    # What the commands act through (service manager, uv, smoke runner, fetcher, GPU probe).
+    host: Host = field(default_factory=Host.real)
 
     @property
     def label(self) -> str:
@@ -45,10 +48,12 @@ class Target:
         return str(self.recipe.path) if self.recipe.path else f"--python {self.recipe.python}"
 
 
-def open_target(recipe: Recipe) -> Target:
+def open_target(recipe: Recipe, host: Host | None = None) -> Target:
+    """The recipe's environment, its store, and the host the commands act through (the
+    real one unless a caller hands another)."""
     restore_lanes_setting()  # a bad value is refused before any command acts
     env = Environment.inspect(recipe.python)
-    return Target(recipe, env, Store(env.prefix, _checked_home(recipe)))
+    return Target(recipe, env, Store(env.prefix, _checked_home(recipe)), host or Host.real())
 
 
 def _checked_home(recipe: Recipe) -> Path:
@@ -223,7 +228,7 @@ def _left_down(j: RunJournal) -> bool:
 
 
 def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
-             progress: Progress | None = None, service_ops: Any = None) -> RollbackResult:
+             progress: Progress | None = None) -> RollbackResult:
     """Restore a snapshot; with a recipe that has a service, stop it first and start and
     health-check it after — if it was running before (or before the interrupted run this
     rollback finishes). A service that was stopped stays stopped. When the environment
@@ -241,7 +246,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         left_down = next((r for r in journal.list_runs(t.store.env_dir)[:1] if _left_down(r)), interrupted)
         j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label)
         steps: list[dict[str, Any]] = []
-        svc = service_ops(t, j, steps, say) if service_ops else None
+        svc = ServiceSteps(t, j, steps, say) if t.recipe.service is not None else None
         was_up = up_now = unchanged = stopped = False
         if svc:
             try:
@@ -309,18 +314,15 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
 class ServiceSteps:
     """The service around a restore or an upgrade: stop (and wait for GPUs), start and verify."""
 
-    def __init__(self, t: Target, j: RunJournal, steps: list[dict[str, Any]], say: Say,
-                 client: Any = None) -> None:
-        from rewheel import service
-
+    def __init__(self, t: Target, j: RunJournal, steps: list[dict[str, Any]], say: Say) -> None:
         self.t = t
         self.j = j
         self.steps = steps
         self.say = say
-        self.client = client
+        self.host = t.host
         self.spec = t.recipe.service
         assert self.spec is not None
-        self.manager = service.make_manager(self.spec, t.store.env_dir, python=t.recipe.python)
+        self.manager = self.host.manager(self.spec, t.store.env_dir, t.recipe.python)
         self.started_at: float | None = None
 
     def status(self) -> Any:  # service.ServiceStatus
@@ -353,8 +355,8 @@ class ServiceSteps:
         self.j.append("note", service_not_restarted=reason)
         self.say(f"{reason}; checking {self.manager.describe()} is healthy")
         try:
-            health = service.wait_ready(self.manager, self.spec, client=self.client,
-                                        started_at=time.time(), on_progress=self.say)
+            health = self.host.wait_ready(self.manager, self.spec, client=self.host.client,
+                                          started_at=time.time(), on_progress=self.say)
         except service.HealthCheckFailed:
             self.steps.append({"name": "health", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
             raise
@@ -370,10 +372,8 @@ class ServiceSteps:
         self.manager.stop(float(self.spec.stop_timeout_s))
         smoke = self.t.recipe.smoke
         if smoke is not None and smoke.gpus > 0:
-            from rewheel import gpu
-
             self.say("waiting for GPU memory to be released")
-            gpu.wait_gpus_released(float(smoke.gpu_release_timeout_s))
+            self.host.gpus_released(float(smoke.gpu_release_timeout_s))
         self.steps.append({"name": "stop", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
 
     def start_and_verify(self) -> dict[str, Any]:
@@ -385,8 +385,8 @@ class ServiceSteps:
         self.started_at = time.time()
         self.manager.start()
         try:
-            health = service.wait_ready(self.manager, self.spec, client=self.client,
-                                        started_at=self.started_at, on_progress=self.say)
+            health = self.host.wait_ready(self.manager, self.spec, client=self.host.client,
+                                          started_at=self.started_at, on_progress=self.say)
         except service.HealthCheckFailed:
             self.steps.append({"name": "start", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
             raise
@@ -396,13 +396,6 @@ class ServiceSteps:
 
     def log_lines(self) -> Any:
         return self.manager.log_lines(self.started_at or time.time())
-
-
-def service_ops_for(t: Target, client: Any = None) -> Callable[..., Any] | None:
-    """The stop/start/verify steps around a restore, when the recipe names a service."""
-    if t.recipe.service is None:
-        return None
-    return lambda target, j, steps, say: ServiceSteps(target, j, steps, say, client)
 
 
 # --------------------------------------------------------------------------------------
@@ -476,24 +469,46 @@ class _Step:
 
 
 class _Cycle:
+    """One run's steps, acting on `t` through `t.host`; `from_journal` rebuilds an
+    interrupted one for `resume`."""
+
     def __init__(self, t: Target, *, lock: str | None, say: Say,
-                 on_output: Say, progress: Progress | None, client: Any) -> None:
+                 on_output: Say, progress: Progress | None) -> None:
         self.t = t
+        self.host = t.host
         self.lock = lock
         self.say = say
         self.on_output = on_output
         self.progress = progress
-        self.client = client
         self.report = RunReport(status="failed", recipe=t.label)
         self.svc: ServiceSteps | None = None
         self.snap: SnapshotMeta | None = None
         self.was_active = False
         self.named = t.recipe.install.names
-        self.j: RunJournal  # set in run()
+        self.j: RunJournal  # set in run(), or by from_journal
+
+    @classmethod
+    def from_journal(cls, t: Target, j: RunJournal, *, say: Say,
+                     progress: Progress | None) -> _Cycle:
+        """The cycle an interrupted run's journal describes: its id, the versions before it,
+        whether the service ran before it, its pre-upgrade snapshot (None when it was
+        interrupted before taking one)."""
+        cyc = cls(t, lock=None, say=say, on_output=say, progress=progress)
+        notes = [r for r in j.records if r["event"] == "note"]
+        cyc.j = j
+        cyc.was_active = any(r.get("service_was_active") for r in notes)
+        cyc.report.run_id = j.id
+        cyc.report.before = (j.first("started") or {}).get("before") or {}
+        if t.recipe.service is not None:
+            cyc.svc = ServiceSteps(t, j, cyc.report.steps, say)
+            if any("service_was_active" in r for r in notes):
+                cyc.report.service_before = "active" if cyc.was_active else "inactive"
+        cyc.snap = t.store.get(j.snapshot_id) if j.snapshot_id else None
+        cyc.report.snapshot_id = j.snapshot_id  # the report (and --json) names what was restored
+        return cyc
 
     # -- steps --------------------------------------------------------------------------
     def preflight(self, confirm: Callable[[RunReport], None] | None, dry_run: bool) -> bool:
-        from rewheel import installer, preflight
         from rewheel.errors import PreflightError
 
         t0 = time.monotonic()
@@ -503,7 +518,7 @@ class _Cycle:
             raise RecipeError(self.t.recipe.source, "install.packages",
                               "missing: `rewheel run` needs the packages to upgrade (or --lock FILE)",
                               hint='add [install] with packages = ["vllm"]')
-        checks = preflight.run_checks(self.t.recipe, client=self.client)
+        checks = self.host.checks(self.t.recipe, client=self.host.client)
         self.report.preflight = [c.to_json() for c in checks.checks]
         # `[cleanup] paths` never move a system folder, the environment or rewheel's state
         # (as root): refused here, before anything is stopped (UsageError, exit 2).
@@ -512,7 +527,7 @@ class _Cycle:
         if not checks.ok:
             raise PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in checks.failures),
                                  hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
-        plan = installer.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
+        plan = self.host.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
         self.report.plan = plan.to_json()
         self._snapshot_cost()
         self.report.before = self.t.env.versions()
@@ -544,7 +559,7 @@ class _Cycle:
     def stop(self) -> None:
         if self.t.recipe.service is None:
             return
-        self.svc = ServiceSteps(self.t, self.j, self.report.steps, self.say, self.client)
+        self.svc = ServiceSteps(self.t, self.j, self.report.steps, self.say)
         st = self.svc.status()
         self.svc.check_stoppable(st)  # before anything is changed
         self.was_active = st.up
@@ -561,7 +576,7 @@ class _Cycle:
 
         with _Step(self, "snapshot"):
             dists = self.t.env.distributions()
-            fetcher = patchmod.UvIndexFetcher.for_recipe(self.t.recipe)
+            fetcher = self.host.fetcher(self.t.recipe)
             try:
                 self.scan = patchmod.scan(self.t.env, store=self.t.store, fetcher=fetcher)
             finally:
@@ -584,7 +599,6 @@ class _Cycle:
                 self.say(f"moved {len(self.report.cleanup)} cleanup path(s) into the snapshot")
 
     def reinstall(self) -> None:
-        from rewheel import installer
         from rewheel import patches as patchmod
 
         with _Step(self, "reinstall"):
@@ -600,7 +614,7 @@ class _Cycle:
                 patchmod.clean_uv_cache_for(self.report.hazards)
             log = self.j.dir / "install.log"
             self.report.logs["install"] = str(log)
-            installer.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
+            self.host.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
                               on_line=self.on_output, log_path=log, keep=keep,
                               also_reinstall=self.report.hazards)
 
@@ -635,14 +649,13 @@ class _Cycle:
 
     def smoke(self) -> None:
         from rewheel.errors import SmokeFailed
-        from rewheel.smoke import run_smoke
 
         if self.t.recipe.smoke is None:
             return
         with _Step(self, "smoke"):
             log = self.j.dir / "smoke.log"
             self.report.logs["smoke"] = str(log)
-            res = run_smoke(self.t.recipe, log_path=log, on_line=self.on_output)
+            res = self.host.smoke(self.t.recipe, log_path=log, on_line=self.on_output)
             if not res.ok:
                 self.diagnose_file(log)
                 why = f"timed out after {self.t.recipe.smoke.timeout_s}s" if res.timed_out else f"exited {res.returncode}"
@@ -782,15 +795,14 @@ class _Cycle:
 
 def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert: bool = False,
         say: Say = _quiet, on_output: Say = _quiet, progress: Progress | None = None,
-        confirm: Callable[[RunReport], None] | None = None, client: Any = None) -> RunReport:
+        confirm: Callable[[RunReport], None] | None = None) -> RunReport:
     """The whole run cycle (README: "The run cycle"). Returns the report — status "failed" (exit 3) when a revert
     could not verify the old state. Raises for preflight and usage problems (nothing changed)
     and for a failure before the reinstall (the service is put back as it was)."""
     from rewheel.errors import RewheelError
 
     refuse_system_interpreter(t)
-    cyc = _Cycle(t, lock=lock, say=say, on_output=on_output,
-                 progress=progress, client=client)
+    cyc = _Cycle(t, lock=lock, say=say, on_output=on_output, progress=progress)
     with EnvLock(t.store.env_dir, "run", prefix=t.env.prefix) as lk:
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
         if not cyc.preflight(confirm, dry_run):
@@ -875,8 +887,7 @@ class ResumeResult:
                 "stopped_processes": self.stopped_processes}
 
 
-def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
-           client: Any = None) -> ResumeResult:
+def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) -> ResumeResult:
     """An interrupted upgrade is undone (restored from its pre-upgrade snapshot) unless it had
     already passed every check and was only recording its result, which is then finished.
     An interrupted rollback or revert is run again (restores are idempotent)."""
@@ -888,20 +899,8 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
         if j is None:
             return ResumeResult("nothing-to-resume", None, "no interrupted run",
                                 stopped_processes=lk.stopped)
-        was_active = any(r.get("service_was_active") for r in j.records if r["event"] == "note")
         steps_seen = [r.get("name") for r in j.records if r["event"] == "step"]
-        cyc = _Cycle(t, lock=None, say=say, on_output=say, progress=progress, client=client)
-        cyc.j = j
-        cyc.report.run_id = j.id
-        cyc.report.before = (j.first("started") or {}).get("before") or {}
-        cyc.was_active = was_active
-        if t.recipe.service is not None:
-            cyc.svc = ServiceSteps(t, j, cyc.report.steps, say, client)
-            if any("service_was_active" in r for r in j.records if r["event"] == "note"):
-                cyc.report.service_before = "active" if was_active else "inactive"
-        snap_id = j.snapshot_id
-        cyc.snap = t.store.get(snap_id) if snap_id else None
-        cyc.report.snapshot_id = snap_id  # the report (and --json) names what was restored
+        cyc = _Cycle.from_journal(t, j, say=say, progress=progress)
 
         if j.kind == "run" and "keep" in steps_seen and "revert" not in steps_seen:
             assert cyc.snap is not None
@@ -917,7 +916,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
         if cyc.snap is None:
             # Interrupted before the snapshot existed: the environment was not touched.
             j.append("step", name="abort", resumed=True)
-            if cyc.svc is not None and was_active and not cyc.svc.was_active():
+            if cyc.svc is not None and cyc.was_active and not cyc.svc.was_active():
                 cyc.report.service = cyc.svc.start_and_verify()
             j.append("finished", status="aborted", resumed=True)
             cyc.report.status = "failed"
@@ -947,10 +946,9 @@ class SmokeReport:
         return dict(self.__dict__)
 
 
-def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet, client: Any = None) -> SmokeReport:
-    from rewheel import diagnose, service
+def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet) -> SmokeReport:
+    from rewheel import diagnose
     from rewheel.errors import ServiceError
-    from rewheel.smoke import run_smoke
 
     journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
     rep = SmokeReport(ok=True)
@@ -959,16 +957,16 @@ def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet, client:
         logs = t.store.env_dir / "smoke"
         logs.mkdir(exist_ok=True)
         log = logs / (time.strftime("%Y%m%d-%H%M%S") + ".log")
-        res = run_smoke(t.recipe, log_path=log, on_line=on_output)
+        res = t.host.smoke(t.recipe, log_path=log, on_line=on_output)
         rep.smoke = res.to_json()
         if not res.ok:
             rep.ok = False
             rep.root_cause = diagnose.analyse_file(log, package=package).to_json()["root_cause"]
     if t.recipe.service is not None:
-        mgr = service.make_manager(t.recipe.service, t.store.env_dir, python=t.recipe.python)
+        mgr = t.host.manager(t.recipe.service, t.store.env_dir, t.recipe.python)
         try:
-            rep.health = service.wait_ready(mgr, t.recipe.service, client=client, started_at=time.time(),
-                                            on_progress=say).to_json()
+            rep.health = t.host.wait_ready(mgr, t.recipe.service, client=t.host.client,
+                                           started_at=time.time(), on_progress=say).to_json()
         except ServiceError as exc:
             rep.ok = False
             rep.error = str(exc)
