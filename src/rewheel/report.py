@@ -250,7 +250,7 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
             console.print(f"  service healthy again: {escape(str(rv['service'].get('detail')))}")
         if rv.get("error"):
             console.print(f"[bold red]revert failed:[/] {escape(str(rv['error']))}")
-    steps = "  ".join(f"{s['name']} {'ok' if s['ok'] else 'FAILED'} {s['seconds']:.1f}s" for s in rep.steps)
+    steps = "  ".join(f"{s.name} {'ok' if s.ok else 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
     console.print(f"  steps: {steps}")
     verdict = {"upgraded": "upgraded and verified",
                "reverted": "upgrade failed; the environment was restored and the old service verified",

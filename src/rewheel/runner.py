@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,13 +154,36 @@ def history(t: Target) -> History:
 # rollback
 # --------------------------------------------------------------------------------------
 @dataclass
+class StepRecord:
+    """One step of a run, a rollback or a revert, as the report lists it: its name, whether
+    it succeeded, how long it took. `skipped`/`reason` mark a start deliberately not made,
+    `restarted` a health check of a service left running; each appears in the JSON only when
+    set, as it always has."""
+
+    name: str
+    ok: bool
+    seconds: float = 0.0
+    skipped: bool | None = None
+    reason: str | None = None
+    restarted: bool | None = None
+
+    @classmethod
+    def since(cls, name: str, ok: bool, t0: float, **extra: Any) -> StepRecord:
+        """A step that began at `t0` (time.monotonic()) and ends now."""
+        return cls(name, ok, round(time.monotonic() - t0, 3), **extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
 class RollbackResult:
     snapshot: SnapshotMeta
     restore: RestoreResult
     run_id: str
     service: dict[str, Any] | None = None
     finished_run: str | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     # Processes an interrupted rewheel had started (uv, the smoke test) that were still running
     # and were stopped before anything was restored.
     stopped_processes: list[dict[str, Any]] = field(default_factory=list)
@@ -169,7 +192,7 @@ class RollbackResult:
         return {"status": "restored", "snapshot_id": self.snapshot.id, "run_id": self.run_id,
                 "restore": self.restore.to_json(), "service": self.service,
                 "versions": self.snapshot.versions, "finished_interrupted_run": self.finished_run,
-                "steps": self.steps, "stopped_processes": self.stopped_processes}
+                "steps": [s.to_json() for s in self.steps], "stopped_processes": self.stopped_processes}
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
@@ -245,7 +268,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         # after an aborted run that failed).
         left_down = next((r for r in journal.list_runs(t.store.env_dir)[:1] if _left_down(r)), interrupted)
         j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label)
-        steps: list[dict[str, Any]] = []
+        steps: list[StepRecord] = []
         svc = ServiceSteps(t, j, steps, say) if t.recipe.service is not None else None
         was_up = up_now = unchanged = stopped = False
         if svc:
@@ -286,7 +309,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
                 j.append("finished", status="refused", snapshot_id=snap.id)
             raise
         res.cleanup_restored = unstash_cleanup(snap, t.recipe.cleanup_paths)
-        steps.append({"name": "restore", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        steps.append(StepRecord.since("restore", True, t0))
         service_state = None
         try:
             if svc:
@@ -314,7 +337,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
 class ServiceSteps:
     """The service around a restore or an upgrade: stop (and wait for GPUs), start and verify."""
 
-    def __init__(self, t: Target, j: RunJournal, steps: list[dict[str, Any]], say: Say) -> None:
+    def __init__(self, t: Target, j: RunJournal, steps: list[StepRecord], say: Say) -> None:
         self.t = t
         self.j = j
         self.steps = steps
@@ -344,8 +367,7 @@ class ServiceSteps:
         """Record that the service is deliberately not started (it was not running before)."""
         self.j.append("note", service_start_skipped=reason)
         self.say(reason)
-        self.steps.append({"name": "start", "ok": True, "seconds": 0.0, "skipped": True,
-                           "reason": reason})
+        self.steps.append(StepRecord("start", True, 0.0, skipped=True, reason=reason))
 
     def verify_running(self, reason: str) -> dict[str, Any]:
         """Health-check the running service without restarting it."""
@@ -358,10 +380,9 @@ class ServiceSteps:
             health = self.host.wait_ready(self.manager, self.spec, client=self.host.client,
                                           started_at=time.time(), on_progress=self.say)
         except service.HealthCheckFailed:
-            self.steps.append({"name": "health", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
+            self.steps.append(StepRecord.since("health", False, t0))
             raise
-        self.steps.append({"name": "health", "ok": True, "seconds": round(time.monotonic() - t0, 3),
-                           "restarted": False})
+        self.steps.append(StepRecord.since("health", True, t0, restarted=False))
         self.j.append("healthy", detail=health.detail)
         return {**health.to_json(), "restarted": False}
 
@@ -374,7 +395,7 @@ class ServiceSteps:
         if smoke is not None and smoke.gpus > 0:
             self.say("waiting for GPU memory to be released")
             self.host.gpus_released(float(smoke.gpu_release_timeout_s))
-        self.steps.append({"name": "stop", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        self.steps.append(StepRecord.since("stop", True, t0))
 
     def start_and_verify(self) -> dict[str, Any]:
         from rewheel import service
@@ -388,9 +409,9 @@ class ServiceSteps:
             health = self.host.wait_ready(self.manager, self.spec, client=self.host.client,
                                           started_at=self.started_at, on_progress=self.say)
         except service.HealthCheckFailed:
-            self.steps.append({"name": "start", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
+            self.steps.append(StepRecord.since("start", False, t0))
             raise
-        self.steps.append({"name": "start", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        self.steps.append(StepRecord.since("start", True, t0))
         self.j.append("healthy", detail=health.detail)
         return health.to_json()
 
@@ -423,7 +444,7 @@ class RunReport:
     hazards: list[str] = field(default_factory=list)
     root_cause: dict[str, Any] | None = None
     failure: dict[str, Any] | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     plan: dict[str, Any] | None = None
     preflight: list[dict[str, Any]] = field(default_factory=list)
     snapshot: dict[str, Any] | None = None
@@ -447,6 +468,7 @@ class RunReport:
 
     def to_json(self) -> dict[str, Any]:
         doc = dict(self.__dict__)
+        doc["steps"] = [s.to_json() for s in self.steps]
         doc["exit_code"] = self.exit_code
         return doc
 
@@ -464,8 +486,7 @@ class _Step:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.run.report.steps.append({"name": self.name, "ok": exc is None,
-                                      "seconds": round(time.monotonic() - self.t0, 3)})
+        self.run.report.steps.append(StepRecord.since(self.name, exc is None, self.t0))
 
 
 class _Cycle:
@@ -531,7 +552,7 @@ class _Cycle:
         self.report.plan = plan.to_json()
         self._snapshot_cost()
         self.report.before = self.t.env.versions()
-        self.report.steps.append({"name": "preflight", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        self.report.steps.append(StepRecord.since("preflight", True, t0))
         if dry_run:
             self.report.status = "planned"
             return False
@@ -783,13 +804,13 @@ class _Cycle:
                 remove_displaced(res)  # the failed build's folders, moved out by the restore
         except RewheelError as exc:
             revert["error"] = str(exc)
-            self.report.steps.append({"name": "revert", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
+            self.report.steps.append(StepRecord.since("revert", False, t0))
             self.report.status = "failed"
             raise RestoreError(f"revert failed: {exc.message}",
                                hint=(exc.hint or "") + f"\nthe pre-upgrade snapshot is {self.snap.id if self.snap else '?'}; "
                                f"run `rewheel rollback {self.t.cli_ref} {self.snap.id if self.snap else ''} --yes` "
                                "once the cause is fixed") from exc
-        self.report.steps.append({"name": "revert", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        self.report.steps.append(StepRecord.since("revert", True, t0))
         self.report.status = "reverted"
 
 
@@ -829,8 +850,8 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             cyc.keep()
         except Exception as exc:  # any failure after the reinstall began is reverted
             reason = f"{cyc.j.last_step} failed: {cyc.record_failure(exc)}"
-            if not cyc.report.steps or cyc.report.steps[-1]["name"] != cyc.j.last_step:
-                cyc.report.steps.append({"name": cyc.j.last_step or "?", "ok": False, "seconds": 0.0})
+            if not cyc.report.steps or cyc.report.steps[-1].name != cyc.j.last_step:
+                cyc.report.steps.append(StepRecord(cyc.j.last_step or "?", False))
             if no_revert:
                 cyc.report.status = "failed"
                 cyc.report.after = t.env.versions()
