@@ -457,11 +457,3 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                       + (" …" if len(scan.missing) > 10 else ""))
     for s in scan.skipped:
         console.print(f"[dim]not checked: {escape(s['distribution'])} ({escape(s['reason'])})[/]")
-
-
-def render_reapply(console: Console, results: list) -> None:  # patches.ReapplyResult items
-    style = {"clean": "green", "unchanged": "dim", "conflict": "bold red", "missing": "bold red"}
-    for r in results:
-        extra = f" — merge with markers in {escape(r.conflict_file)}" if r.conflict_file else ""
-        console.print(f" [{style.get(r.status, '')}]{r.status:9}[/] {escape(r.path)}: {escape(r.detail)}{extra}",
-                      soft_wrap=True)

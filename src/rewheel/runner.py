@@ -422,9 +422,6 @@ class ServiceSteps:
 # --------------------------------------------------------------------------------------
 # run: the whole cycle
 # --------------------------------------------------------------------------------------
-STEP_NAMES = ("preflight", "stop", "snapshot", "reinstall", "diff", "smoke", "start", "keep")
-
-
 @dataclass
 class RunReport:
     status: str  # "upgraded" | "reverted" | "failed" | "planned"
@@ -896,10 +893,6 @@ class ResumeResult:
     # Processes the interrupted rewheel had started (uv, the smoke test) that were still
     # running and were stopped before anything was touched.
     stopped_processes: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def exit_code(self) -> int:
-        return 0
 
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "run_id": self.run_id, "action": self.action,
