@@ -427,29 +427,3 @@ def _compare_url(project_urls: dict[str, str], github: str | None, good: Build,
         owner, name = nightly.github_repo(github)
         url = f"https://github.com/{owner}/{name}/compare/{a}...{z}"
     return url
-
-
-def render_bisect(console: Any, res: BisectResult) -> None:
-    from rewheel.report import escape  # control characters made visible, markup escaped
-
-    from rewheel import report
-
-    colour = "bold green" if res.status == "found" else "bold red"
-    console.print(f"[{colour}]{res.status}[/]: {escape(res.message)}")
-    console.print(f"  {len(res.candidates)} {res.mode} from {escape(res.good)} to {escape(res.bad)}"
-                  + (f" (commits from {escape(res.commit_source)})" if res.commit_source else "")
-                  + f"; {res.smoke_runs} smoke run(s) in this invocation")
-    for v in res.steps:
-        mark = {"good": "[green]good[/]", "bad": "[red]bad [/]", "skip": "[yellow]skip[/]"}[v.verdict]
-        commit = f" {v.build.commit[:12]}" if v.build.commit else ""
-        again = " [dim](recorded)[/]" if v.resumed else ""
-        console.print(f"  {mark} {escape(v.build.label)}{commit}{again}  [dim]{escape(v.reason)[:200]}[/]")
-    if res.last_good:
-        console.print(f"last good:  {escape(res.last_good.label)}")
-    if res.first_bad:
-        console.print(f"first bad:  {escape(res.first_bad.label)}")
-    if res.compare_url:
-        console.print(f"compare:    {escape(res.compare_url)}")
-    fb = res.first_bad_verdict
-    if fb and fb.root_cause:
-        report.render_root_cause(console, fb.root_cause)

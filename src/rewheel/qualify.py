@@ -394,27 +394,3 @@ def write_reports(rep: CiReport, *, junit: Path | None, summary: Path | None) ->
         with open(summary, "a", encoding="utf-8") as f:
             f.write(summary_markdown(rep))
         rep.summary = str(summary)
-
-
-def render_ci(console: Any, rep: CiReport) -> None:
-    """Human report on a rich console."""
-    from rewheel.report import escape  # control characters made visible, markup escaped
-
-    from rewheel import report
-
-    colour = "bold green" if rep.status == "qualified" else "bold red"
-    console.print(f"[{colour}]{rep.status}[/]: {escape(rep.package)} {escape(rep.version or '(not installed)')} "
-                  f"(Python {escape(rep.python_version or '?')}) from {escape(rep.recipe)}")
-    for s in rep.steps:
-        mark = {"passed": "[green]✓[/]", "failed": "[red]✗[/]", "skipped": "[dim]-[/]"}[s.status]
-        console.print(f"  {mark} {s.name:<12} {s.seconds:6.1f}s  {escape(s.message)}")
-    if rep.root_cause:
-        report.render_root_cause(console, rep.root_cause)
-    if rep.baseline:
-        console.print(f"changes since {escape(rep.baseline)}:")
-        report.render_changes(console, rep.changes)
-    if rep.promoted:
-        console.print(f"promoted: {escape(rep.promoted)}")
-    for kind, path in (("junit", rep.junit), ("summary", rep.summary)):
-        if path:
-            console.print(f"{kind}: {escape(path)}")

@@ -457,3 +457,54 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                       + (" …" if len(scan.missing) > 10 else ""))
     for s in scan.skipped:
         console.print(f"[dim]not checked: {escape(s['distribution'])} ({escape(s['reason'])})[/]")
+    if scan.record_inconsistent:
+        shown = scan.record_inconsistent[:10]
+        console.print(f"{len(scan.record_inconsistent)} file(s) match no RECORD but are exactly what "
+                      "their wheel ships (RECORD inconsistent, matches its wheel; not patches, never "
+                      "reapplied): " + clean(", ".join(f"{r['path']} ({r['distribution']})" for r in shown))
+                      + (" …" if len(scan.record_inconsistent) > 10 else ""),
+                      markup=False, highlight=False, style="dim", soft_wrap=True)
+
+
+# ---- ci and bisect (rewheel.qualify, rewheel.bisection) ----
+def render_ci(console: Console, rep) -> None:  # qualify.CiReport
+    """`rewheel ci`: the verdict, each step, the root cause, the changes since the baseline."""
+    colour = "bold green" if rep.status == "qualified" else "bold red"
+    console.print(f"[{colour}]{rep.status}[/]: {escape(rep.package)} {escape(rep.version or '(not installed)')} "
+                  f"(Python {escape(rep.python_version or '?')}) from {escape(rep.recipe)}")
+    for s in rep.steps:
+        mark = {"passed": "[green]✓[/]", "failed": "[red]✗[/]", "skipped": "[dim]-[/]"}[s.status]
+        console.print(f"  {mark} {s.name:<12} {s.seconds:6.1f}s  {escape(s.message)}")
+    if rep.root_cause:
+        render_root_cause(console, rep.root_cause)
+    if rep.baseline:
+        console.print(f"changes since {escape(rep.baseline)}:")
+        render_changes(console, rep.changes)
+    if rep.promoted:
+        console.print(f"promoted: {escape(rep.promoted)}")
+    for kind, path in (("junit", rep.junit), ("summary", rep.summary)):
+        if path:
+            console.print(f"{kind}: {escape(path)}")
+
+
+def render_bisect(console: Console, res) -> None:  # bisection.BisectResult
+    """`rewheel bisect`: the verdict, each build tried, the last good and first bad builds."""
+    colour = "bold green" if res.status == "found" else "bold red"
+    console.print(f"[{colour}]{res.status}[/]: {escape(res.message)}")
+    console.print(f"  {len(res.candidates)} {res.mode} from {escape(res.good)} to {escape(res.bad)}"
+                  + (f" (commits from {escape(res.commit_source)})" if res.commit_source else "")
+                  + f"; {res.smoke_runs} smoke run(s) in this invocation")
+    for v in res.steps:
+        mark = {"good": "[green]good[/]", "bad": "[red]bad [/]", "skip": "[yellow]skip[/]"}[v.verdict]
+        commit = f" {v.build.commit[:12]}" if v.build.commit else ""
+        again = " [dim](recorded)[/]" if v.resumed else ""
+        console.print(f"  {mark} {escape(v.build.label)}{commit}{again}  [dim]{escape(v.reason)[:200]}[/]")
+    if res.last_good:
+        console.print(f"last good:  {escape(res.last_good.label)}")
+    if res.first_bad:
+        console.print(f"first bad:  {escape(res.first_bad.label)}")
+    if res.compare_url:
+        console.print(f"compare:    {escape(res.compare_url)}")
+    fb = res.first_bad_verdict
+    if fb and fb.root_cause:
+        render_root_cause(console, fb.root_cause)
