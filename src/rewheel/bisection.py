@@ -36,6 +36,7 @@ from packaging.version import InvalidVersion, Version
 from rewheel import nightly
 from rewheel import versions as vers
 from rewheel.errors import EXIT_OK, EXIT_REVERTED, InstallError, RewheelError, UsageError
+from rewheel.installer import redact
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import ensure_private_dir, state_home
 from rewheel.recipe import Recipe
@@ -73,7 +74,7 @@ class Build:
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "commit": self.commit,
-                "index": nightly.redact(self.index) if self.index else None}
+                "index": redact(self.index) if self.index else None}
 
 
 @dataclass
@@ -198,7 +199,7 @@ class _Bisection:
             files = nightly.index_files(build.index, self.name, self.client)
             if not files:
                 return Verdict(build, "skip", f"no {self.name} build in the per-commit index "
-                                              f"{nightly.redact(build.index)}",
+                                              f"{redact(build.index)}",
                                seconds=time.monotonic() - t0)
             vs = sorted({f.version for f in files})
             match = [v for v in vs if build.commit and (vers.parse(str(v)).sha or "-")

@@ -12,13 +12,18 @@ import signal
 import sys
 from pathlib import Path
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from rewheel import report
 from rewheel.errors import EXIT_BUSY, EXIT_OK, EXIT_REVERTED, EXIT_USAGE, ConfirmationRequired, RewheelError
+
+if TYPE_CHECKING:
+    from rich.status import Status
+
+    from rewheel.snapshot import Progress  # the progress-callback type, defined once there
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Upgrade a service's Python environment and keep the upgrade only once it is proven.")
@@ -198,7 +203,7 @@ def _streams(err: Console, quiet: bool = False) -> tuple[Callable[[str], None], 
     return say, on_output
 
 
-def _progress(err: Console):
+def _progress(err: Console) -> tuple[Progress, Status]:
     """A rich status line for long file work; returns (callback, status)."""
     status = err.status("working…")
 
