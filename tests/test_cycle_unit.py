@@ -217,7 +217,7 @@ def test_good_upgrade_is_kept(world: tuple[World, runner.Target]) -> None:
     assert w.gpu_waits == [120.0]  # the smoke test needs a GPU: its memory is waited for after the stop
     assert t.store.get(rep.snapshot_id).extra["upgraded_to"] == {PKG: "2.0.0"}
     assert last_run(t).status == "upgraded"
-    assert [c["name"] for c in rep.changes] == [PKG]
+    assert [(c.name, c.old, c.new, c.change) for c in rep.changes] == [(PKG, "1.0.0", "2.0.0", "upgraded")]
 
 
 def test_dry_run_plans_and_touches_nothing(world: tuple[World, runner.Target]) -> None:

@@ -186,16 +186,13 @@ def render_root_cause(console: Console, rc: dict | None) -> None:
         console.print(f"    [dim]secondary: {escape(str(text))[:200]}[/]")
 
 
-def render_changes(console: Console, changes: list[dict], limit: int = 60) -> None:
-    """The package table of a run or CI report, from its JSON form: the same table `diff`
-    prints (builds, commits, variant, compare links)."""
-    from types import SimpleNamespace
-
+def render_changes(console: Console, changes: list, limit: int = 60) -> None:  # diff.PackageChange items
+    """The package table of a run or CI report: the same table `diff` prints (builds,
+    commits, variant, compare links)."""
     if not changes:
         console.print("  no version changes")
         return
-    fields = ("name", "old", "new", "change", "dev_distance", "old_sha", "new_sha", "variant", "compare_url")
-    render_package_changes(console, [SimpleNamespace(**{k: c.get(k) for k in fields}) for c in changes[:limit]])
+    render_package_changes(console, changes[:limit])
     if len(changes) > limit:
         console.print(f"  … and {len(changes) - limit} more")
 
@@ -218,11 +215,10 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
     if rep.files:
         from collections import Counter
 
-        counts = Counter(f.get("change") for f in rep.files)
+        counts = Counter(f.change for f in rep.files)
         console.print("  source files: " + ", ".join(f"{n} {c}" for c, n in sorted(counts.items())))
         for f in rep.files[:15]:
-            console.print(f"    {f.get('change', '?'):<9} {escape(str(f.get('path')))} "
-                          f"(+{f.get('added_lines') or 0} -{f.get('removed_lines') or 0})")
+            console.print(f"    {f.change:<9} {escape(f.path)} (+{f.added_lines or 0} -{f.removed_lines or 0})")
         if len(rep.files) > 15:
             console.print(f"    … and {len(rep.files) - 15} more (`rewheel diff` lists them all)")
     if rep.patches:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rewheel import journal
 from rewheel.environment import Environment
@@ -23,6 +23,9 @@ from rewheel.recipe import Recipe
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, SnapshotResult, Store,
                               remove_displaced, restore_lanes_setting, restore_snapshot, take_snapshot,
                               unstash_cleanup)
+
+if TYPE_CHECKING:
+    from rewheel.diff import FileChange, PackageChange
 
 Say = Callable[[str], None]
 
@@ -432,8 +435,8 @@ class RunReport:
     after: dict[str, str] = field(default_factory=dict)
     # What the reinstall installed, kept when a revert puts `after` back to `before`.
     attempted: dict[str, str] = field(default_factory=dict)
-    changes: list[dict[str, Any]] = field(default_factory=list)
-    files: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[PackageChange] = field(default_factory=list)
+    files: list[FileChange] = field(default_factory=list)
     file_stats: dict[str, Any] = field(default_factory=dict)
     patches: list[dict[str, Any]] = field(default_factory=list)
     patch_files: list[str] = field(default_factory=list)
@@ -466,6 +469,8 @@ class RunReport:
     def to_json(self) -> dict[str, Any]:
         doc = dict(self.__dict__)
         doc["steps"] = [s.to_json() for s in self.steps]
+        doc["changes"] = [c.to_json() for c in self.changes]
+        doc["files"] = [f.to_json() for f in self.files]
         doc["exit_code"] = self.exit_code
         return doc
 
@@ -646,13 +651,12 @@ class _Cycle:
             self.j.append("installed", versions=self.report.after)
             assert self.snap is not None
             try:
-                doc = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)}).to_json()
-                self.report.changes, self.report.files = doc["packages"], doc["files"]
-                self.report.file_stats = doc.get("stats", {})
+                d = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)})
+                self.report.changes, self.report.files = d.packages, d.files
+                self.report.file_stats = d.stats
             except Exception as exc:  # the file list is informative, never a reason to revert
-                changes = diffmod.diff_versions(self.snap.distributions,
-                                                [d.to_json() for d in self.t.env.distributions()])
-                self.report.changes = [c.to_json() for c in changes]
+                self.report.changes = diffmod.diff_versions(
+                    self.snap.distributions, [d.to_json() for d in self.t.env.distributions()])
                 self.report.file_stats = {"error": str(exc)}
             if self.t.recipe.patch_policy == "reapply" and self.scan.patches:
                 results = patchmod.reapply(self.scan, self.t.env, self.j.dir)
