@@ -259,7 +259,7 @@ def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_s
     assert version(t) == "1.0.0" and rep.after == {PKG: "1.0.0"}
     assert rep.failure is not None and rep.failure["step"] == failed_step
     assert (failed_step, False) in steps(rep) and steps(rep)[-1] == ("revert", True)
-    assert rep.revert is not None and rep.revert["restore"]["verified"] > 0
+    assert rep.revert is not None and rep.revert.restore is not None and rep.revert.restore.verified > 0
     assert w.manager.up and w.manager.calls[-1] == "start"
     assert last_run(t).status == "reverted"
     # The failed build is kept for inspection beside the pre-upgrade snapshot.
@@ -297,7 +297,7 @@ def test_start_fails_reverted(world: tuple[World, runner.Target]) -> None:
     # running, which the report says with exit 3.
     assert rep is not None and (rep.status, rep.exit_code) == ("failed", EXIT_UNRESTORED)
     assert version(t) == "1.0.0"
-    assert rep.failure["step"] == "start" and "failed to start" in rep.revert["error"]
+    assert rep.failure["step"] == "start" and "failed to start" in rep.revert.error
 
 
 def test_health_fails_reverted_and_diagnosed(world: tuple[World, runner.Target]) -> None:
@@ -315,7 +315,7 @@ def test_revert_fails_exit_3(world: tuple[World, runner.Target]) -> None:
     rep = runner.run(t)
     assert (rep.status, rep.exit_code) == ("failed", EXIT_UNRESTORED)
     assert steps(rep)[-1] == ("revert", False)
-    assert "revert failed" in rep.revert["error"] and "rewheel rollback" in rep.revert["hint"]
+    assert "revert failed" in rep.revert.error and "rewheel rollback" in rep.revert.hint
     assert version(t) == "1.0.0"  # the files are back; the service is what did not come up
     assert last_run(t).status == "failed"
 

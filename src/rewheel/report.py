@@ -234,18 +234,18 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
         console.print(f"[bold red]failed at {rep.failure.get('step')}:[/] {escape(str(rep.failure.get('message')))}")
         render_root_cause(console, rep.root_cause)
     if rep.revert:
-        rv = rep.revert
-        r = rv.get("restore") or {}
-        if r:
-            console.print(f"[bold]reverted[/]: snapshot {rep.snapshot_id} restored — {r.get('written', 0):,} files "
-                          f"written, {r.get('deleted', 0):,} removed, {r.get('verified', 0):,} verified")
-        if rv.get("failed_snapshot_id"):
-            console.print(f"  the failed build is kept as snapshot {rv['failed_snapshot_id']}: "
-                          f"`rewheel diff {escape(rep.recipe)} {rep.snapshot_id} {rv['failed_snapshot_id']}` shows what it changed")
-        if rv.get("service"):
-            console.print(f"  service healthy again: {escape(str(rv['service'].get('detail')))}")
-        if rv.get("error"):
-            console.print(f"[bold red]revert failed:[/] {escape(str(rv['error']))}")
+        rv = rep.revert  # runner.RevertRecord
+        r = rv.restore
+        if r is not None:
+            console.print(f"[bold]reverted[/]: snapshot {rep.snapshot_id} restored — {r.written:,} files "
+                          f"written, {r.deleted:,} removed, {r.verified:,} verified")
+        if rv.failed_snapshot_id:
+            console.print(f"  the failed build is kept as snapshot {rv.failed_snapshot_id}: "
+                          f"`rewheel diff {escape(rep.recipe)} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
+        if rv.service:
+            console.print(f"  service healthy again: {escape(str(rv.service.get('detail')))}")
+        if rv.error:
+            console.print(f"[bold red]revert failed:[/] {escape(rv.error)}")
     steps = "  ".join(f"{s.name} {'ok' if s.ok else 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
     console.print(f"  steps: {steps}")
     verdict = {"upgraded": "upgraded and verified",

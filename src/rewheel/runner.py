@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -426,6 +426,29 @@ class ServiceSteps:
 # run: the whole cycle
 # --------------------------------------------------------------------------------------
 @dataclass
+class RevertRecord:
+    """What a revert did: why, the failed build kept as a snapshot, the restore, the service
+    brought back (or left stopped), and, when it could not finish, the error and what a
+    person must do. A field appears in the JSON only once set; `hint` always with `error`."""
+
+    reason: str
+    failed_snapshot_id: str | None = None
+    failed_snapshot_error: str | None = None
+    restore: RestoreResult | None = None
+    service: dict[str, Any] | None = None
+    service_skipped: str | None = None
+    error: str | None = None
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        # Not asdict: it would deep-copy the restore result (with its displaced folders).
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.restore is not None:
+            doc["restore"] = self.restore.to_json()
+        return {k: v for k, v in doc.items() if v is not None or (k == "hint" and self.error is not None)}
+
+
+@dataclass
 class RunReport:
     status: str  # "upgraded" | "reverted" | "failed" | "planned"
     recipe: str
@@ -449,7 +472,7 @@ class RunReport:
     preflight: list[dict[str, Any]] = field(default_factory=list)
     snapshot: dict[str, Any] | None = None
     cleanup: list[dict[str, Any]] = field(default_factory=list)
-    revert: dict[str, Any] | None = None
+    revert: RevertRecord | None = None
     service: dict[str, Any] | None = None
     logs: dict[str, str] = field(default_factory=dict)
     run_dir: str | None = None
@@ -471,6 +494,7 @@ class RunReport:
         doc["steps"] = [s.to_json() for s in self.steps]
         doc["changes"] = [c.to_json() for c in self.changes]
         doc["files"] = [f.to_json() for f in self.files]
+        doc["revert"] = self.revert.to_json() if self.revert is not None else None
         doc["exit_code"] = self.exit_code
         return doc
 
@@ -756,7 +780,7 @@ class _Cycle:
         return f": {rc.get('type')}: {rc.get('message')}{where}"
 
     # -- revert ---------------------------------------------------------------------------
-    def _keep_failed_state(self, revert: dict[str, Any]) -> None:
+    def _keep_failed_state(self, revert: RevertRecord) -> None:
         """Snapshot the failed build before restoring, so it can be diffed and inspected later
         (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
         this costs little; if it fails, the restore goes ahead anyway."""
@@ -767,10 +791,10 @@ class _Cycle:
                                 status="failed-upgrade", run_id=self.j.id, progress=self.progress,
                                 exclude=self.t.recipe.snapshot_exclude)
             self.j.append("failed-snapshot", failed_snapshot_id=res.meta.id)
-            revert["failed_snapshot_id"] = res.meta.id
+            revert.failed_snapshot_id = res.meta.id
             self.say(f"kept the failed state as snapshot {res.meta.id} for inspection")
         except Exception as exc:
-            revert["failed_snapshot_error"] = str(exc)
+            revert.failed_snapshot_error = str(exc)
 
     def revert(self, reason: str) -> None:
         """Stop, restore the snapshot, move cleanup paths back, start, verify."""
@@ -779,7 +803,7 @@ class _Cycle:
         t0 = time.monotonic()
         self.j.append("step", name="revert", reason=reason)
         self.say(f"── revert: {reason}")
-        revert: dict[str, Any] = {"reason": reason}
+        revert = RevertRecord(reason)
         self.report.revert = revert
         try:
             if self.svc is not None:
@@ -789,22 +813,22 @@ class _Cycle:
             self.j.append("step", name="restore", snapshot_id=self.snap.id)
             res = restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=True)
             res.cleanup_restored = unstash_cleanup(self.snap, self.t.recipe.cleanup_paths)
-            revert["restore"] = res.to_json()
+            revert.restore = res
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
                      f"{res.deleted:,} removed, {res.verified:,} verified"
                      + (f" ({res.proven_same:,} proven identical, left in place)" if res.proven_same else ""))
             self.report.after = self.t.env.versions()
             try:
                 if self.svc is not None and self.was_active:
-                    revert["service"] = self.svc.start_and_verify()
+                    revert.service = self.svc.start_and_verify()
                     self.say("the old service is healthy again")
                 elif self.svc is not None:
-                    revert["service_skipped"] = "the service was not running before the run: left stopped"
-                    self.say(revert["service_skipped"])
+                    revert.service_skipped = "the service was not running before the run: left stopped"
+                    self.say(revert.service_skipped)
             finally:
                 remove_displaced(res)  # the failed build's folders, moved out by the restore
         except RewheelError as exc:
-            revert["error"] = str(exc)
+            revert.error = str(exc)
             self.report.steps.append(StepRecord.since("revert", False, t0))
             self.report.status = "failed"
             raise RestoreError(f"revert failed: {exc.message}",
@@ -864,7 +888,8 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             except RewheelError as rexc:
                 # Exit 3: the report says what failed and what a person must do.
                 cyc.report.status = "failed"
-                cyc.report.revert = {**(cyc.report.revert or {}), "error": rexc.message, "hint": rexc.hint}
+                cyc.report.revert = cyc.report.revert or RevertRecord(reason)
+                cyc.report.revert.error, cyc.report.revert.hint = rexc.message, rexc.hint
             finally:
                 cyc.j.append("finished", status=cyc.report.status, reason=reason,
                              before=cyc.report.before, after=cyc.report.after,
