@@ -447,14 +447,3 @@ def test_file_indexes_and_missing_find_links(tmp_path: Path) -> None:
     r = write_recipe(tmp_path, "/usr/bin/python3", install={"find_links": ["no-such-folder"]})
     with pytest.raises(PreflightError, match="no-such-folder"):
         installer.check_indexes(r)
-
-
-def test_preflight_puts_it_together(tmp_path: Path, wheels: Path, env_v1: Path) -> None:
-    with serve_index(wheels) as idx:
-        r = write_recipe(tmp_path, env_v1, install={"index_url": idx.url})
-        pf = installer.preflight(r)
-    doc = pf.to_json()
-    assert doc["interpreter"]["path"] == str(env_v1)
-    assert doc["interpreter"]["prefix"] == str(env_v1.parent.parent)
-    assert doc["indexes"][0]["ok"] and doc["plan"]["changes"][0]["new"] == "2.0.0"
-    assert doc["uv"]["version"] == installer.uv_version()

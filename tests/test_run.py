@@ -154,7 +154,7 @@ def test_plan_states_the_snapshot_cost_and_refuses_a_store_too_small(host_factor
         from rewheel.runner import _Cycle, open_target
         h.write_recipe(snapshots={"store": str(small)})
         cyc = _Cycle(open_target(load_recipe(h.recipe)), lock=None, say=lambda m: None,
-                     on_output=lambda m: None, progress=None, client=None)
+                     on_output=lambda m: None, progress=None)
         cyc.report.plan = {}
         with pytest.raises(PreflightError, match="would copy") as exc:
             cyc._snapshot_cost()

@@ -36,6 +36,7 @@ from packaging.version import InvalidVersion, Version
 from rewheel import nightly
 from rewheel import versions as vers
 from rewheel.errors import EXIT_OK, EXIT_REVERTED, InstallError, RewheelError, UsageError
+from rewheel.installer import redact
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import ensure_private_dir, state_home
 from rewheel.recipe import Recipe
@@ -73,7 +74,7 @@ class Build:
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "commit": self.commit,
-                "index": nightly.redact(self.index) if self.index else None}
+                "index": redact(self.index) if self.index else None}
 
 
 @dataclass
@@ -198,7 +199,7 @@ class _Bisection:
             files = nightly.index_files(build.index, self.name, self.client)
             if not files:
                 return Verdict(build, "skip", f"no {self.name} build in the per-commit index "
-                                              f"{nightly.redact(build.index)}",
+                                              f"{redact(build.index)}",
                                seconds=time.monotonic() - t0)
             vs = sorted({f.version for f in files})
             match = [v for v in vs if build.commit and (vers.parse(str(v)).sha or "-")
@@ -427,29 +428,3 @@ def _compare_url(project_urls: dict[str, str], github: str | None, good: Build,
         owner, name = nightly.github_repo(github)
         url = f"https://github.com/{owner}/{name}/compare/{a}...{z}"
     return url
-
-
-def render_bisect(console: Any, res: BisectResult) -> None:
-    from rewheel.report import escape  # control characters made visible, markup escaped
-
-    from rewheel import report
-
-    colour = "bold green" if res.status == "found" else "bold red"
-    console.print(f"[{colour}]{res.status}[/]: {escape(res.message)}")
-    console.print(f"  {len(res.candidates)} {res.mode} from {escape(res.good)} to {escape(res.bad)}"
-                  + (f" (commits from {escape(res.commit_source)})" if res.commit_source else "")
-                  + f"; {res.smoke_runs} smoke run(s) in this invocation")
-    for v in res.steps:
-        mark = {"good": "[green]good[/]", "bad": "[red]bad [/]", "skip": "[yellow]skip[/]"}[v.verdict]
-        commit = f" {v.build.commit[:12]}" if v.build.commit else ""
-        again = " [dim](recorded)[/]" if v.resumed else ""
-        console.print(f"  {mark} {escape(v.build.label)}{commit}{again}  [dim]{escape(v.reason)[:200]}[/]")
-    if res.last_good:
-        console.print(f"last good:  {escape(res.last_good.label)}")
-    if res.first_bad:
-        console.print(f"first bad:  {escape(res.first_bad.label)}")
-    if res.compare_url:
-        console.print(f"compare:    {escape(res.compare_url)}")
-    fb = res.first_bad_verdict
-    if fb and fb.root_cause:
-        report.render_root_cause(console, fb.root_cause)

@@ -12,13 +12,18 @@ import signal
 import sys
 from pathlib import Path
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from rewheel import report
-from rewheel.errors import ConfirmationRequired, RewheelError
+from rewheel.errors import EXIT_BUSY, EXIT_OK, EXIT_REVERTED, EXIT_USAGE, ConfirmationRequired, RewheelError
+
+if TYPE_CHECKING:
+    from rich.status import Status
+
+    from rewheel.snapshot import Progress  # the progress-callback type, defined once there
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Upgrade a service's Python environment and keep the upgrade only once it is proven.")
@@ -43,9 +48,24 @@ def consoles(json_mode: bool) -> tuple[Console, Console]:
     return out, err
 
 
+# `rewheel smoke`: the smoke test or the health check failed (nothing was changed, so no revert).
+EXIT_CHECK_FAILED = EXIT_REVERTED
+# Aborted at a typer prompt (--json mode), as click itself exits.
+EXIT_ABORTED = 1
+
+
 def emit_json(doc: Any) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def show(out: Console, json_out: bool, result: Any, render: Callable[[Console, Any], None]) -> None:
+    """Where a command's result leaves: one JSON document on stdout (made here, at the edge,
+    from the result's `to_json`), or its human rendering from `report` on `out`."""
+    if json_out:
+        emit_json(result.to_json())
+    else:
+        render(out, result)
 
 
 def confirm(question: str, yes: bool) -> None:
@@ -127,7 +147,7 @@ def main() -> None:
         code = app(standalone_mode=False)
     except typer.Abort:
         _stderr_console().print("aborted", markup=False)
-        sys.exit(1)
+        sys.exit(EXIT_ABORTED)
     except Exception as exc:
         fmt = getattr(exc, "format_message", None)
         if fmt is None or not isinstance(getattr(exc, "exit_code", None), int):
@@ -138,7 +158,7 @@ def main() -> None:
         emit_json(err.to_json())
         report.print_error(_stderr_console(), err)
         sys.exit(err.exit_code)
-    sys.exit(code if isinstance(code, int) else 0)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)
 
 
 # ---- commands: one function each; parse, call one core function, render. ----
@@ -166,7 +186,7 @@ def _exit_if_interrupted(t, err: Console) -> None:  # t: runner.Target
     j = journal.interrupted_run(t.store.env_dir)
     if j is not None:
         report.print_error(err, journal.interrupted_error(j, t.cli_ref))
-        raise typer.Exit(4)
+        raise typer.Exit(EXIT_BUSY)
 
 
 def _streams(err: Console, quiet: bool = False) -> tuple[Callable[[str], None], Callable[[str], None]]:
@@ -183,7 +203,7 @@ def _streams(err: Console, quiet: bool = False) -> tuple[Callable[[str], None], 
     return say, on_output
 
 
-def _progress(err: Console):
+def _progress(err: Console) -> tuple[Progress, Status]:
     """A rich status line for long file work; returns (callback, status)."""
     status = err.status("working…")
 
@@ -202,12 +222,9 @@ def check(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Rec
 
     result = preflight.check_recipe(recipe_path)
     out, _ = consoles(json_out)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        report.render_check(out, result)
+    show(out, json_out, result, report.render_check)
     if not result.ok:
-        raise typer.Exit(2)
+        raise typer.Exit(EXIT_USAGE)
 
 
 @app.command()
@@ -223,10 +240,7 @@ def snapshot(target: TargetArg = None, python: PythonOpt = None,
     cb, status = _progress(err)
     with status:
         result = runner.snapshot_now(t, label=label, progress=cb)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        report.render_snapshot(out, result)
+    show(out, json_out, result, report.render_snapshot)
 
 
 @app.command()
@@ -238,10 +252,7 @@ def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOp
     t = _target(target, python)
     result = runner.history(t)
     out, err = consoles(json_out)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        report.render_history(out, result)
+    show(out, json_out, result, report.render_history)
     _exit_if_interrupted(t, err)
 
 
@@ -265,11 +276,8 @@ def rollback(target: TargetArg = None,
     cb, status = _progress(err)
     with status:
         result = runner.rollback(t, snap.id, say=_streams(err)[0],
-                                 progress=cb, service_ops=runner.service_ops_for(t))
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        report.render_rollback(out, result)
+                                 progress=cb)
+    show(out, json_out, result, report.render_rollback)
 
 
 @app.command()
@@ -302,12 +310,13 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
     with status:
         result = runner.run(t, dry_run=dry_run, lock=lock, no_revert=no_revert, say=say,
                             on_output=on_output, progress=cb, confirm=ask)
-    if json_out:
-        emit_json(result.to_json())
-    else:
+
+    def render(console: Console, rep: runner.RunReport) -> None:
         if dry_run:
-            report.render_plan(out, result)
-        report.render_run(out, result)
+            report.render_plan(console, rep)
+        report.render_run(console, rep)
+
+    show(out, json_out, result, render)
     raise typer.Exit(result.exit_code)
 
 
@@ -325,10 +334,7 @@ def resume(target: TargetArg = None, python: PythonOpt = None, yes: YesOpt = Fal
     if j is not None:
         confirm(f"Resume interrupted {j.kind} {j.id} on {t.env.prefix} (last step: {j.last_step})?", yes)
     result = runner.resume(t, say=_streams(err)[0])
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        report.render_resume(out, result)
+    show(out, json_out, result, report.render_resume)
 
 
 @app.command()
@@ -342,11 +348,8 @@ def smoke(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE")], json_ou
     out, err = consoles(json_out)
     say, on_output = _streams(err)
     result = runner.smoke_only(t, on_output=on_output, say=say)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        report.render_smoke(out, result)
-    raise typer.Exit(0 if result.ok else 1)
+    show(out, json_out, result, report.render_smoke)
+    raise typer.Exit(EXIT_OK if result.ok else EXIT_CHECK_FAILED)
 
 
 @app.command()
@@ -378,10 +381,7 @@ def why(
     else:
         result = diagnose.analyse_file(logfile, package=package)
     out, _err = consoles(json_out)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        report.render_why(out, result)
+    show(out, json_out, result, report.render_why)
 
 
 @app.command()
@@ -413,10 +413,7 @@ def diff(target: TargetArg = None,
     with status:
         result = diffmod.diff_target(t.env, t.store, a, b, package=package, path_glob=path_glob,
                                      with_diffs=with_diffs, progress=cb)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        report.render_diff(out, result, stat_only=stat_only)
+    show(out, json_out, result, functools.partial(report.render_diff, stat_only=stat_only))
     _exit_if_interrupted(t, err)
 
 
@@ -434,17 +431,7 @@ def patches(target: TargetArg = None, python: PythonOpt = None,
     out, err = consoles(json_out)
     with err.status("scanning installed files…"):
         result = patchmod.scan_target(t, dists=package or None, offline=offline, thorough=thorough)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        report.render_patches(out, result)
-        if result.record_inconsistent:
-            shown = result.record_inconsistent[:10]
-            out.print(f"{len(result.record_inconsistent)} file(s) match no RECORD but are exactly what "
-                      "their wheel ships (RECORD inconsistent, matches its wheel; not patches, never "
-                      "reapplied): " + report.clean(", ".join(f"{r['path']} ({r['distribution']})" for r in shown))
-                      + (" …" if len(result.record_inconsistent) > 10 else ""),
-                      markup=False, highlight=False, style="dim", soft_wrap=True)
+    show(out, json_out, result, report.render_patches)
     _exit_if_interrupted(t, err)
 
 
@@ -473,10 +460,7 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
                              say=say, on_output=on_output)
     qualify.write_reports(result, junit=Path(junit) if junit else None,
                           summary=Path(summary) if summary else None)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        qualify.render_ci(out, result)
+    show(out, json_out, result, report.render_ci)
     raise typer.Exit(result.exit_code)
 
 
@@ -507,8 +491,5 @@ def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Th
                               github_api=github_api, commit_base=commit_index_base,
                               interpreter=venv_python, restart=restart,
                               say=say, on_output=on_output)
-    if json_out:
-        emit_json(result.to_json())
-    else:
-        bisection.render_bisect(out, result)
+    show(out, json_out, result, report.render_bisect)
     raise typer.Exit(result.exit_code)

@@ -46,7 +46,6 @@ from rewheel.errors import CommandNotFound, UsageError
 
 # ---------------------------------------------------------------------------------------
 # Limits: what keeps memory bounded however large or hostile the log is.
-MAX_FRAMES_KEPT = 64            # frames per exception kept for the "deepest frame" choice
 MAX_MESSAGE_LINES = 40          # continuation lines of one exception message
 MAX_MESSAGE_CHARS = 8000
 MAX_CHAIN = 8                   # exceptions in one chain

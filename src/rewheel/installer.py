@@ -1,5 +1,5 @@
 """Reinstalling an environment with uv: the argv, the plan (what uv would do), the streamed
-install, the preflight checks (uv, the interpreter, index reachability) — and keeping
+install, the preflight checks (uv, index reachability) — and keeping
 credentials that live inside index URLs out of every log, report and terminal line.
 
 Choices where uv offers several (the README section says the same to users):
@@ -41,8 +41,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from rewheel import proc
-from rewheel.errors import (CommandNotFound, InstallError, PreflightError, RecipeError, TargetError,
-                            UsageError)
+from rewheel.errors import CommandNotFound, InstallError, PreflightError, RecipeError, UsageError
 from rewheel.recipe import Recipe
 
 # Accept header of a PEP 691-aware client: JSON preferred, HTML accepted.
@@ -691,58 +690,3 @@ def check_indexes(recipe: Recipe, client: httpx.Client | None = None, *,
         if own:
             client.close()
     return checks
-
-
-@dataclass(frozen=True)
-class Interpreter:
-    path: str
-    version: str
-    prefix: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "version": self.version, "prefix": self.prefix}
-
-
-def check_interpreter(recipe: Recipe) -> Interpreter:
-    """The environment's interpreter exists and runs. Raises TargetError otherwise."""
-    python = Path(recipe.python)
-    if not python.exists():
-        raise TargetError(f"{recipe.source}: interpreter {python} does not exist")
-    if not os.access(python, os.X_OK):
-        raise TargetError(f"{recipe.source}: interpreter {python} is not executable")
-    cp = proc.run([str(python), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3]); "
-                   "print(sys.prefix)"], timeout=60)
-    if not cp.ok:
-        raise TargetError(f"{recipe.source}: interpreter {python} does not run "
-                          f"(exit {cp.returncode}): {(cp.stderr or cp.stdout).strip()[-300:]}")
-    version, _, prefix = cp.stdout.strip().partition("\n")
-    return Interpreter(str(python), version.strip(), prefix.strip())
-
-
-@dataclass
-class Preflight:
-    """Everything the install needs, checked, and the plan."""
-
-    uv: str
-    uv_version: str
-    interpreter: Interpreter
-    indexes: list[IndexCheck]
-    plan: InstallPlan
-
-    def to_json(self) -> dict[str, Any]:
-        return {"uv": {"path": self.uv, "version": self.uv_version},
-                "interpreter": self.interpreter.to_json(),
-                "indexes": [c.to_json() for c in self.indexes], "plan": self.plan.to_json()}
-
-
-def preflight(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str] | None = None,
-              client: httpx.Client | None = None,
-              on_line: Callable[[str], None] | None = None) -> Preflight:
-    """uv, the interpreter, the indexes, then the plan — in that order, so the first problem is
-    reported by the check that understands it best."""
-    uv = find_uv()
-    version = uv_version(uv)
-    interp = check_interpreter(recipe)
-    indexes = check_indexes(recipe, client)
-    the_plan = plan(recipe, lock=lock, installed=installed, on_line=on_line)
-    return Preflight(uv, version, interp, indexes, the_plan)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 
@@ -41,6 +41,9 @@ from rewheel.installer import error_lines, install, redact, redact_argv
 from rewheel.journal import new_run_id
 from rewheel.paths import atomic_write, ensure_private_dir, state_home
 from rewheel.recipe import Recipe
+
+if TYPE_CHECKING:
+    from rewheel.diff import PackageChange
 
 Say = Callable[[str], None]
 STEPS = ("environment", "resolve", "install", "diff", "smoke", "promote")
@@ -77,7 +80,7 @@ class CiReport:
     versions: dict[str, str] = field(default_factory=dict)
     lock: str | None = None            # the resolved lock kept in the run folder
     baseline: str | None = None        # the last qualified lock compared against
-    changes: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[PackageChange] = field(default_factory=list)
     root_cause: dict[str, Any] | None = None
     failure: dict[str, Any] | None = None
     promoted: str | None = None
@@ -103,7 +106,8 @@ class CiReport:
         return {"status": self.status, "recipe": self.recipe, "package": self.package,
                 "version": self.version, "python_version": self.python_version,
                 "versions": self.versions, "lock": self.lock, "baseline": self.baseline,
-                "changes": self.changes, "root_cause": self.root_cause, "failure": self.failure,
+                "changes": [c.to_json() for c in self.changes], "root_cause": self.root_cause,
+                "failure": self.failure,
                 "promoted": self.promoted, "steps": [s.to_json() for s in self.steps],
                 "logs": self.logs, "run_dir": self.run_dir, "junit": self.junit,
                 "summary": self.summary, "exit_code": self.exit_code}
@@ -265,7 +269,7 @@ def _diff(scoped: Recipe, baseline: Path, rep: CiReport) -> str:
     rep.baseline = str(baseline)
     old = [{"name": p["name"], "version": p["version"]} for p in nightly.read_lock(baseline)]
     new = [d.to_json() for d in Environment.inspect(scoped.python).distributions()]
-    rep.changes = [c.to_json() for c in diff_versions(old, new)]
+    rep.changes = diff_versions(old, new)
     return f"{len(rep.changes)} change(s) since {baseline}"
 
 
@@ -370,10 +374,10 @@ def summary_markdown(rep: CiReport) -> str:
     else:
         out += ["| package | old | new | change | builds | compare |", "| --- | --- | --- | --- | ---: | --- |"]
         for c in rep.changes:
-            dist = c.get("dev_distance")
-            link = f"[compare]({c['compare_url']})" if c.get("compare_url") else ""
-            out.append(f"| {_md(c['name'])} | {_md(c.get('old') or '')} | {_md(c.get('new') or '')} | "
-                       f"{c['change']} | {'' if dist is None else f'{dist:+d}'} | {link} |")
+            dist = c.dev_distance
+            link = f"[compare]({c.compare_url})" if c.compare_url else ""
+            out.append(f"| {_md(c.name)} | {_md(c.old or '')} | {_md(c.new or '')} | "
+                       f"{c.change} | {'' if dist is None else f'{dist:+d}'} | {link} |")
     if rep.versions:
         out += ["", "<details><summary>Installed versions "
                 f"({len(rep.versions)})</summary>", "", "| package | version |", "| --- | --- |"]
@@ -394,27 +398,3 @@ def write_reports(rep: CiReport, *, junit: Path | None, summary: Path | None) ->
         with open(summary, "a", encoding="utf-8") as f:
             f.write(summary_markdown(rep))
         rep.summary = str(summary)
-
-
-def render_ci(console: Any, rep: CiReport) -> None:
-    """Human report on a rich console."""
-    from rewheel.report import escape  # control characters made visible, markup escaped
-
-    from rewheel import report
-
-    colour = "bold green" if rep.status == "qualified" else "bold red"
-    console.print(f"[{colour}]{rep.status}[/]: {escape(rep.package)} {escape(rep.version or '(not installed)')} "
-                  f"(Python {escape(rep.python_version or '?')}) from {escape(rep.recipe)}")
-    for s in rep.steps:
-        mark = {"passed": "[green]✓[/]", "failed": "[red]✗[/]", "skipped": "[dim]-[/]"}[s.status]
-        console.print(f"  {mark} {s.name:<12} {s.seconds:6.1f}s  {escape(s.message)}")
-    if rep.root_cause:
-        report.render_root_cause(console, rep.root_cause)
-    if rep.baseline:
-        console.print(f"changes since {escape(rep.baseline)}:")
-        report.render_changes(console, rep.changes)
-    if rep.promoted:
-        console.print(f"promoted: {escape(rep.promoted)}")
-    for kind, path in (("junit", rep.junit), ("summary", rep.summary)):
-        if path:
-            console.print(f"{kind}: {escape(path)}")

@@ -186,16 +186,13 @@ def render_root_cause(console: Console, rc: dict | None) -> None:
         console.print(f"    [dim]secondary: {escape(str(text))[:200]}[/]")
 
 
-def render_changes(console: Console, changes: list[dict], limit: int = 60) -> None:
-    """The package table of a run or CI report, from its JSON form: the same table `diff`
-    prints (builds, commits, variant, compare links)."""
-    from types import SimpleNamespace
-
+def render_changes(console: Console, changes: list, limit: int = 60) -> None:  # diff.PackageChange items
+    """The package table of a run or CI report: the same table `diff` prints (builds,
+    commits, variant, compare links)."""
     if not changes:
         console.print("  no version changes")
         return
-    fields = ("name", "old", "new", "change", "dev_distance", "old_sha", "new_sha", "variant", "compare_url")
-    render_package_changes(console, [SimpleNamespace(**{k: c.get(k) for k in fields}) for c in changes[:limit]])
+    render_package_changes(console, changes[:limit])
     if len(changes) > limit:
         console.print(f"  … and {len(changes) - limit} more")
 
@@ -218,11 +215,10 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
     if rep.files:
         from collections import Counter
 
-        counts = Counter(f.get("change") for f in rep.files)
+        counts = Counter(f.change for f in rep.files)
         console.print("  source files: " + ", ".join(f"{n} {c}" for c, n in sorted(counts.items())))
         for f in rep.files[:15]:
-            console.print(f"    {f.get('change', '?'):<9} {escape(str(f.get('path')))} "
-                          f"(+{f.get('added_lines') or 0} -{f.get('removed_lines') or 0})")
+            console.print(f"    {f.change:<9} {escape(f.path)} (+{f.added_lines or 0} -{f.removed_lines or 0})")
         if len(rep.files) > 15:
             console.print(f"    … and {len(rep.files) - 15} more (`rewheel diff` lists them all)")
     if rep.patches:
@@ -238,19 +234,19 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
         console.print(f"[bold red]failed at {rep.failure.get('step')}:[/] {escape(str(rep.failure.get('message')))}")
         render_root_cause(console, rep.root_cause)
     if rep.revert:
-        rv = rep.revert
-        r = rv.get("restore") or {}
-        if r:
-            console.print(f"[bold]reverted[/]: snapshot {rep.snapshot_id} restored — {r.get('written', 0):,} files "
-                          f"written, {r.get('deleted', 0):,} removed, {r.get('verified', 0):,} verified")
-        if rv.get("failed_snapshot_id"):
-            console.print(f"  the failed build is kept as snapshot {rv['failed_snapshot_id']}: "
-                          f"`rewheel diff {escape(rep.recipe)} {rep.snapshot_id} {rv['failed_snapshot_id']}` shows what it changed")
-        if rv.get("service"):
-            console.print(f"  service healthy again: {escape(str(rv['service'].get('detail')))}")
-        if rv.get("error"):
-            console.print(f"[bold red]revert failed:[/] {escape(str(rv['error']))}")
-    steps = "  ".join(f"{s['name']} {'ok' if s['ok'] else 'FAILED'} {s['seconds']:.1f}s" for s in rep.steps)
+        rv = rep.revert  # runner.RevertRecord
+        r = rv.restore
+        if r is not None:
+            console.print(f"[bold]reverted[/]: snapshot {rep.snapshot_id} restored — {r.written:,} files "
+                          f"written, {r.deleted:,} removed, {r.verified:,} verified")
+        if rv.failed_snapshot_id:
+            console.print(f"  the failed build is kept as snapshot {rv.failed_snapshot_id}: "
+                          f"`rewheel diff {escape(rep.recipe)} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
+        if rv.service:
+            console.print(f"  service healthy again: {escape(str(rv.service.get('detail')))}")
+        if rv.error:
+            console.print(f"[bold red]revert failed:[/] {escape(rv.error)}")
+    steps = "  ".join(f"{s.name} {'ok' if s.ok else 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
     console.print(f"  steps: {steps}")
     verdict = {"upgraded": "upgraded and verified",
                "reverted": "upgrade failed; the environment was restored and the old service verified",
@@ -457,11 +453,54 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                       + (" …" if len(scan.missing) > 10 else ""))
     for s in scan.skipped:
         console.print(f"[dim]not checked: {escape(s['distribution'])} ({escape(s['reason'])})[/]")
+    if scan.record_inconsistent:
+        shown = scan.record_inconsistent[:10]
+        console.print(f"{len(scan.record_inconsistent)} file(s) match no RECORD but are exactly what "
+                      "their wheel ships (RECORD inconsistent, matches its wheel; not patches, never "
+                      "reapplied): " + clean(", ".join(f"{r['path']} ({r['distribution']})" for r in shown))
+                      + (" …" if len(scan.record_inconsistent) > 10 else ""),
+                      markup=False, highlight=False, style="dim", soft_wrap=True)
 
 
-def render_reapply(console: Console, results: list) -> None:  # patches.ReapplyResult items
-    style = {"clean": "green", "unchanged": "dim", "conflict": "bold red", "missing": "bold red"}
-    for r in results:
-        extra = f" — merge with markers in {escape(r.conflict_file)}" if r.conflict_file else ""
-        console.print(f" [{style.get(r.status, '')}]{r.status:9}[/] {escape(r.path)}: {escape(r.detail)}{extra}",
-                      soft_wrap=True)
+# ---- ci and bisect (rewheel.qualify, rewheel.bisection) ----
+def render_ci(console: Console, rep) -> None:  # qualify.CiReport
+    """`rewheel ci`: the verdict, each step, the root cause, the changes since the baseline."""
+    colour = "bold green" if rep.status == "qualified" else "bold red"
+    console.print(f"[{colour}]{rep.status}[/]: {escape(rep.package)} {escape(rep.version or '(not installed)')} "
+                  f"(Python {escape(rep.python_version or '?')}) from {escape(rep.recipe)}")
+    for s in rep.steps:
+        mark = {"passed": "[green]✓[/]", "failed": "[red]✗[/]", "skipped": "[dim]-[/]"}[s.status]
+        console.print(f"  {mark} {s.name:<12} {s.seconds:6.1f}s  {escape(s.message)}")
+    if rep.root_cause:
+        render_root_cause(console, rep.root_cause)
+    if rep.baseline:
+        console.print(f"changes since {escape(rep.baseline)}:")
+        render_changes(console, rep.changes)
+    if rep.promoted:
+        console.print(f"promoted: {escape(rep.promoted)}")
+    for kind, path in (("junit", rep.junit), ("summary", rep.summary)):
+        if path:
+            console.print(f"{kind}: {escape(path)}")
+
+
+def render_bisect(console: Console, res) -> None:  # bisection.BisectResult
+    """`rewheel bisect`: the verdict, each build tried, the last good and first bad builds."""
+    colour = "bold green" if res.status == "found" else "bold red"
+    console.print(f"[{colour}]{res.status}[/]: {escape(res.message)}")
+    console.print(f"  {len(res.candidates)} {res.mode} from {escape(res.good)} to {escape(res.bad)}"
+                  + (f" (commits from {escape(res.commit_source)})" if res.commit_source else "")
+                  + f"; {res.smoke_runs} smoke run(s) in this invocation")
+    for v in res.steps:
+        mark = {"good": "[green]good[/]", "bad": "[red]bad [/]", "skip": "[yellow]skip[/]"}[v.verdict]
+        commit = f" {v.build.commit[:12]}" if v.build.commit else ""
+        again = " [dim](recorded)[/]" if v.resumed else ""
+        console.print(f"  {mark} {escape(v.build.label)}{commit}{again}  [dim]{escape(v.reason)[:200]}[/]")
+    if res.last_good:
+        console.print(f"last good:  {escape(res.last_good.label)}")
+    if res.first_bad:
+        console.print(f"first bad:  {escape(res.first_bad.label)}")
+    if res.compare_url:
+        console.print(f"compare:    {escape(res.compare_url)}")
+    fb = res.first_bad_verdict
+    if fb and fb.root_cause:
+        render_root_cause(console, fb.root_cause)

@@ -9,19 +9,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rewheel import journal
 from rewheel.environment import Environment
 from rewheel.errors import SnapshotDamaged, SnapshotError
+from rewheel.host import Host
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
 from rewheel.recipe import Recipe
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, SnapshotResult, Store,
                               remove_displaced, restore_lanes_setting, restore_snapshot, take_snapshot,
                               unstash_cleanup)
+
+if TYPE_CHECKING:
+    from rewheel.diff import FileChange, PackageChange
 
 Say = Callable[[str], None]
 
@@ -35,6 +39,8 @@ class Target:
     recipe: Recipe
     env: Environment
     store: Store
+    # What the commands act through (service manager, uv, smoke runner, fetcher, GPU probe).
+    host: Host = field(default_factory=Host.real)
 
     @property
     def label(self) -> str:
@@ -45,10 +51,12 @@ class Target:
         return str(self.recipe.path) if self.recipe.path else f"--python {self.recipe.python}"
 
 
-def open_target(recipe: Recipe) -> Target:
+def open_target(recipe: Recipe, host: Host | None = None) -> Target:
+    """The recipe's environment, its store, and the host the commands act through (the
+    real one unless a caller hands another)."""
     restore_lanes_setting()  # a bad value is refused before any command acts
     env = Environment.inspect(recipe.python)
-    return Target(recipe, env, Store(env.prefix, _checked_home(recipe)))
+    return Target(recipe, env, Store(env.prefix, _checked_home(recipe)), host or Host.real())
 
 
 def _checked_home(recipe: Recipe) -> Path:
@@ -149,13 +157,36 @@ def history(t: Target) -> History:
 # rollback
 # --------------------------------------------------------------------------------------
 @dataclass
+class StepRecord:
+    """One step of a run, a rollback or a revert, as the report lists it: its name, whether
+    it succeeded, how long it took. `skipped`/`reason` mark a start deliberately not made,
+    `restarted` a health check of a service left running; each appears in the JSON only when
+    set, as it always has."""
+
+    name: str
+    ok: bool
+    seconds: float = 0.0
+    skipped: bool | None = None
+    reason: str | None = None
+    restarted: bool | None = None
+
+    @classmethod
+    def since(cls, name: str, ok: bool, t0: float, **extra: Any) -> StepRecord:
+        """A step that began at `t0` (time.monotonic()) and ends now."""
+        return cls(name, ok, round(time.monotonic() - t0, 3), **extra)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
 class RollbackResult:
     snapshot: SnapshotMeta
     restore: RestoreResult
     run_id: str
     service: dict[str, Any] | None = None
     finished_run: str | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     # Processes an interrupted rewheel had started (uv, the smoke test) that were still running
     # and were stopped before anything was restored.
     stopped_processes: list[dict[str, Any]] = field(default_factory=list)
@@ -164,7 +195,7 @@ class RollbackResult:
         return {"status": "restored", "snapshot_id": self.snapshot.id, "run_id": self.run_id,
                 "restore": self.restore.to_json(), "service": self.service,
                 "versions": self.snapshot.versions, "finished_interrupted_run": self.finished_run,
-                "steps": self.steps, "stopped_processes": self.stopped_processes}
+                "steps": [s.to_json() for s in self.steps], "stopped_processes": self.stopped_processes}
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
@@ -223,7 +254,7 @@ def _left_down(j: RunJournal) -> bool:
 
 
 def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
-             progress: Progress | None = None, service_ops: Any = None) -> RollbackResult:
+             progress: Progress | None = None) -> RollbackResult:
     """Restore a snapshot; with a recipe that has a service, stop it first and start and
     health-check it after — if it was running before (or before the interrupted run this
     rollback finishes). A service that was stopped stays stopped. When the environment
@@ -240,8 +271,8 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         # after an aborted run that failed).
         left_down = next((r for r in journal.list_runs(t.store.env_dir)[:1] if _left_down(r)), interrupted)
         j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label)
-        steps: list[dict[str, Any]] = []
-        svc = service_ops(t, j, steps, say) if service_ops else None
+        steps: list[StepRecord] = []
+        svc = ServiceSteps(t, j, steps, say) if t.recipe.service is not None else None
         was_up = up_now = unchanged = stopped = False
         if svc:
             try:
@@ -281,7 +312,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
                 j.append("finished", status="refused", snapshot_id=snap.id)
             raise
         res.cleanup_restored = unstash_cleanup(snap, t.recipe.cleanup_paths)
-        steps.append({"name": "restore", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        steps.append(StepRecord.since("restore", True, t0))
         service_state = None
         try:
             if svc:
@@ -309,18 +340,15 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
 class ServiceSteps:
     """The service around a restore or an upgrade: stop (and wait for GPUs), start and verify."""
 
-    def __init__(self, t: Target, j: RunJournal, steps: list[dict[str, Any]], say: Say,
-                 client: Any = None) -> None:
-        from rewheel import service
-
+    def __init__(self, t: Target, j: RunJournal, steps: list[StepRecord], say: Say) -> None:
         self.t = t
         self.j = j
         self.steps = steps
         self.say = say
-        self.client = client
+        self.host = t.host
         self.spec = t.recipe.service
         assert self.spec is not None
-        self.manager = service.make_manager(self.spec, t.store.env_dir, python=t.recipe.python)
+        self.manager = self.host.manager(self.spec, t.store.env_dir, t.recipe.python)
         self.started_at: float | None = None
 
     def status(self) -> Any:  # service.ServiceStatus
@@ -342,8 +370,7 @@ class ServiceSteps:
         """Record that the service is deliberately not started (it was not running before)."""
         self.j.append("note", service_start_skipped=reason)
         self.say(reason)
-        self.steps.append({"name": "start", "ok": True, "seconds": 0.0, "skipped": True,
-                           "reason": reason})
+        self.steps.append(StepRecord("start", True, 0.0, skipped=True, reason=reason))
 
     def verify_running(self, reason: str) -> dict[str, Any]:
         """Health-check the running service without restarting it."""
@@ -353,13 +380,12 @@ class ServiceSteps:
         self.j.append("note", service_not_restarted=reason)
         self.say(f"{reason}; checking {self.manager.describe()} is healthy")
         try:
-            health = service.wait_ready(self.manager, self.spec, client=self.client,
-                                        started_at=time.time(), on_progress=self.say)
+            health = self.host.wait_ready(self.manager, self.spec, client=self.host.client,
+                                          started_at=time.time(), on_progress=self.say)
         except service.HealthCheckFailed:
-            self.steps.append({"name": "health", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
+            self.steps.append(StepRecord.since("health", False, t0))
             raise
-        self.steps.append({"name": "health", "ok": True, "seconds": round(time.monotonic() - t0, 3),
-                           "restarted": False})
+        self.steps.append(StepRecord.since("health", True, t0, restarted=False))
         self.j.append("healthy", detail=health.detail)
         return {**health.to_json(), "restarted": False}
 
@@ -370,11 +396,9 @@ class ServiceSteps:
         self.manager.stop(float(self.spec.stop_timeout_s))
         smoke = self.t.recipe.smoke
         if smoke is not None and smoke.gpus > 0:
-            from rewheel import gpu
-
             self.say("waiting for GPU memory to be released")
-            gpu.wait_gpus_released(float(smoke.gpu_release_timeout_s))
-        self.steps.append({"name": "stop", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+            self.host.gpus_released(float(smoke.gpu_release_timeout_s))
+        self.steps.append(StepRecord.since("stop", True, t0))
 
     def start_and_verify(self) -> dict[str, Any]:
         from rewheel import service
@@ -385,12 +409,12 @@ class ServiceSteps:
         self.started_at = time.time()
         self.manager.start()
         try:
-            health = service.wait_ready(self.manager, self.spec, client=self.client,
-                                        started_at=self.started_at, on_progress=self.say)
+            health = self.host.wait_ready(self.manager, self.spec, client=self.host.client,
+                                          started_at=self.started_at, on_progress=self.say)
         except service.HealthCheckFailed:
-            self.steps.append({"name": "start", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
+            self.steps.append(StepRecord.since("start", False, t0))
             raise
-        self.steps.append({"name": "start", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        self.steps.append(StepRecord.since("start", True, t0))
         self.j.append("healthy", detail=health.detail)
         return health.to_json()
 
@@ -398,17 +422,30 @@ class ServiceSteps:
         return self.manager.log_lines(self.started_at or time.time())
 
 
-def service_ops_for(t: Target, client: Any = None) -> Callable[..., Any] | None:
-    """The stop/start/verify steps around a restore, when the recipe names a service."""
-    if t.recipe.service is None:
-        return None
-    return lambda target, j, steps, say: ServiceSteps(target, j, steps, say, client)
-
-
 # --------------------------------------------------------------------------------------
 # run: the whole cycle
 # --------------------------------------------------------------------------------------
-STEP_NAMES = ("preflight", "stop", "snapshot", "reinstall", "diff", "smoke", "start", "keep")
+@dataclass
+class RevertRecord:
+    """What a revert did: why, the failed build kept as a snapshot, the restore, the service
+    brought back (or left stopped), and, when it could not finish, the error and what a
+    person must do. A field appears in the JSON only once set; `hint` always with `error`."""
+
+    reason: str
+    failed_snapshot_id: str | None = None
+    failed_snapshot_error: str | None = None
+    restore: RestoreResult | None = None
+    service: dict[str, Any] | None = None
+    service_skipped: str | None = None
+    error: str | None = None
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        # Not asdict: it would deep-copy the restore result (with its displaced folders).
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.restore is not None:
+            doc["restore"] = self.restore.to_json()
+        return {k: v for k, v in doc.items() if v is not None or (k == "hint" and self.error is not None)}
 
 
 @dataclass
@@ -421,8 +458,8 @@ class RunReport:
     after: dict[str, str] = field(default_factory=dict)
     # What the reinstall installed, kept when a revert puts `after` back to `before`.
     attempted: dict[str, str] = field(default_factory=dict)
-    changes: list[dict[str, Any]] = field(default_factory=list)
-    files: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[PackageChange] = field(default_factory=list)
+    files: list[FileChange] = field(default_factory=list)
     file_stats: dict[str, Any] = field(default_factory=dict)
     patches: list[dict[str, Any]] = field(default_factory=list)
     patch_files: list[str] = field(default_factory=list)
@@ -430,12 +467,12 @@ class RunReport:
     hazards: list[str] = field(default_factory=list)
     root_cause: dict[str, Any] | None = None
     failure: dict[str, Any] | None = None
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     plan: dict[str, Any] | None = None
     preflight: list[dict[str, Any]] = field(default_factory=list)
     snapshot: dict[str, Any] | None = None
     cleanup: list[dict[str, Any]] = field(default_factory=list)
-    revert: dict[str, Any] | None = None
+    revert: RevertRecord | None = None
     service: dict[str, Any] | None = None
     logs: dict[str, str] = field(default_factory=dict)
     run_dir: str | None = None
@@ -454,6 +491,10 @@ class RunReport:
 
     def to_json(self) -> dict[str, Any]:
         doc = dict(self.__dict__)
+        doc["steps"] = [s.to_json() for s in self.steps]
+        doc["changes"] = [c.to_json() for c in self.changes]
+        doc["files"] = [f.to_json() for f in self.files]
+        doc["revert"] = self.revert.to_json() if self.revert is not None else None
         doc["exit_code"] = self.exit_code
         return doc
 
@@ -471,29 +512,50 @@ class _Step:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.run.report.steps.append({"name": self.name, "ok": exc is None,
-                                      "seconds": round(time.monotonic() - self.t0, 3)})
+        self.run.report.steps.append(StepRecord.since(self.name, exc is None, self.t0))
 
 
 class _Cycle:
+    """One run's steps, acting on `t` through `t.host`; `from_journal` rebuilds an
+    interrupted one for `resume`."""
+
     def __init__(self, t: Target, *, lock: str | None, say: Say,
-                 on_output: Say, progress: Progress | None, client: Any) -> None:
+                 on_output: Say, progress: Progress | None) -> None:
         self.t = t
+        self.host = t.host
         self.lock = lock
         self.say = say
         self.on_output = on_output
         self.progress = progress
-        self.client = client
         self.report = RunReport(status="failed", recipe=t.label)
         self.svc: ServiceSteps | None = None
         self.snap: SnapshotMeta | None = None
         self.was_active = False
         self.named = t.recipe.install.names
-        self.j: RunJournal  # set in run()
+        self.j: RunJournal  # set in run(), or by from_journal
+
+    @classmethod
+    def from_journal(cls, t: Target, j: RunJournal, *, say: Say,
+                     progress: Progress | None) -> _Cycle:
+        """The cycle an interrupted run's journal describes: its id, the versions before it,
+        whether the service ran before it, its pre-upgrade snapshot (None when it was
+        interrupted before taking one)."""
+        cyc = cls(t, lock=None, say=say, on_output=say, progress=progress)
+        notes = [r for r in j.records if r["event"] == "note"]
+        cyc.j = j
+        cyc.was_active = any(r.get("service_was_active") for r in notes)
+        cyc.report.run_id = j.id
+        cyc.report.before = (j.first("started") or {}).get("before") or {}
+        if t.recipe.service is not None:
+            cyc.svc = ServiceSteps(t, j, cyc.report.steps, say)
+            if any("service_was_active" in r for r in notes):
+                cyc.report.service_before = "active" if cyc.was_active else "inactive"
+        cyc.snap = t.store.get(j.snapshot_id) if j.snapshot_id else None
+        cyc.report.snapshot_id = j.snapshot_id  # the report (and --json) names what was restored
+        return cyc
 
     # -- steps --------------------------------------------------------------------------
     def preflight(self, confirm: Callable[[RunReport], None] | None, dry_run: bool) -> bool:
-        from rewheel import installer, preflight
         from rewheel.errors import PreflightError
 
         t0 = time.monotonic()
@@ -503,7 +565,7 @@ class _Cycle:
             raise RecipeError(self.t.recipe.source, "install.packages",
                               "missing: `rewheel run` needs the packages to upgrade (or --lock FILE)",
                               hint='add [install] with packages = ["vllm"]')
-        checks = preflight.run_checks(self.t.recipe, client=self.client)
+        checks = self.host.checks(self.t.recipe, client=self.host.client)
         self.report.preflight = [c.to_json() for c in checks.checks]
         # `[cleanup] paths` never move a system folder, the environment or rewheel's state
         # (as root): refused here, before anything is stopped (UsageError, exit 2).
@@ -512,11 +574,11 @@ class _Cycle:
         if not checks.ok:
             raise PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in checks.failures),
                                  hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
-        plan = installer.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
+        plan = self.host.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
         self.report.plan = plan.to_json()
         self._snapshot_cost()
         self.report.before = self.t.env.versions()
-        self.report.steps.append({"name": "preflight", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        self.report.steps.append(StepRecord.since("preflight", True, t0))
         if dry_run:
             self.report.status = "planned"
             return False
@@ -544,7 +606,7 @@ class _Cycle:
     def stop(self) -> None:
         if self.t.recipe.service is None:
             return
-        self.svc = ServiceSteps(self.t, self.j, self.report.steps, self.say, self.client)
+        self.svc = ServiceSteps(self.t, self.j, self.report.steps, self.say)
         st = self.svc.status()
         self.svc.check_stoppable(st)  # before anything is changed
         self.was_active = st.up
@@ -561,7 +623,7 @@ class _Cycle:
 
         with _Step(self, "snapshot"):
             dists = self.t.env.distributions()
-            fetcher = patchmod.UvIndexFetcher.for_recipe(self.t.recipe)
+            fetcher = self.host.fetcher(self.t.recipe)
             try:
                 self.scan = patchmod.scan(self.t.env, store=self.t.store, fetcher=fetcher)
             finally:
@@ -584,7 +646,6 @@ class _Cycle:
                 self.say(f"moved {len(self.report.cleanup)} cleanup path(s) into the snapshot")
 
     def reinstall(self) -> None:
-        from rewheel import installer
         from rewheel import patches as patchmod
 
         with _Step(self, "reinstall"):
@@ -600,7 +661,7 @@ class _Cycle:
                 patchmod.clean_uv_cache_for(self.report.hazards)
             log = self.j.dir / "install.log"
             self.report.logs["install"] = str(log)
-            installer.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
+            self.host.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
                               on_line=self.on_output, log_path=log, keep=keep,
                               also_reinstall=self.report.hazards)
 
@@ -614,13 +675,12 @@ class _Cycle:
             self.j.append("installed", versions=self.report.after)
             assert self.snap is not None
             try:
-                doc = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)}).to_json()
-                self.report.changes, self.report.files = doc["packages"], doc["files"]
-                self.report.file_stats = doc.get("stats", {})
+                d = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)})
+                self.report.changes, self.report.files = d.packages, d.files
+                self.report.file_stats = d.stats
             except Exception as exc:  # the file list is informative, never a reason to revert
-                changes = diffmod.diff_versions(self.snap.distributions,
-                                                [d.to_json() for d in self.t.env.distributions()])
-                self.report.changes = [c.to_json() for c in changes]
+                self.report.changes = diffmod.diff_versions(
+                    self.snap.distributions, [d.to_json() for d in self.t.env.distributions()])
                 self.report.file_stats = {"error": str(exc)}
             if self.t.recipe.patch_policy == "reapply" and self.scan.patches:
                 results = patchmod.reapply(self.scan, self.t.env, self.j.dir)
@@ -635,14 +695,13 @@ class _Cycle:
 
     def smoke(self) -> None:
         from rewheel.errors import SmokeFailed
-        from rewheel.smoke import run_smoke
 
         if self.t.recipe.smoke is None:
             return
         with _Step(self, "smoke"):
             log = self.j.dir / "smoke.log"
             self.report.logs["smoke"] = str(log)
-            res = run_smoke(self.t.recipe, log_path=log, on_line=self.on_output)
+            res = self.host.smoke(self.t.recipe, log_path=log, on_line=self.on_output)
             if not res.ok:
                 self.diagnose_file(log)
                 why = f"timed out after {self.t.recipe.smoke.timeout_s}s" if res.timed_out else f"exited {res.returncode}"
@@ -721,7 +780,7 @@ class _Cycle:
         return f": {rc.get('type')}: {rc.get('message')}{where}"
 
     # -- revert ---------------------------------------------------------------------------
-    def _keep_failed_state(self, revert: dict[str, Any]) -> None:
+    def _keep_failed_state(self, revert: RevertRecord) -> None:
         """Snapshot the failed build before restoring, so it can be diffed and inspected later
         (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
         this costs little; if it fails, the restore goes ahead anyway."""
@@ -732,10 +791,10 @@ class _Cycle:
                                 status="failed-upgrade", run_id=self.j.id, progress=self.progress,
                                 exclude=self.t.recipe.snapshot_exclude)
             self.j.append("failed-snapshot", failed_snapshot_id=res.meta.id)
-            revert["failed_snapshot_id"] = res.meta.id
+            revert.failed_snapshot_id = res.meta.id
             self.say(f"kept the failed state as snapshot {res.meta.id} for inspection")
         except Exception as exc:
-            revert["failed_snapshot_error"] = str(exc)
+            revert.failed_snapshot_error = str(exc)
 
     def revert(self, reason: str) -> None:
         """Stop, restore the snapshot, move cleanup paths back, start, verify."""
@@ -744,7 +803,7 @@ class _Cycle:
         t0 = time.monotonic()
         self.j.append("step", name="revert", reason=reason)
         self.say(f"── revert: {reason}")
-        revert: dict[str, Any] = {"reason": reason}
+        revert = RevertRecord(reason)
         self.report.revert = revert
         try:
             if self.svc is not None:
@@ -754,43 +813,42 @@ class _Cycle:
             self.j.append("step", name="restore", snapshot_id=self.snap.id)
             res = restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=True)
             res.cleanup_restored = unstash_cleanup(self.snap, self.t.recipe.cleanup_paths)
-            revert["restore"] = res.to_json()
+            revert.restore = res
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
                      f"{res.deleted:,} removed, {res.verified:,} verified"
                      + (f" ({res.proven_same:,} proven identical, left in place)" if res.proven_same else ""))
             self.report.after = self.t.env.versions()
             try:
                 if self.svc is not None and self.was_active:
-                    revert["service"] = self.svc.start_and_verify()
+                    revert.service = self.svc.start_and_verify()
                     self.say("the old service is healthy again")
                 elif self.svc is not None:
-                    revert["service_skipped"] = "the service was not running before the run: left stopped"
-                    self.say(revert["service_skipped"])
+                    revert.service_skipped = "the service was not running before the run: left stopped"
+                    self.say(revert.service_skipped)
             finally:
                 remove_displaced(res)  # the failed build's folders, moved out by the restore
         except RewheelError as exc:
-            revert["error"] = str(exc)
-            self.report.steps.append({"name": "revert", "ok": False, "seconds": round(time.monotonic() - t0, 3)})
+            revert.error = str(exc)
+            self.report.steps.append(StepRecord.since("revert", False, t0))
             self.report.status = "failed"
             raise RestoreError(f"revert failed: {exc.message}",
                                hint=(exc.hint or "") + f"\nthe pre-upgrade snapshot is {self.snap.id if self.snap else '?'}; "
                                f"run `rewheel rollback {self.t.cli_ref} {self.snap.id if self.snap else ''} --yes` "
                                "once the cause is fixed") from exc
-        self.report.steps.append({"name": "revert", "ok": True, "seconds": round(time.monotonic() - t0, 3)})
+        self.report.steps.append(StepRecord.since("revert", True, t0))
         self.report.status = "reverted"
 
 
 def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert: bool = False,
         say: Say = _quiet, on_output: Say = _quiet, progress: Progress | None = None,
-        confirm: Callable[[RunReport], None] | None = None, client: Any = None) -> RunReport:
+        confirm: Callable[[RunReport], None] | None = None) -> RunReport:
     """The whole run cycle (README: "The run cycle"). Returns the report — status "failed" (exit 3) when a revert
     could not verify the old state. Raises for preflight and usage problems (nothing changed)
     and for a failure before the reinstall (the service is put back as it was)."""
     from rewheel.errors import RewheelError
 
     refuse_system_interpreter(t)
-    cyc = _Cycle(t, lock=lock, say=say, on_output=on_output,
-                 progress=progress, client=client)
+    cyc = _Cycle(t, lock=lock, say=say, on_output=on_output, progress=progress)
     with EnvLock(t.store.env_dir, "run", prefix=t.env.prefix) as lk:
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
         if not cyc.preflight(confirm, dry_run):
@@ -817,8 +875,8 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             cyc.keep()
         except Exception as exc:  # any failure after the reinstall began is reverted
             reason = f"{cyc.j.last_step} failed: {cyc.record_failure(exc)}"
-            if not cyc.report.steps or cyc.report.steps[-1]["name"] != cyc.j.last_step:
-                cyc.report.steps.append({"name": cyc.j.last_step or "?", "ok": False, "seconds": 0.0})
+            if not cyc.report.steps or cyc.report.steps[-1].name != cyc.j.last_step:
+                cyc.report.steps.append(StepRecord(cyc.j.last_step or "?", False))
             if no_revert:
                 cyc.report.status = "failed"
                 cyc.report.after = t.env.versions()
@@ -830,7 +888,8 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             except RewheelError as rexc:
                 # Exit 3: the report says what failed and what a person must do.
                 cyc.report.status = "failed"
-                cyc.report.revert = {**(cyc.report.revert or {}), "error": rexc.message, "hint": rexc.hint}
+                cyc.report.revert = cyc.report.revert or RevertRecord(reason)
+                cyc.report.revert.error, cyc.report.revert.hint = rexc.message, rexc.hint
             finally:
                 cyc.j.append("finished", status=cyc.report.status, reason=reason,
                              before=cyc.report.before, after=cyc.report.after,
@@ -864,10 +923,6 @@ class ResumeResult:
     # running and were stopped before anything was touched.
     stopped_processes: list[dict[str, Any]] = field(default_factory=list)
 
-    @property
-    def exit_code(self) -> int:
-        return 0
-
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "run_id": self.run_id, "action": self.action,
                 "report": self.report.to_json() if self.report else None,
@@ -875,8 +930,7 @@ class ResumeResult:
                 "stopped_processes": self.stopped_processes}
 
 
-def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
-           client: Any = None) -> ResumeResult:
+def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) -> ResumeResult:
     """An interrupted upgrade is undone (restored from its pre-upgrade snapshot) unless it had
     already passed every check and was only recording its result, which is then finished.
     An interrupted rollback or revert is run again (restores are idempotent)."""
@@ -888,20 +942,8 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
         if j is None:
             return ResumeResult("nothing-to-resume", None, "no interrupted run",
                                 stopped_processes=lk.stopped)
-        was_active = any(r.get("service_was_active") for r in j.records if r["event"] == "note")
         steps_seen = [r.get("name") for r in j.records if r["event"] == "step"]
-        cyc = _Cycle(t, lock=None, say=say, on_output=say, progress=progress, client=client)
-        cyc.j = j
-        cyc.report.run_id = j.id
-        cyc.report.before = (j.first("started") or {}).get("before") or {}
-        cyc.was_active = was_active
-        if t.recipe.service is not None:
-            cyc.svc = ServiceSteps(t, j, cyc.report.steps, say, client)
-            if any("service_was_active" in r for r in j.records if r["event"] == "note"):
-                cyc.report.service_before = "active" if was_active else "inactive"
-        snap_id = j.snapshot_id
-        cyc.snap = t.store.get(snap_id) if snap_id else None
-        cyc.report.snapshot_id = snap_id  # the report (and --json) names what was restored
+        cyc = _Cycle.from_journal(t, j, say=say, progress=progress)
 
         if j.kind == "run" and "keep" in steps_seen and "revert" not in steps_seen:
             assert cyc.snap is not None
@@ -917,7 +959,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None,
         if cyc.snap is None:
             # Interrupted before the snapshot existed: the environment was not touched.
             j.append("step", name="abort", resumed=True)
-            if cyc.svc is not None and was_active and not cyc.svc.was_active():
+            if cyc.svc is not None and cyc.was_active and not cyc.svc.was_active():
                 cyc.report.service = cyc.svc.start_and_verify()
             j.append("finished", status="aborted", resumed=True)
             cyc.report.status = "failed"
@@ -947,10 +989,9 @@ class SmokeReport:
         return dict(self.__dict__)
 
 
-def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet, client: Any = None) -> SmokeReport:
-    from rewheel import diagnose, service
+def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet) -> SmokeReport:
+    from rewheel import diagnose
     from rewheel.errors import ServiceError
-    from rewheel.smoke import run_smoke
 
     journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
     rep = SmokeReport(ok=True)
@@ -959,16 +1000,16 @@ def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet, client:
         logs = t.store.env_dir / "smoke"
         logs.mkdir(exist_ok=True)
         log = logs / (time.strftime("%Y%m%d-%H%M%S") + ".log")
-        res = run_smoke(t.recipe, log_path=log, on_line=on_output)
+        res = t.host.smoke(t.recipe, log_path=log, on_line=on_output)
         rep.smoke = res.to_json()
         if not res.ok:
             rep.ok = False
             rep.root_cause = diagnose.analyse_file(log, package=package).to_json()["root_cause"]
     if t.recipe.service is not None:
-        mgr = service.make_manager(t.recipe.service, t.store.env_dir, python=t.recipe.python)
+        mgr = t.host.manager(t.recipe.service, t.store.env_dir, t.recipe.python)
         try:
-            rep.health = service.wait_ready(mgr, t.recipe.service, client=client, started_at=time.time(),
-                                            on_progress=say).to_json()
+            rep.health = t.host.wait_ready(mgr, t.recipe.service, client=t.host.client,
+                                           started_at=time.time(), on_progress=say).to_json()
         except ServiceError as exc:
             rep.ok = False
             rep.error = str(exc)
