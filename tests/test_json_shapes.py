@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from rewheel.localindex import serve_index
+from devtools.localindex import serve_index
 from support_nightly import (build_toypkg, fake_sha, json_of, nightly_version, rewheel, smoke_script,
                              write_recipe)
 from support_run import make_host

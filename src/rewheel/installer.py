@@ -2,7 +2,7 @@
 install, the preflight checks (uv, index reachability) — and keeping
 credentials that live inside index URLs out of every log, report and terminal line.
 
-Choices where uv offers several (the README section says the same to users):
+Choices where uv offers several (docs/installing.md says the same to users):
 - `packages` get `--upgrade-package NAME`: upgraded to the newest version the indexes offer
   within their specifiers. `reinstall = "all"` adds `--reinstall` (uv then re-resolves and
   re-installs every package of the resolution from the indexes, as in the story — which also

@@ -842,7 +842,7 @@ class _Cycle:
 def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert: bool = False,
         say: Say = _quiet, on_output: Say = _quiet, progress: Progress | None = None,
         confirm: Callable[[RunReport], None] | None = None) -> RunReport:
-    """The whole run cycle (README: "The run cycle"). Returns the report — status "failed" (exit 3) when a revert
+    """The whole run cycle (docs/run-cycle.md). Returns the report — status "failed" (exit 3) when a revert
     could not verify the old state. Raises for preflight and usage problems (nothing changed)
     and for a failure before the reinstall (the service is put back as it was)."""
     from rewheel.errors import RewheelError
