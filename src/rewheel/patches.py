@@ -56,6 +56,7 @@ from rewheel.diff import (INSTALLER_FILES, as_text, count_lines, display_path, i
 from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import CommandNotFound
 from rewheel.snapshot import Manifest, SnapshotDamaged, Store
+from rewheel.snapshot.tree import provably_pristine
 
 # Patched files up to this size are kept in memory so they can be carried onto a new
 # version after the reinstall has replaced them.
@@ -567,7 +568,7 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
         """Past the single-owner fast path: any owner's fast path, then any owner's hash."""
         if not thorough:
             for d, e in owners:
-                if e.size == st.st_size and st.st_mtime_ns < d.install_time_ns:
+                if provably_pristine(st.st_size, st.st_mtime_ns, e.size, d.install_time_ns):
                     counts["fast_path"] += 1
                     return
         now: dict[str, str] = {}
@@ -660,7 +661,7 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
                 continue
             checked += 1
             if owners is None:
-                if not thorough and entry.size == st.st_size and st.st_mtime_ns < installed:
+                if not thorough and provably_pristine(st.st_size, st.st_mtime_ns, entry.size, installed):
                     fast += 1
                     continue
                 owners = [(dist, entry)]
