@@ -55,6 +55,7 @@ from rewheel.diff import (INSTALLER_FILES, as_text, count_lines, display_path, i
                           unified_diff)
 from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import CommandNotFound
+from rewheel.paths import fsync_dir, write_all
 from rewheel.snapshot import Manifest, SnapshotDamaged, Store
 from rewheel.snapshot.tree import provably_pristine
 
@@ -1096,17 +1097,20 @@ def _merge(pristine: str, new: str, patched: str) -> tuple[str, bool]:
 
 def _write_replacing(path: str, data: bytes, mode: int) -> None:
     """Write through a new inode: the installed file may be hard-linked from uv's cache,
-    and writing into it would change the cache too."""
+    and writing into it would change the cache too. Durable like `atomic_write`: all the
+    bytes, synced, then the rename synced in the folder (a crash after this returns keeps
+    the carried patch)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.rewheel-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+    fsync_dir(Path(path).parent)
 
 
 def reapply(s: PatchScan, env: Environment | None = None, run_dir: Path | None = None) -> list[ReapplyResult]:
