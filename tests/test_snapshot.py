@@ -769,13 +769,13 @@ def test_cleanup_entries_in_meta_are_not_trusted(venv: Path, tmp_path: Path) -> 
     meta = json.loads((snap.path / "meta.json").read_text())
     meta["cleanup"][0]["path"] = "/etc/cron.d/evil"
     (snap.path / "meta.json").write_text(json.dumps(meta))
-    tampered = snapmod.SnapshotMeta.load(snap.path)
+    tampered = snapmod.SnapshotMeta.load(snap.path, snap.home)
     with pytest.raises(SnapshotDamaged, match="match no \\[cleanup\\] paths glob"):
         snapmod.unstash_cleanup(tampered, globs)
     assert not Path("/etc/cron.d/evil").exists()
     meta["cleanup"][0]["path"] = str(dumps / "a.pt")
     (snap.path / "meta.json").write_text(json.dumps(meta))
-    assert snapmod.unstash_cleanup(snapmod.SnapshotMeta.load(snap.path), globs) == 1
+    assert snapmod.unstash_cleanup(snapmod.SnapshotMeta.load(snap.path, snap.home), globs) == 1
     assert (dumps / "a.pt").read_bytes() == b"debug dump"
 
 

@@ -330,7 +330,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
         manifest = Manifest.of(roots, entries, [os.path.realpath(r.path) for r in roots], list(exclude)).to_json()
         atomic_write(tmp / "manifest.json", json.dumps(manifest, separators=(",", ":")))
         meta = SnapshotMeta(
-            id=snap_id, path=store.snapshots_dir / snap_id, label=label, status=status,
+            id=snap_id, path=store.snapshots_dir / snap_id, home=store.home, label=label, status=status,
             created=time.time(), prefix=str(env.prefix), python=str(env.python), kind=env.kind,
             versions={d.name: d.version_text for d in dists},
             distributions=[d.to_json() for d in dists],

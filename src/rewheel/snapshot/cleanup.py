@@ -60,7 +60,7 @@ def stash_cleanup(snap: SnapshotMeta, globs: list[str] | tuple[str, ...],
     Every match is checked before the first is moved (`cleanup_matches`)."""
     dest = snap.path / "cleanup"
     moved: list[dict[str, Any]] = []
-    for src in cleanup_matches(globs, [snap.prefix, str(snap.path.parents[3]), *(protected or [])]):
+    for src in cleanup_matches(globs, [snap.prefix, str(snap.home), *(protected or [])]):
         if not os.path.lexists(src):
             continue
         dest.mkdir(exist_ok=True, mode=0o700)
@@ -89,7 +89,7 @@ def unstash_cleanup(snap: SnapshotMeta, globs: list[str] | tuple[str, ...] = ())
     globs match (a rollback given `--python` alone moves nothing back: `pending_cleanup`)
     and none may be a system folder or the environment; a metadata entry that is not is
     refused (SnapshotDamaged) before anything is moved."""
-    protected = [snap.prefix, str(snap.path.parents[3])]
+    protected = [snap.prefix, str(snap.home)]
     if not globs:
         return 0
     bad = [item for n, item in enumerate(snap.cleanup) if not _cleanup_item_ok(item, n, globs, protected)]

@@ -221,7 +221,7 @@ class _Restore:
         self.folders = man.folders
         # Lane k of n owns its share of the folders; None: this restore owns every folder.
         self.owned = share_folders(man, lane[1])[lane[0]] if lane is not None else None
-        home = Path(os.path.realpath(Path(snap.path).parents[3]))  # the store's home, when inside the prefix
+        home = Path(os.path.realpath(snap.home))  # the store's home, when inside the prefix
         self.skip = {str(home.parent): home.name}
         self.staging: dict[int, str] = {}
         self.n = 0  # staged names
@@ -954,7 +954,7 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
     same = SameBytes(env, snap, man, roots)
     problems: list[str] = []
     seen = 0
-    for ri, rel, st in walk(roots, owned, {os.path.realpath(Path(snap.path).parents[3])}, None,
+    for ri, rel, st in walk(roots, owned, {os.path.realpath(snap.home)}, None,
                              exclusion(man.exclude)):
         e = want.get((ri, rel))
         if e is None:

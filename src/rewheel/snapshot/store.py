@@ -25,7 +25,10 @@ from rewheel.paths import atomic_write, ensure_private_dir, env_dir, state_home
 @dataclass
 class SnapshotMeta:
     id: str
-    path: Path
+    path: Path  # <home>/envs/<env>/snapshots/<id>
+    # The store's home: never captured, reverted or stashed by a snapshot even when it lies
+    # inside the prefix. Known to whoever loads the snapshot (its Store), not kept in meta.json.
+    home: Path
     label: str
     status: str  # "manual" | "pre-upgrade" | "upgraded" | "reverted" | ...
     created: float
@@ -56,14 +59,14 @@ class SnapshotMeta:
                 "cleanup": self.cleanup, **self.extra}
 
     def save(self) -> None:
-        doc = {k: v for k, v in self.__dict__.items() if k != "path"}
+        doc = {k: v for k, v in self.__dict__.items() if k not in ("path", "home")}
         atomic_write(self.path / "meta.json", json.dumps(doc, indent=1, default=str))
 
     @classmethod
-    def load(cls, path: Path) -> SnapshotMeta:
+    def load(cls, path: Path, home: Path) -> SnapshotMeta:
         try:
             doc = json.loads((path / "meta.json").read_text())
-            return cls(path=path, **doc)
+            return cls(path=path, home=home, **doc)
         except (OSError, ValueError, TypeError) as exc:
             raise SnapshotDamaged(f"snapshot {path.name}: unreadable meta.json ({exc})",
                                   hint=f"inspect or delete {path}") from None
@@ -86,7 +89,7 @@ class Store:
         for d in self.snapshots_dir.iterdir():
             if d.is_dir() and not d.name.startswith(".") and (d / "meta.json").exists():
                 try:
-                    metas.append(SnapshotMeta.load(d))
+                    metas.append(SnapshotMeta.load(d, self.home))
                 except SnapshotDamaged:
                     continue
         return sorted(metas, key=lambda m: m.created, reverse=True)
@@ -97,7 +100,7 @@ class Store:
         for d in sorted(self.snapshots_dir.iterdir()):
             if d.is_dir() and not d.name.startswith("."):
                 try:
-                    SnapshotMeta.load(d)
+                    SnapshotMeta.load(d, self.home)
                 except SnapshotDamaged:
                     bad.append(d.name)
         return bad
@@ -117,7 +120,7 @@ class Store:
             except (OSError, ValueError):  # too long a name, a NUL, an unencodable character
                 found = False
             if found:
-                return SnapshotMeta.load(exact)
+                return SnapshotMeta.load(exact, self.home)
         matches = [m for m in self.list() if m.id.startswith(ref) or m.label == ref]
         if len(matches) == 1:
             return matches[0]
