@@ -38,14 +38,14 @@ from rewheel.snapshot.capture import SnapshotResult, copy_hashed, estimate_snaps
 from rewheel.snapshot.cleanup import (SYSTEM_FOLDERS, cleanup_matches, cleanup_refusal, pending_cleanup,
                                       stash_cleanup, unstash_cleanup)
 from rewheel.snapshot.lanes import LANES_MIN_FILES, restore_lanes_setting
-from rewheel.snapshot.manifest import MANIFEST_VERSION, Folder, Manifest, ManifestDamaged, match_roots
+from rewheel.snapshot.manifest import MANIFEST_VERSION, Entry, Folder, Manifest, ManifestDamaged, match_roots
 from rewheel.snapshot.restore import RestoreResult, remove_displaced, restore_snapshot, share_folders, verify
 from rewheel.snapshot.store import ALIASES, SnapshotMeta, Store
 from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, exclusion, hash_file, kind_of, nested_prefix,
                                    provably_pristine, record_index, scope_of, walk)
 
 __all__ = [
-    "ALIASES", "LANES_MIN_FILES", "MANIFEST_VERSION", "STAGING_PREFIX", "SYSTEM_FOLDERS", "Folder", "Manifest",
+    "ALIASES", "LANES_MIN_FILES", "MANIFEST_VERSION", "STAGING_PREFIX", "SYSTEM_FOLDERS", "Entry", "Folder", "Manifest",
     "ManifestDamaged", "Progress", "RestoreError", "RestoreResult", "Root", "SnapshotDamaged", "SnapshotError",
     "SnapshotMeta", "SnapshotResult", "Store", "cleanup_matches", "cleanup_refusal", "copy_hashed",
     "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix", "pending_cleanup",

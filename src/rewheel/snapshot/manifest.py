@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from rewheel.errors import SnapshotDamaged, SnapshotError
 from rewheel.snapshot.store import SnapshotMeta
@@ -25,6 +25,21 @@ MANIFEST_VERSION = 2  # 2: by folder, as columns, with shared inodes; version 1 
 # --------------------------------------------------------------------------------------
 _STORED = {"link": "L", "reflink": "R", "copy": "C", None: "-"}
 _STORED_BACK = {v: k for k, v in _STORED.items()}
+
+
+class Entry(NamedTuple):
+    """One manifest entry in full, as a restore acts on it (built by `Folder.entry` only for
+    the entries a restore changes or checks: the whole-tree comparison reads the columns)."""
+    root: int  # index into the manifest's roots
+    path: str  # relative to its root
+    kind: str  # "f" file, "d" folder, "l" symlink, "o" socket/FIFO/device
+    mode: int  # permission bits
+    size: int
+    mtime_ns: int
+    sha256: str | None  # None for a linked file's entry read with `sha=False`
+    stored: str | None  # "link" | "reflink" | "copy" | None
+    target: str | None  # a symlink's target
+    ino: int | None  # the inode a linked file shares with the store
 
 
 class ManifestDamaged(ValueError):
@@ -70,7 +85,7 @@ class Folder:
             self._index = dict(zip(self.names, range(len(self.names)), strict=True))
         return self._index
 
-    def entry(self, ri: int, rel: str, i: int, *, sha: bool = True) -> list[Any]:
+    def entry(self, ri: int, rel: str, i: int, *, sha: bool = True) -> Entry:
         """Entry i in full: [root, path, type, mode, size, mtime_ns, sha256, stored, target, ino].
         `sha=False`: a linked file's sha256 is left out (None) — a restore links the stored
         inode, checked by size and mtime, and needs no hash to do it."""
@@ -84,10 +99,10 @@ class Folder:
             except (ValueError, KeyError, TypeError, IndexError) as exc:
                 raise ManifestDamaged(f"{self.names[i]}: sha256 and target do not load ({exc})") from None
         name = self.names[i]
-        return [ri, f"{rel}/{name}" if rel else name, kind, self.modes[i], self.sizes[i], self.mtimes[i], sha256,
-                _STORED_BACK.get(self.stored[i]), target, self.inos[i]]
+        return Entry(ri, f"{rel}/{name}" if rel else name, kind, self.modes[i], self.sizes[i], self.mtimes[i],
+                     sha256, _STORED_BACK.get(self.stored[i]), target, self.inos[i])
 
-    def entries(self, ri: int, rel: str) -> list[list[Any]]:
+    def entries(self, ri: int, rel: str) -> list[Entry]:
         return [self.entry(ri, rel, i) for i in range(len(self.names))]
 
     def sha(self, i: int) -> str | None:
@@ -124,7 +139,7 @@ class Manifest:
     exclude: list[str] = field(default_factory=list)  # `[snapshots] exclude` when it was taken
 
     @property
-    def entries(self) -> list[list[Any]]:
+    def entries(self) -> list[Entry]:
         return [e for (ri, rel), f in self.folders.items() for e in f.entries(ri, rel)]
 
     def to_json(self) -> dict[str, Any]:
@@ -181,17 +196,17 @@ class Manifest:
         if validate:
             seen = set()
             for e in entries:
-                if not safe_rel(e[1]) or (e[0], e[1]) in seen:
+                if not safe_rel(e.path) or (e.root, e.path) in seen:
                     raise bad_entry(snap, e)
-                if e[2] == "l" and not isinstance(e[8], str):
-                    raise SnapshotDamaged(f"snapshot {snap.id}: symlink entry {e[1]} has no target")
-                seen.add((e[0], e[1]))
+                if e.kind == "l" and not isinstance(e.target, str):
+                    raise SnapshotDamaged(f"snapshot {snap.id}: symlink entry {e.path} has no target")
+                seen.add((e.root, e.path))
         return man
 
 
 def bad_entry(snap: SnapshotMeta, e: Any) -> SnapshotDamaged:
     return SnapshotDamaged(
-        f"snapshot {snap.id}: manifest entry {str(e)[:200]} is invalid or escapes the prefix",
+        f"snapshot {snap.id}: manifest entry {str(list(e) if isinstance(e, tuple) else e)[:200]} is invalid or escapes the prefix",
         hint="the snapshot was tampered with or damaged; restore another one")
 
 

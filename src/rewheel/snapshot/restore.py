@@ -27,7 +27,7 @@ from rewheel.environment import Environment
 from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.snapshot.capture import copy_hashed
 from rewheel.snapshot.lanes import LaneWork, Peer, auto_lanes
-from rewheel.snapshot.manifest import Folder, Manifest, ManifestDamaged, bad_entry, match_roots
+from rewheel.snapshot.manifest import Entry, Folder, Manifest, ManifestDamaged, bad_entry, match_roots
 from rewheel.snapshot.proof import FolderProof, SameBytes
 from rewheel.snapshot.store import SnapshotMeta, save_aliases
 from rewheel.snapshot.tree import (Progress, Root, STAGING_PREFIX, exclusion, kind_of, nested_prefix, safe_rel,
@@ -69,17 +69,17 @@ def _raise_if_problems(env: Environment, snap: SnapshotMeta, problems: list[str]
                  "recreate the environment by hand")
 
 
-def _entry_problem(e: list[Any], st: os.stat_result, path: str) -> str | None:
+def _entry_problem(e: Entry, st: os.stat_result, path: str) -> str | None:
     """How a live entry differs from its manifest entry, or None when it matches."""
     kind = kind_of(st.st_mode)
-    if kind != e[2]:
-        return f"type differs: {e[1]}"
+    if kind != e.kind:
+        return f"type differs: {e.path}"
     if kind == "f" and not _same_file(e, st):
-        return f"content differs: {e[1]}"
-    if kind in ("f", "d") and stat.S_IMODE(st.st_mode) != e[3]:
-        return f"mode differs: {e[1]} ({oct(stat.S_IMODE(st.st_mode))} vs {oct(e[3])})"
-    if kind == "l" and os.readlink(path) != e[8]:
-        return f"symlink target differs: {e[1]}"
+        return f"content differs: {e.path}"
+    if kind in ("f", "d") and stat.S_IMODE(st.st_mode) != e.mode:
+        return f"mode differs: {e.path} ({oct(stat.S_IMODE(st.st_mode))} vs {oct(e.mode)})"
+    if kind == "l" and os.readlink(path) != e.target:
+        return f"symlink target differs: {e.path}"
     return None
 
 
@@ -89,39 +89,39 @@ def _owned_now(roots: list[Root], env: Environment) -> set[str]:
     return {e.path for d in env.distributions() for e in d.record}
 
 
-def _same_file(e: list[Any], st: os.stat_result) -> bool:
-    return (stat.S_ISREG(st.st_mode) and st.st_size == e[4] and st.st_mtime_ns == e[5])
+def _same_file(e: Entry, st: os.stat_result) -> bool:
+    return (stat.S_ISREG(st.st_mode) and st.st_size == e.size and st.st_mtime_ns == e.mtime_ns)
 
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NO_LINK = (errno.EXDEV, errno.EMLINK, errno.EPERM, errno.ENOTSUP)  # link(2) cannot: copy instead
 
 
-def _check_fields(snap: SnapshotMeta, e: list[Any]) -> None:
+def _check_fields(snap: SnapshotMeta, e: Entry) -> None:
     """The fields a restore acts on have the types it needs (checked for the entries it
     acts on only, before it acts)."""
-    if (type(e[3]) is not int or type(e[5]) is not int or (e[2] == "f" and type(e[4]) is not int)
-            or (e[2] == "l" and (type(e[8]) is not str or not e[8] or "\x00" in e[8] or len(e[8]) > 4095))
-            or e[2] not in ("f", "d", "l") or not 0 <= e[3] <= 0o7777):
+    if (type(e.mode) is not int or type(e.mtime_ns) is not int or (e.kind == "f" and type(e.size) is not int)
+            or (e.kind == "l" and (type(e.target) is not str or not e.target or "\x00" in e.target or len(e.target) > 4095))
+            or e.kind not in ("f", "d", "l") or not 0 <= e.mode <= 0o7777):
         raise bad_entry(snap, e)
-    if e[2] == "f" and e[3] & (stat.S_ISUID | stat.S_ISGID):
+    if e.kind == "f" and e.mode & (stat.S_ISUID | stat.S_ISGID):
         # No wheel installs a set-id file: a manifest asking for one is not applied as root.
-        raise SnapshotDamaged(f"snapshot {snap.id}: {e[1]} would be restored set-user/group-id (mode {e[3]:o})",
+        raise SnapshotDamaged(f"snapshot {snap.id}: {e.path} would be restored set-user/group-id (mode {e.mode:o})",
                               hint="no installer makes such a file; the manifest was tampered with. "
                                    "Restore another snapshot")
 
 
-def _check_stored(snap: SnapshotMeta, tree: str, e: list[Any]) -> os.stat_result:
-    p = f"{tree}/{e[0]}/{e[1]}"  # hot: plain concatenation, not os.path.join
+def _check_stored(snap: SnapshotMeta, tree: str, e: Entry) -> os.stat_result:
+    p = f"{tree}/{e.root}/{e.path}"  # hot: plain concatenation, not os.path.join
     try:
         st = os.lstat(p)
     except FileNotFoundError:
-        raise SnapshotDamaged(f"snapshot {snap.id}: stored file {e[1]} is missing ({p})",
+        raise SnapshotDamaged(f"snapshot {snap.id}: stored file {e.path} is missing ({p})",
                               hint="restore another snapshot (`rewheel history`)") from None
-    if not stat.S_ISREG(st.st_mode) or st.st_size != e[4] or st.st_mtime_ns != e[5]:
+    if not stat.S_ISREG(st.st_mode) or st.st_size != e.size or st.st_mtime_ns != e.mtime_ns:
         raise SnapshotDamaged(
-            f"snapshot {snap.id}: stored file {e[1]} was changed after the snapshot "
-            f"(size {st.st_size} vs {e[4]}, mtime differs: {st.st_mtime_ns != e[5]})",
+            f"snapshot {snap.id}: stored file {e.path} was changed after the snapshot "
+            f"(size {st.st_size} vs {e.size}, mtime differs: {st.st_mtime_ns != e.mtime_ns})",
             hint="the file was edited in place or the store was tampered with; restore another snapshot")
     return st
 
@@ -186,12 +186,12 @@ class _Dir:
     ri: int
     rel: str  # "" for a root
     path: str
-    entry: list[Any] | None  # the folder's own manifest entry (None for a root)
+    entry: Entry | None  # the folder's own manifest entry (None for a root)
     st: os.stat_result | None  # its lstat (None for a root)
-    writes: list[list[Any]] = field(default_factory=list)  # files and symlinks to (re)place
-    chmods: list[list[Any]] = field(default_factory=list)
+    writes: list[Entry] = field(default_factory=list)  # files and symlinks to (re)place
+    chmods: list[Entry] = field(default_factory=list)
     extras: list[tuple[str, bool]] = field(default_factory=list)  # (path, is a folder)
-    missing: list[list[Any]] = field(default_factory=list)  # folders to build whole
+    missing: list[Entry] = field(default_factory=list)  # folders to build whole
 
     @property
     def touched(self) -> bool:
@@ -200,7 +200,7 @@ class _Dir:
     @property
     def attrs_off(self) -> bool:
         e, st = self.entry, self.st
-        return e is not None and st is not None and (stat.S_IMODE(st.st_mode) != e[3] or st.st_mtime_ns != e[5])
+        return e is not None and st is not None and (stat.S_IMODE(st.st_mode) != e.mode or st.st_mtime_ns != e.mtime_ns)
 
 
 _EMPTY = Folder([], "", [], [], [], "", [], None)
@@ -273,10 +273,10 @@ class _Restore:
             return
         find, types, modes, sizes, mtimes, inos = f.index.get, f.types, f.modes, f.sizes, f.mtimes, f.inos
         is_reg, mode_of = stat.S_ISREG, stat.S_IMODE
-        writes: list[list[Any]] = []
-        chmods: list[list[Any]] = []
+        writes: list[Entry] = []
+        chmods: list[Entry] = []
         extras: list[tuple[str, bool]] = []
-        missing: list[list[Any]] = []
+        missing: list[Entry] = []
         prefix = f"{rel}/" if rel else ""
         skip = self.skip.get(path)
         matched = 0
@@ -325,7 +325,7 @@ class _Restore:
                     continue
                 elif kind == "l":
                     e = f.entry(ri, rel, i)
-                    if de.is_symlink() and os.readlink(name, dir_fd=fd) == e[8]:
+                    if de.is_symlink() and os.readlink(name, dir_fd=fd) == e.target:
                         continue
                     writes.append(e)
                     continue
@@ -393,7 +393,7 @@ class _Restore:
                     self.others += 1
                 else:
                     e = f.entry(d.ri, d.rel, i, sha=False)
-                    (d.missing if e[2] == "d" else d.writes).append(e)
+                    (d.missing if e.kind == "d" else d.writes).append(e)
 
     def scan_listed(self, ri: int) -> _Dir:
         """A root of which only RECORD-listed files are ours (a system interpreter's
@@ -401,7 +401,7 @@ class _Restore:
         root = self.roots[ri]
         d = _Dir(ri, "", root.path, None, None)
         self.dirs.append(d)
-        want = {e[1]: e for (r, rel), f in self.folders.items() if r == ri for e in f.entries(r, rel)}
+        want = {e.path: e for (r, rel), f in self.folders.items() if r == ri for e in f.entries(r, rel)}
         base = root.path.rstrip("/") + "/"
         owned = {p[len(base):] for p in _owned_now(self.roots, self.env) if p.startswith(base)}
         for rel, e in want.items():
@@ -411,11 +411,11 @@ class _Restore:
             except FileNotFoundError:
                 d.writes.append(e)
                 continue
-            if e[2] == "f" and _same_file(e, lst):
-                if stat.S_IMODE(lst.st_mode) != e[3]:
+            if e.kind == "f" and _same_file(e, lst):
+                if stat.S_IMODE(lst.st_mode) != e.mode:
                     d.chmods.append(e)
                 continue
-            if e[2] == "l" and stat.S_ISLNK(lst.st_mode) and os.readlink(p) == e[8]:
+            if e.kind == "l" and stat.S_ISLNK(lst.st_mode) and os.readlink(p) == e.target:
                 continue
             if stat.S_ISDIR(lst.st_mode):
                 d.extras.append((p, True))
@@ -430,10 +430,10 @@ class _Restore:
             n += self.count(ri, f"{rel}/{f.names[i]}" if rel else f.names[i])
         return n
 
-    def path_of(self, d: _Dir, e: list[Any]) -> str:
+    def path_of(self, d: _Dir, e: Entry) -> str:
         if self.roots[d.ri].whole:
-            return f"{d.path}/{e[1].rpartition('/')[2]}"
-        return f"{d.path.rstrip('/')}/{e[1]}"
+            return f"{d.path}/{e.path.rpartition('/')[2]}"
+        return f"{d.path.rstrip('/')}/{e.path}"
 
     # Check and stage ---------------------------------------------------------------------
     def stage_path(self, ri: int) -> str:
@@ -454,7 +454,7 @@ class _Restore:
     def check_links(self, d: _Dir) -> None:
         """Before the commit: every stored inode folder d's files will be linked to exists
         and still has the manifest's size and mtime (one fstatat each, in its folder)."""
-        links = [e for e in d.writes if e[2] == "f" and e[7] == "link"]
+        links = [e for e in d.writes if e.kind == "f" and e.stored == "link"]
         if not links:
             return
         try:
@@ -465,44 +465,44 @@ class _Restore:
         try:
             for e in links:
                 try:
-                    st = os.lstat(e[1].rpartition("/")[2], dir_fd=sfd)
+                    st = os.lstat(e.path.rpartition("/")[2], dir_fd=sfd)
                 except FileNotFoundError:
                     st = None
-                if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != e[4] or st.st_mtime_ns != e[5]:
+                if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != e.size or st.st_mtime_ns != e.mtime_ns:
                     _check_stored(self.snap, self.tree, e)  # raises, naming the file
-                self.links[(e[0], e[1])] = st
+                self.links[(e.root, e.path)] = st
         finally:
             os.close(sfd)
 
     def stored_folder(self, d: _Dir) -> str:
         return f"{self.tree}/{d.ri}/{d.rel}" if d.rel else f"{self.tree}/{d.ri}"
 
-    def place(self, e: list[Any], dst: str) -> None:
+    def place(self, e: Entry, dst: str) -> None:
         """Put entry e (a file or symlink) at dst, a path that is free: a link to the
         stored inode (checked against the manifest first) or a checked copy."""
-        if e[2] == "l":
-            os.symlink(e[8], dst)
+        if e.kind == "l":
+            os.symlink(e.target, dst)
         else:
-            sst = self.links.get((e[0], e[1]))
-            if e[7] == "link":
+            sst = self.links.get((e.root, e.path))
+            if e.stored == "link":
                 if sst is None:
-                    sst = self.links[(e[0], e[1])] = _check_stored(self.snap, self.tree, e)
+                    sst = self.links[(e.root, e.path)] = _check_stored(self.snap, self.tree, e)
                 try:
-                    os.link(f"{self.tree}/{e[0]}/{e[1]}", dst)
+                    os.link(f"{self.tree}/{e.root}/{e.path}", dst)
                 except OSError as exc:
                     if exc.errno not in _NO_LINK:
                         raise
-                    del self.links[(e[0], e[1])]  # another filesystem now: copy instead
+                    del self.links[(e.root, e.path)]  # another filesystem now: copy instead
                     sst = None
                     self.copy(e, dst)
             else:
                 self.copy(e, dst)
             # A link shares the stored inode: its mode and mtime are already right unless
             # someone changed them; only then pay for chmod and utime.
-            if sst is None or stat.S_IMODE(sst.st_mode) != e[3]:
-                os.chmod(dst, e[3])
-            if sst is None or sst.st_mtime_ns != e[5]:
-                os.utime(dst, ns=(e[5], e[5]))
+            if sst is None or stat.S_IMODE(sst.st_mode) != e.mode:
+                os.chmod(dst, e.mode)
+            if sst is None or sst.st_mtime_ns != e.mtime_ns:
+                os.utime(dst, ns=(e.mtime_ns, e.mtime_ns))
         self.count_written()
 
     def count_written(self) -> None:
@@ -513,18 +513,18 @@ class _Restore:
             # In two lanes, this process counts its own half (the other prints nothing).
             self.progress("restore" if self.owned is None else "restore (lane 1 of 2)", self.written, self.todo)
 
-    def copy(self, e: list[Any], dst: str) -> None:
-        src = f"{self.tree}/{e[0]}/{e[1]}"
-        if e[7] == "link":
+    def copy(self, e: Entry, dst: str) -> None:
+        src = f"{self.tree}/{e.root}/{e.path}"
+        if e.stored == "link":
             _check_stored(self.snap, self.tree, e)
         sha, _ = copy_hashed(src, dst)
-        if e[6] and sha != e[6]:
+        if e.sha256 and sha != e.sha256:
             raise SnapshotDamaged(
-                f"snapshot {self.snap.id}: stored file {e[1]} does not match its recorded sha256 "
-                f"(expected {e[6][:12]}…, found {sha[:12]}…)",
+                f"snapshot {self.snap.id}: stored file {e.path} does not match its recorded sha256 "
+                f"(expected {e.sha256[:12]}…, found {sha[:12]}…)",
                 hint="the store was tampered with or damaged; restore another snapshot")
 
-    def build(self, ri: int, rel: str, e: list[Any], dst: str) -> None:
+    def build(self, ri: int, rel: str, e: Entry, dst: str) -> None:
         """Build folder `rel` whole at dst, exactly as the manifest has it."""
         os.mkdir(dst, 0o700)
         f = self.folders.get((ri, rel)) or _EMPTY
@@ -534,16 +534,16 @@ class _Restore:
                 continue
             k = f.entry(ri, rel, i, sha=False)
             _check_fields(self.snap, k)
-            if k[2] == "d":
-                self.build(ri, k[1], k, f"{dst}/{name}")
+            if k.kind == "d":
+                self.build(ri, k.path, k, f"{dst}/{name}")
             else:
                 self.place(k, f"{dst}/{name}")
-        os.chmod(dst, e[3])
-        os.utime(dst, ns=(e[5], e[5]))  # last: any entry added below would change it
+        os.chmod(dst, e.mode)
+        os.utime(dst, ns=(e.mtime_ns, e.mtime_ns))  # last: any entry added below would change it
 
     def stage(self) -> None:
         for d in self.dirs:
-            self.todo += len(d.writes) + sum(1 + self.count(d.ri, e[1]) for e in d.missing)
+            self.todo += len(d.writes) + sum(1 + self.count(d.ri, e.path) for e in d.missing)
         for d in self.dirs:
             for e in d.writes:
                 _check_fields(self.snap, e)
@@ -554,14 +554,14 @@ class _Restore:
             if self.roots[d.ri].whole:
                 self.check_links(d)
             for e in d.writes:
-                if e[2] == "f" and (e[7] != "link" or not self.roots[d.ri].whole):
+                if e.kind == "f" and (e.stored != "link" or not self.roots[d.ri].whole):
                     # A copy is staged (its sha256 checked on the way) and renamed in.
                     tmp = self.stage_path(d.ri)
                     self.place(e, tmp)
                     self.staged[id(e)] = tmp
             for e in d.missing:
                 tmp = self.stage_path(d.ri)
-                self.build(d.ri, e[1], e, tmp)
+                self.build(d.ri, e.path, e, tmp)
                 self.staged[id(e)] = tmp
 
     # Commit ----------------------------------------------------------------------------
@@ -602,9 +602,9 @@ class _Restore:
                     except FileNotFoundError:
                         pass
             for k in d.missing:
-                os.rename(self.staged[id(k)], k[1].rpartition("/")[2], dst_dir_fd=fd)
+                os.rename(self.staged[id(k)], k.path.rpartition("/")[2], dst_dir_fd=fd)
             for k in d.writes:
-                name = k[1].rpartition("/")[2]
+                name = k.path.rpartition("/")[2]
                 tmp = self.staged.get(id(k))
                 if tmp is not None:
                     os.replace(tmp, name, dst_dir_fd=fd)
@@ -616,34 +616,34 @@ class _Restore:
                     os.unlink(name, dir_fd=fd)
                 except FileNotFoundError:
                     pass
-                if k[2] == "l":
-                    os.symlink(k[8], name, dir_fd=fd)
+                if k.kind == "l":
+                    os.symlink(k.target, name, dir_fd=fd)
                     self.count_written()
                     continue
                 if sfd < 0:
                     sfd = os.open(self.stored_folder(d), _DIR_FLAGS)
-                sst = self.links[(k[0], k[1])]
+                sst = self.links[(k.root, k.path)]
                 try:
                     os.link(name, name, src_dir_fd=sfd, dst_dir_fd=fd)
                 except OSError as exc:
                     if exc.errno not in _NO_LINK:
                         raise
-                    del self.links[(k[0], k[1])]
+                    del self.links[(k.root, k.path)]
                     self.place(k, f"{d.path}/{name}")  # copies
                     continue
-                if stat.S_IMODE(sst.st_mode) != k[3]:
-                    os.chmod(name, k[3], dir_fd=fd)
-                if sst.st_mtime_ns != k[5]:
-                    os.utime(name, ns=(k[5], k[5]), dir_fd=fd)
+                if stat.S_IMODE(sst.st_mode) != k.mode:
+                    os.chmod(name, k.mode, dir_fd=fd)
+                if sst.st_mtime_ns != k.mtime_ns:
+                    os.utime(name, ns=(k.mtime_ns, k.mtime_ns), dir_fd=fd)
                 self.count_written()
             for k in d.chmods:
-                os.chmod(k[1].rpartition("/")[2], k[3], dir_fd=fd)
+                os.chmod(k.path.rpartition("/")[2], k.mode, dir_fd=fd)
             # The folder itself last: every change above altered its mtime.
             if e is not None and d.st is not None:
-                if stat.S_IMODE(d.st.st_mode) != e[3]:
-                    os.chmod(fd, e[3])
+                if stat.S_IMODE(d.st.st_mode) != e.mode:
+                    os.chmod(fd, e.mode)
                 if d.touched or attrs_off:
-                    os.utime(fd, ns=(e[5], e[5]))
+                    os.utime(fd, ns=(e.mtime_ns, e.mtime_ns))
         finally:
             os.close(fd)
             if sfd >= 0:
@@ -675,7 +675,7 @@ class _Restore:
                 os.makedirs(os.path.dirname(p), exist_ok=True)
                 os.replace(tmp, p)
         for e in d.chmods:
-            os.chmod(self.path_of(d, e), e[3])
+            os.chmod(self.path_of(d, e), e.mode)
 
     # Verify ----------------------------------------------------------------------------
     def verify(self) -> list[str]:
@@ -688,13 +688,13 @@ class _Restore:
         problems: list[str] = []
         for d in self.dirs:
             for e in d.writes + d.chmods:
-                if (e[0], e[1]) in self.links and self.roots[d.ri].whole:
+                if (e.root, e.path) in self.links and self.roots[d.ri].whole:
                     continue
                 p = self.path_of(d, e)
                 try:
                     st = os.lstat(p)
                 except FileNotFoundError:
-                    problems.append(f"missing: {e[1]}")
+                    problems.append(f"missing: {e.path}")
                     continue
                 problem = _entry_problem(e, st, p)
                 if problem:
@@ -704,7 +704,7 @@ class _Restore:
             elif d.touched:
                 self.check_folder(d.ri, d.rel, d.path, d.entry, problems, deep=False)
                 for e in d.missing:
-                    self.check_folder(d.ri, e[1], self.path_of(d, e), e, problems, deep=True)
+                    self.check_folder(d.ri, e.path, self.path_of(d, e), e, problems, deep=True)
             elif d.attrs_off and d.entry is not None:
                 # Only its mode or mtime was reset (a reinstall touches every folder it writes
                 # into): its names were compared by the scan and the commit changed none.
@@ -713,8 +713,8 @@ class _Restore:
                 except FileNotFoundError:
                     problems.append(f"missing: {d.rel}")
                     continue
-                if not stat.S_ISDIR(st.st_mode) or stat.S_IMODE(st.st_mode) != d.entry[3] \
-                        or st.st_mtime_ns != d.entry[5]:
+                if not stat.S_ISDIR(st.st_mode) or stat.S_IMODE(st.st_mode) != d.entry.mode \
+                        or st.st_mtime_ns != d.entry.mtime_ns:
                     problems.append(f"folder mode or mtime differs: {d.rel}")
         return problems
 
@@ -726,7 +726,7 @@ class _Restore:
                 "displaced": list(self.staging.values()), "proven": self.proven,
                 "aliases": self.same.found if self.same is not None else {}}
 
-    def check_folder(self, ri: int, rel: str, path: str, e: list[Any] | None, problems: list[str],
+    def check_folder(self, ri: int, rel: str, path: str, e: Entry | None, problems: list[str],
                      deep: bool) -> None:
         if e is not None:
             try:
@@ -737,7 +737,7 @@ class _Restore:
             if not stat.S_ISDIR(st.st_mode):
                 problems.append(f"type differs: {rel}")
                 return
-            if stat.S_IMODE(st.st_mode) != e[3] or st.st_mtime_ns != e[5]:
+            if stat.S_IMODE(st.st_mode) != e.mode or st.st_mtime_ns != e.mtime_ns:
                 problems.append(f"folder mode or mtime differs: {rel}")
         f = self.folders.get((ri, rel)) or _EMPTY
         prefix = f"{rel}/" if rel else ""
@@ -949,8 +949,8 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
     man = man or Manifest.load(snap)
     roots = [Root(os.path.realpath(r.path), r.whole) for r in match_roots(snap, man, scope_of(env))]
     owned = _owned_now(roots, env)
-    owned.update(os.path.join(roots[e[0]].path, e[1]) for e in man.entries if not roots[e[0]].whole)
-    want = {(e[0], e[1]): e for e in man.entries if e[2] != "o"}
+    owned.update(os.path.join(roots[e.root].path, e.path) for e in man.entries if not roots[e.root].whole)
+    want = {(e.root, e.path): e for e in man.entries if e.kind != "o"}
     same = SameBytes(env, snap, man, roots)
     problems: list[str] = []
     seen = 0
@@ -967,10 +967,10 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
         if problem and problem.startswith("content differs") and roots[ri].whole:
             folder, _, name = rel.rpartition("/")
             fp = same.folder(ri, folder, os.path.join(roots[ri].path, folder))
-            if fp is None or not same.same(fp, name, e[4], lambda e=e: e[6], lambda st=st: st):
+            if fp is None or not same.same(fp, name, e.size, lambda e=e: e.sha256, lambda st=st: st):
                 problems.append(problem)
                 continue
-            problem = _entry_problem([*e[:5], st.st_mtime_ns, *e[6:]], st, path)  # its mode, still
+            problem = _entry_problem(e._replace(mtime_ns=st.st_mtime_ns), st, path)  # its mode, still
         if problem:
             problems.append(problem)
     if seen != len(want):
