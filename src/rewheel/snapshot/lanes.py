@@ -42,6 +42,7 @@ class LaneWork(NamedTuple):
                        Callable[[str], None]], Lane]
     failed_midway: Callable[[Environment, SnapshotMeta, OSError], BaseException]
 
+
 LANES_MIN_FILES = 4000  # below this, a second lane costs more (a fork) than it saves
 
 

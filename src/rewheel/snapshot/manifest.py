@@ -20,9 +20,6 @@ from rewheel.snapshot.tree import Root, safe_rel
 MANIFEST_VERSION = 2  # 2: by folder, as columns, with shared inodes; version 1 still loads
 
 
-# --------------------------------------------------------------------------------------
-# Restoring
-# --------------------------------------------------------------------------------------
 _STORED = {"link": "L", "reflink": "R", "copy": "C", None: "-"}
 _STORED_BACK = {v: k for k, v in _STORED.items()}
 
