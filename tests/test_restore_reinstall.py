@@ -12,6 +12,7 @@ import pytest
 
 from support_env import make_venv, tree_state, uv_install
 from rewheel import snapshot as snapmod
+from rewheel.snapshot import restore as restore_mod
 from rewheel.environment import Environment
 from rewheel.snapshot import ALIASES, Store, restore_snapshot, take_snapshot, verify
 
@@ -20,7 +21,7 @@ COPY = ("--link-mode", "copy")
 
 @pytest.fixture(params=[1, 2], ids=["one-lane", "two-lanes"])
 def lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
-    monkeypatch.setattr(snapmod, "_auto_lanes", lambda snap: request.param)
+    monkeypatch.setattr(restore_mod, "auto_lanes", lambda snap: request.param)
     return request.param
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from support_env import make_venv, tree_state, uv_install
 from rewheel import snapshot as snapmod
+from rewheel.snapshot import restore as restore_mod
 from rewheel.environment import Environment
 from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.recipe import Recipe
@@ -29,7 +30,7 @@ COPY = ("--link-mode", "copy")
 def lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """Restores in this test run in one process, then in two (the default for a large
     environment on two CPUs): the same checks must hold either way."""
-    monkeypatch.setattr(snapmod, "_auto_lanes", lambda snap: request.param)
+    monkeypatch.setattr(restore_mod, "auto_lanes", lambda snap: request.param)
     return request.param
 
 
@@ -421,10 +422,10 @@ def test_a_restore_killed_while_staging_is_finished_by_the_next(lanes: int, venv
             raise KeyboardInterrupt  # as a kill would, while staging
         return real(src, dst)
 
-    monkeypatch.setattr(snapmod, "copy_hashed", dies_midway)
+    monkeypatch.setattr(restore_mod, "copy_hashed", dies_midway)
     with pytest.raises(KeyboardInterrupt):
         rollback(open_target(Recipe.for_python(venv)), snap.id)
-    monkeypatch.setattr(snapmod, "copy_hashed", real)
+    monkeypatch.setattr(restore_mod, "copy_hashed", real)
     # Simulate what a SIGKILL leaves behind: the staging folder.
     (prefix / f"{snapmod.STAGING_PREFIX}dead").mkdir()
     (prefix / f"{snapmod.STAGING_PREFIX}dead" / "0").write_text("half")
@@ -540,7 +541,7 @@ def test_import_name_of_the_upgraded_distribution(venv: Path) -> None:
 def shared_file_in_lane(venv: Path, snap: snapmod.SnapshotMeta, lane: int, *under: str) -> list:
     """A shared (linked) file of site-packages, under one of `under`, in a folder that is
     lane `lane`'s share of a two-lane restore."""
-    shares = snapmod.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
+    shares = restore_mod.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
     sp = str(site_packages(venv).relative_to(venv.parent.parent))
     return next(e for e in manifest_entries(snap.path) if e[2] == "f" and e[7] == "link"
                 and e[1].startswith(tuple(f"{sp}/{u}" for u in under))
@@ -554,7 +555,7 @@ def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv:
     """Two lanes (processes) restore their own folders; a stored file one of them needs is
     damaged: neither commits, the environment is as the damage left it, neither leaves a
     staging folder, and the second process is gone."""
-    monkeypatch.setattr(snapmod, "_auto_lanes", lambda snap: 2)
+    monkeypatch.setattr(restore_mod, "auto_lanes", lambda snap: 2)
     prefix = venv.parent.parent
     snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
     # damage() reinstalls toypkg and toyhelper: the restore needs every stored file of theirs.
@@ -574,11 +575,11 @@ def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv:
 @pytest.mark.parametrize("lane", [0, 1])
 def test_a_lane_failing_midway_is_reported_and_the_next_restore_finishes(venv: Path, wheelhouse: Path, lane: int,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(snapmod, "_auto_lanes", lambda snap: 2)
+    monkeypatch.setattr(restore_mod, "auto_lanes", lambda snap: 2)
     # The package folders fall to the second lane in this small environment; swapping the
     # shares gives them to the first (this process) for the other case.
     real_share = snapmod.share_folders
-    monkeypatch.setattr(snapmod, "share_folders", lambda man, n: real_share(man, n)[::1 if lane else -1])
+    monkeypatch.setattr(restore_mod, "share_folders", lambda man, n: real_share(man, n)[::1 if lane else -1])
     prefix = venv.parent.parent
     before = tree_state(prefix)
     snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
@@ -768,13 +769,13 @@ def test_cleanup_entries_in_meta_are_not_trusted(venv: Path, tmp_path: Path) -> 
     meta = json.loads((snap.path / "meta.json").read_text())
     meta["cleanup"][0]["path"] = "/etc/cron.d/evil"
     (snap.path / "meta.json").write_text(json.dumps(meta))
-    tampered = snapmod.SnapshotMeta.load(snap.path)
+    tampered = snapmod.SnapshotMeta.load(snap.path, snap.home)
     with pytest.raises(SnapshotDamaged, match="match no \\[cleanup\\] paths glob"):
         snapmod.unstash_cleanup(tampered, globs)
     assert not Path("/etc/cron.d/evil").exists()
     meta["cleanup"][0]["path"] = str(dumps / "a.pt")
     (snap.path / "meta.json").write_text(json.dumps(meta))
-    assert snapmod.unstash_cleanup(snapmod.SnapshotMeta.load(snap.path), globs) == 1
+    assert snapmod.unstash_cleanup(snapmod.SnapshotMeta.load(snap.path, snap.home), globs) == 1
     assert (dumps / "a.pt").read_bytes() == b"debug dump"
 
 

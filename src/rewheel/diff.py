@@ -40,8 +40,10 @@ from packaging.utils import canonicalize_name
 from rewheel import versions as vers
 from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotError, UsageError
-from rewheel.snapshot import (Manifest, Progress, Root, SnapshotMeta, Store, _kind, _live_roots,
-                              _record_index, _walk, exclusion, hash_file, scope_of)
+from rewheel.snapshot import Manifest, SnapshotMeta, Store
+from rewheel.snapshot.manifest import match_roots
+from rewheel.snapshot.tree import (Progress, Root, exclusion, hash_file, kind_of, provably_pristine, record_index,
+                                   scope_of, walk)
 
 # Files an installer writes into a .dist-info folder at install time; not part of the wheel's
 # payload, different on every install (uv_cache.json carries a timestamp).
@@ -499,14 +501,14 @@ def _live_items(env: Environment, dists: list[Distribution], old: Mapping[str, _
                 progress: Progress | None, exclude: list[str] | None = None) -> dict[str, _Item]:
     """Walk the live environment; take each file's hash from the manifest (same size and
     mtime), from its RECORD (provably pristine), and only otherwise by reading it."""
-    records = _record_index(dists)
+    records = record_index(dists)
     roots = scope_of(env)
     items: dict[str, _Item] = {}
     mtimes: dict[str, int] = {}
     bases = _root_bases(roots)
     # What the snapshot left out (`[snapshots] exclude`) is not compared either.
-    for i, (ri, rel, st) in enumerate(_walk(roots, records, skip, None, exclusion(exclude or []))):
-        kind = _kind(st.st_mode)
+    for i, (ri, rel, st) in enumerate(walk(roots, records, skip, None, exclusion(exclude or []))):
+        kind = kind_of(st.st_mode)
         if kind not in ("f", "l"):
             continue
         full = bases[ri] + rel
@@ -528,7 +530,7 @@ def _live_items(env: Environment, dists: list[Distribution], old: Mapping[str, _
             stats["by_manifest"] += 1
             continue
         rec = records.get(full)
-        if rec and rec[0] and rec[1] == it.size and mtimes[full] < rec[2]:
+        if rec and rec[0] and provably_pristine(it.size, mtimes[full], rec[1], rec[2]):
             it.sha = rec[0]
             stats["by_record"] += 1
             continue
@@ -586,7 +588,7 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
         # The same prefix may be reached through another path now (a symlink): compare files
         # at the paths the live environment has.
         try:
-            old_man.roots = _live_roots(old_snap, old_man, scope_of(env))
+            old_man.roots = match_roots(old_snap, old_man, scope_of(env))
         except SnapshotError:
             pass  # another environment's snapshot: compared as recorded
     stats = {"by_manifest": 0, "by_record": 0, "hashed_files": 0, "hashed_bytes": 0}

@@ -55,7 +55,9 @@ from rewheel.diff import (INSTALLER_FILES, as_text, count_lines, display_path, i
                           unified_diff)
 from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import CommandNotFound
+from rewheel.paths import fsync_dir, write_all
 from rewheel.snapshot import Manifest, SnapshotDamaged, Store
+from rewheel.snapshot.tree import provably_pristine
 
 # Patched files up to this size are kept in memory so they can be carried onto a new
 # version after the reinstall has replaced them.
@@ -567,7 +569,7 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
         """Past the single-owner fast path: any owner's fast path, then any owner's hash."""
         if not thorough:
             for d, e in owners:
-                if e.size == st.st_size and st.st_mtime_ns < d.install_time_ns:
+                if provably_pristine(st.st_size, st.st_mtime_ns, e.size, d.install_time_ns):
                     counts["fast_path"] += 1
                     return
         now: dict[str, str] = {}
@@ -660,7 +662,7 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
                 continue
             checked += 1
             if owners is None:
-                if not thorough and entry.size == st.st_size and st.st_mtime_ns < installed:
+                if not thorough and provably_pristine(st.st_size, st.st_mtime_ns, entry.size, installed):
                     fast += 1
                     continue
                 owners = [(dist, entry)]
@@ -1095,17 +1097,20 @@ def _merge(pristine: str, new: str, patched: str) -> tuple[str, bool]:
 
 def _write_replacing(path: str, data: bytes, mode: int) -> None:
     """Write through a new inode: the installed file may be hard-linked from uv's cache,
-    and writing into it would change the cache too."""
+    and writing into it would change the cache too. Durable like `atomic_write`: all the
+    bytes, synced, then the rename synced in the folder (a crash after this returns keeps
+    the carried patch)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.rewheel-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+    fsync_dir(Path(path).parent)
 
 
 def reapply(s: PatchScan, env: Environment | None = None, run_dir: Path | None = None) -> list[ReapplyResult]:

@@ -103,6 +103,14 @@ def env_dir(home: Path, prefix: Path) -> Path:
     return d
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data`: `os.write` may write less than asked (a signal, a full pipe, a
+    quota, some filesystems at large sizes) and says how much in its return value."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o600) -> None:
     """Write a file so that a crash leaves either the old or the new content, durably."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +118,7 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o600) -> None:
     raw = data.encode() if isinstance(data, str) else data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        os.write(fd, raw)
+        write_all(fd, raw)
         os.fsync(fd)
     finally:
         os.close(fd)

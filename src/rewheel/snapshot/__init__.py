@@ -1,0 +1,54 @@
+"""Snapshots: the store, the manifest, taking one, and restoring one byte for byte.
+
+A snapshot is `<envdir>/snapshots/<id>/` with `meta.json` (label, status, versions,
+distributions), `manifest.json` (every file, folder and symlink under the environment's
+roots with its mode, size, mtime, the inode a shared file has in common with the store and
+— where known — sha256; stored by folder, as columns) and `tree/` (the contents).
+
+Sharing: a file whose bytes provably equal what its wheel installed (RECORD hash known,
+size equal, not modified since the install) is hard-linked into the tree (or reflinked,
+or copied when the store is on another filesystem), and its hash is taken from RECORD, so
+an 8 GB environment is captured without reading 8 GB. Every other file — hand-patched,
+unlisted, or of unknown provenance — is copied and hashed while copying, so that editing
+it in place later cannot change the snapshot.
+
+Restore compares the live tree with the manifest folder by folder, checks every stored
+file it will use and every manifest entry it acts on, and refuses a damaged snapshot
+before anything changes; then it replaces what differs, syncs, and verifies every folder
+it changed. A large restore runs in two lanes (this process and a forked one).
+
+The package, by idea (each module imports only those above it):
+
+- `tree`     — roots, the walk, the RECORD index, "provably pristine", kinds, hashing
+- `store`    — `Store`, `SnapshotMeta` (`meta.json`), the aliases file
+- `manifest` — `Folder`, `Manifest`, validation, `ManifestDamaged`
+- `capture`  — `take_snapshot`, `estimate_snapshot`, linking, hashed and sparse copies
+- `proof`    — same-bytes proof of a reinstalled file (RECORD rows, aliases)
+- `lanes`    — the second restore lane: forked peer, pipes, messages
+- `restore`  — `restore_snapshot`, `verify`, `remove_displaced`, the damage checks
+- `cleanup`  — `[cleanup]` stashing and unstashing, and what it may never touch
+
+This module re-exports the public API; other modules import from `rewheel.snapshot`.
+"""
+
+from __future__ import annotations
+
+from rewheel.errors import RestoreError, SnapshotDamaged, SnapshotError
+from rewheel.snapshot.capture import SnapshotResult, copy_hashed, estimate_snapshot, take_snapshot
+from rewheel.snapshot.cleanup import (SYSTEM_FOLDERS, cleanup_matches, cleanup_refusal, pending_cleanup,
+                                      stash_cleanup, unstash_cleanup)
+from rewheel.snapshot.lanes import LANES_MIN_FILES, restore_lanes_setting
+from rewheel.snapshot.manifest import MANIFEST_VERSION, Entry, Folder, Manifest, ManifestDamaged, match_roots
+from rewheel.snapshot.restore import RestoreResult, remove_displaced, restore_snapshot, share_folders, verify
+from rewheel.snapshot.store import ALIASES, SnapshotMeta, Store
+from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, exclusion, hash_file, kind_of, nested_prefix,
+                                   provably_pristine, record_index, scope_of, walk)
+
+__all__ = [
+    "ALIASES", "LANES_MIN_FILES", "MANIFEST_VERSION", "STAGING_PREFIX", "SYSTEM_FOLDERS", "Entry", "Folder", "Manifest",
+    "ManifestDamaged", "Progress", "RestoreError", "RestoreResult", "Root", "SnapshotDamaged", "SnapshotError",
+    "SnapshotMeta", "SnapshotResult", "Store", "cleanup_matches", "cleanup_refusal", "copy_hashed",
+    "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix", "pending_cleanup",
+    "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting", "restore_snapshot",
+    "scope_of", "share_folders", "stash_cleanup", "take_snapshot", "unstash_cleanup", "verify", "walk",
+]

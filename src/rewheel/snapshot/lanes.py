@@ -1,0 +1,224 @@
+"""The second restore lane: a forked peer that restores half the folders.
+
+Owns: how many lanes a restore uses (`auto_lanes`, `REWHEEL_RESTORE_LANES`), the peer
+process (`Peer`), its body (`_lane_child`) and the messages on the pipes between them.
+The lane's work itself (prepare, commit, verify) is handed in by `restore`, so this module
+does not import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import marshal
+import os
+import shutil
+import signal
+import struct
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+from rewheel.environment import Environment
+from rewheel.errors import RestoreError, RewheelError, SnapshotDamaged, SnapshotError, UsageError
+from rewheel.snapshot.store import SnapshotMeta
+from rewheel.snapshot.tree import Root
+
+
+class Lane(Protocol):
+    """One lane's share of a restore, as `restore._Restore` does it."""
+
+    def commit(self) -> None: ...
+    def verify(self) -> list[str]: ...
+    def summary(self) -> dict[str, Any]: ...
+    def discard_staging(self) -> None: ...
+
+
+class LaneWork(NamedTuple):
+    """What the second lane runs, handed in by `restore` (which imports this module, so this
+    one cannot import it): read, compare, check and stage a lane's folders; and the error a
+    commit stopped by the system becomes."""
+    prepare: Callable[[Environment, SnapshotMeta, list[Root], tuple[int, int] | None, Any,
+                       Callable[[str], None]], Lane]
+    failed_midway: Callable[[Environment, SnapshotMeta, OSError], BaseException]
+
+
+LANES_MIN_FILES = 4000  # below this, a second lane costs more (a fork) than it saves
+
+
+def restore_lanes_setting() -> int | None:
+    """`REWHEEL_RESTORE_LANES` (1 or 2), or None when unset. Commands check it before they
+    act (`runner.open_target`), so a bad value changes nothing."""
+    forced = os.environ.get("REWHEEL_RESTORE_LANES", "").strip()
+    if forced and forced not in ("1", "2"):
+        raise UsageError(f"REWHEEL_RESTORE_LANES={forced!r}: expected 1 or 2",
+                         hint="unset it to let rewheel choose (2 on Linux with two CPUs, for a large environment)")
+    return int(forced) if forced else None
+
+
+def auto_lanes(snap: SnapshotMeta) -> int:
+    """`REWHEEL_RESTORE_LANES` when set; otherwise two lanes on Linux (where a fork is cheap
+    and safe beside a progress display's thread) with two CPUs, for enough files to share."""
+    forced = restore_lanes_setting()
+    if forced is not None:
+        return forced
+    return 2 if (sys.platform.startswith("linux") and (os.cpu_count() or 1) >= 2
+                 and snap.files >= LANES_MIN_FILES) else 1
+
+
+_ERRORS: dict[str, type[RewheelError]] = {c.__name__: c for c in (SnapshotDamaged, RestoreError, SnapshotError)}
+
+
+class Peer:
+    """The second lane of a restore: a forked process, and a pipe each way. It sends
+    ("staged",) or ("failed", …) once its folders are compared, checked and staged, waits
+    for "go" (or "stop", or the end of the pipe: it then discards its staging and exits),
+    commits and sends ("committed",), verifies and sends ("done", summary) — or
+    ("failed", error class, message, hint) at any point."""
+
+    def __init__(self, pid: int, rfd: int, wfd: int) -> None:
+        self.pid, self.rfd, self.wfd = pid, rfd, wfd
+
+    @classmethod
+    def start(cls, env: Environment, snap: SnapshotMeta, live_roots: list[Root], work: LaneWork, *,
+              remove: bool = False) -> Peer:
+        up_r, up_w = os.pipe()
+        down_r, down_w = os.pipe()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns about forking a process with threads (a progress display):
+            # the child touches none of their locks — it prints nothing, and leaves by _exit.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 1
+            try:
+                os.close(up_r)
+                os.close(down_w)
+                _lane_child(env, snap, live_roots, work, down_r, up_w, remove)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(up_w)
+        os.close(down_r)
+        return cls(pid, up_r, down_w)
+
+    def _recv(self) -> tuple[Any, ...]:
+        try:
+            return _recv(self.rfd)
+        except (EOFError, OSError, ValueError) as exc:
+            raise RestoreError(f"the restore's second process ended without reporting ({exc or 'no reply'})",
+                               hint="run the rollback again; the restore is idempotent") from None
+
+    def staged(self) -> None:
+        msg = self._recv()
+        if msg[0] != "staged":
+            raise _error_from(msg)
+
+    def go(self) -> None:
+        _send(self.wfd, ("go",))
+
+    def committed(self) -> None:
+        msg = self._recv()
+        if msg[0] != "committed":
+            raise _error_from(msg)
+
+    def done(self) -> dict[str, Any]:
+        msg = self._recv()
+        if msg[0] != "done":
+            raise _error_from(msg)
+        return msg[1]
+
+    def stop(self) -> None:
+        """Before the commit: the other lane discards what it staged and exits."""
+        with contextlib.suppress(OSError):
+            _send(self.wfd, ("stop",))
+        self.reap()
+
+    def reap(self) -> None:
+        for fd in (self.rfd, self.wfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], work: LaneWork, rfd: int, wfd: int,
+                remove: bool = False) -> None:
+    """The body of the second lane (in the forked process)."""
+    with contextlib.suppress(ValueError):  # (not the main thread: then Ctrl-C never reaches this one)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first lane decides; Ctrl-C reaches it
+    try:
+        r = work.prepare(env, snap, live_roots, (1, 2), None, lambda name: None)
+    except BaseException as exc:
+        _send(wfd, _error_msg(exc))
+        return
+    try:
+        _send(wfd, ("staged",))
+        go = _recv(rfd)[0] == "go"
+    except (EOFError, OSError, ValueError):  # the first lane stopped (and closed its end) first
+        go = False
+    if not go:
+        r.discard_staging()
+        return
+    try:
+        r.commit()
+        _send(wfd, ("committed",))  # the first lane flushes both lanes' writes from here
+        problems = r.verify()
+    except BaseException as exc:
+        r.discard_staging()
+        if isinstance(exc, OSError):
+            exc = work.failed_midway(env, snap, exc)
+        _send(wfd, _error_msg(exc))
+        return
+    done = r.summary()
+    if remove and not problems:
+        # What this lane moved out is deleted here, on the second CPU, while the first lane
+        # deletes its own; the first waits for this process before it returns.
+        displaced, done["displaced"] = done["displaced"], []
+        _send(wfd, ("done", {**done, "problems": problems}))
+        for path in displaced:
+            shutil.rmtree(path, ignore_errors=True)
+        return
+    _send(wfd, ("done", {**done, "problems": problems}))
+
+
+def _error_msg(exc: BaseException) -> tuple[Any, ...]:
+    if isinstance(exc, RewheelError):
+        return ("failed", type(exc).__name__, exc.message, exc.hint)
+    return ("failed", type(exc).__name__, str(exc), None)
+
+
+def _error_from(msg: tuple[Any, ...]) -> BaseException:
+    _, name, message, hint = msg
+    if name == "KeyboardInterrupt":  # the other lane ignores SIGINT; only a test raises it there
+        return KeyboardInterrupt()
+    cls = _ERRORS.get(name)
+    if cls is None:
+        return RestoreError(f"the restore's second process failed: {name}: {message}",
+                            hint="run the rollback again; the restore is idempotent")
+    return cls(message, hint=hint)
+
+
+def _send(fd: int, msg: tuple[Any, ...]) -> None:
+    """One message between the lanes: its length, then marshal (both ends are this code)."""
+    data = marshal.dumps(msg)
+    view = memoryview(struct.pack("<I", len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _recv(fd: int) -> tuple[Any, ...]:
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = os.read(fd, n - len(buf))
+            if not chunk:
+                raise EOFError("the other lane closed its pipe")
+            buf += chunk
+        return buf
+
+    (size,) = struct.unpack("<I", exactly(4))
+    msg = marshal.loads(exactly(size))
+    if not isinstance(msg, tuple) or not msg:
+        raise ValueError("a malformed message")
+    return msg

@@ -1,0 +1,190 @@
+"""The snapshot store: where snapshots live and what describes each.
+
+Owns: `Store` (`<home>/envs/<env>/snapshots/<id>/`: listing, lookup by id or alias,
+deletion, pruning), `SnapshotMeta` (`meta.json`: label, status, versions, distributions,
+and the store home it belongs to) and the aliases file beside a snapshot (`ALIASES`: live
+files proven to hold a snapshot's bytes, so a later restore need not prove them again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rewheel.errors import SnapshotDamaged, SnapshotError
+from rewheel.paths import atomic_write, ensure_private_dir, env_dir, state_home
+
+# --------------------------------------------------------------------------------------
+# Metadata
+# --------------------------------------------------------------------------------------
+@dataclass
+class SnapshotMeta:
+    id: str
+    path: Path  # <home>/envs/<env>/snapshots/<id>
+    # The store's home: never captured, reverted or stashed by a snapshot even when it lies
+    # inside the prefix. Known to whoever loads the snapshot (its Store), not kept in meta.json.
+    home: Path
+    label: str
+    status: str  # "manual" | "pre-upgrade" | "upgraded" | "reverted" | ...
+    created: float
+    prefix: str
+    python: str
+    kind: str
+    versions: dict[str, str]
+    distributions: list[dict[str, Any]]
+    files: int
+    bytes_total: int
+    bytes_copied: int
+    bytes_linked: int
+    link_mode: str
+    run_id: str | None = None
+    cleanup: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def created_iso(self) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.created))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "label": self.label, "status": self.status,
+                "created": self.created_iso, "versions": self.versions, "path": str(self.path),
+                "files": self.files, "bytes_total": self.bytes_total,
+                "bytes_copied": self.bytes_copied, "bytes_linked": self.bytes_linked,
+                "link_mode": self.link_mode, "run_id": self.run_id, "prefix": self.prefix,
+                "cleanup": self.cleanup, **self.extra}
+
+    def save(self) -> None:
+        doc = {k: v for k, v in self.__dict__.items() if k not in ("path", "home")}
+        atomic_write(self.path / "meta.json", json.dumps(doc, indent=1, default=str))
+
+    @classmethod
+    def load(cls, path: Path, home: Path) -> SnapshotMeta:
+        try:
+            doc = json.loads((path / "meta.json").read_text())
+            return cls(path=path, home=home, **doc)
+        except (OSError, ValueError, TypeError) as exc:
+            raise SnapshotDamaged(f"snapshot {path.name}: unreadable meta.json ({exc})",
+                                  hint=f"inspect or delete {path}") from None
+
+
+# --------------------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------------------
+class Store:
+    """Snapshots and runs of one environment."""
+
+    def __init__(self, prefix: Path, home: Path | None = None) -> None:
+        self.home = ensure_private_dir(home or state_home())
+        self.env_dir = env_dir(self.home, prefix)
+        self.snapshots_dir = self.env_dir / "snapshots"
+        self.snapshots_dir.mkdir(exist_ok=True, mode=0o700)
+
+    def list(self) -> list[SnapshotMeta]:
+        metas = []
+        for d in self.snapshots_dir.iterdir():
+            if d.is_dir() and not d.name.startswith(".") and (d / "meta.json").exists():
+                try:
+                    metas.append(SnapshotMeta.load(d, self.home))
+                except SnapshotDamaged:
+                    continue
+        return sorted(metas, key=lambda m: m.created, reverse=True)
+
+    def damaged(self) -> list[str]:
+        """Snapshot folders that `list` leaves out because their metadata cannot be read."""
+        bad = []
+        for d in sorted(self.snapshots_dir.iterdir()):
+            if d.is_dir() and not d.name.startswith("."):
+                try:
+                    SnapshotMeta.load(d, self.home)
+                except SnapshotDamaged:
+                    bad.append(d.name)
+        return bad
+
+    def get(self, ref: str) -> SnapshotMeta:
+        shown = repr(ref if len(ref) <= 80 else ref[:60] + "…") + (
+            f" ({len(ref):,} characters)" if len(ref) > 80 else "")
+        if not ref.strip():
+            raise SnapshotError(f"empty snapshot reference {ref!r}",
+                                hint="`rewheel history TARGET` lists the snapshots")
+        # An id is a plain folder name; a label may hold any text ("cu12.8/torch2.7"). A
+        # reference longer than a file name can be (NAME_MAX) can only be a label.
+        if "/" not in ref and not ref.startswith(".") and len(ref) <= 255:
+            exact = self.snapshots_dir / ref
+            try:
+                found = (exact / "meta.json").exists()
+            except (OSError, ValueError):  # too long a name, a NUL, an unencodable character
+                found = False
+            if found:
+                return SnapshotMeta.load(exact, self.home)
+        matches = [m for m in self.list() if m.id.startswith(ref) or m.label == ref]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise SnapshotError(f"no snapshot {shown} for {self.env_dir.name}",
+                                hint="`rewheel history TARGET` lists the snapshots")
+        raise SnapshotError(f"snapshot reference {ref!r} is ambiguous: "
+                            + ", ".join(m.id for m in matches))
+
+    def delete(self, snap_id: str) -> None:
+        path = self.snapshots_dir / snap_id
+        trash = self.snapshots_dir / f".deleting-{snap_id}"
+        os.rename(path, trash)  # atomic: a half-deleted snapshot is never listed
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def prune(self, keep: int, protect: set[str] = frozenset()) -> list[str]:
+        """Keep the newest `keep` snapshots; never delete a protected one. Oldest go first.
+        Called under the environment's lock, it also clears what killed snapshots and
+        deletions left behind (`.tmp-*`, `.deleting-*`)."""
+        for leftover in self.snapshots_dir.iterdir():
+            if leftover.name.startswith((".tmp-", ".deleting-")):
+                shutil.rmtree(leftover, ignore_errors=True)
+        removed = []
+        metas = self.list()
+        surplus = len(metas) - keep
+        for m in reversed(metas):
+            if surplus <= 0:
+                break
+            if m.id in protect:
+                continue
+            self.delete(m.id)
+            removed.append(m.id)
+            surplus -= 1
+        return removed
+
+
+ALIASES = "aliases.json"  # in a snapshot's folder: live files proven to hold its bytes
+
+
+def read_aliases(path: Path) -> dict[str, list[int]]:
+    """`aliases.json`: none yet, or a damaged one, is empty (it only costs relinks)."""
+    try:
+        doc = json.loads(path.read_text())
+        keys, inos, mtimes = doc["paths"], doc["inos"], doc["mtimes"]
+        if not (len(keys) == len(inos) == len(mtimes)):
+            return {}
+        return {k: [i, m] for k, i, m in zip(keys, inos, mtimes, strict=True)
+                if type(k) is str and type(i) is int and type(m) is int}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def save_aliases(snap: SnapshotMeta, found: dict[str, list[int]]) -> None:
+    """Remember the files a restore proved identical (see `SameBytes`). Best effort: without
+    it the next restore relinks them, which is also right."""
+    if not found:
+        return
+    path = snap.path / ALIASES
+    try:
+        files = read_aliases(path)
+        files.update(found)
+        # Columns: several times cheaper to write and read than one small list per file.
+        keys = list(files)
+        atomic_write(path, json.dumps({"version": 2, "paths": keys, "inos": [files[k][0] for k in keys],
+                                       "mtimes": [files[k][1] for k in keys]}, separators=(",", ":")))
+    except OSError:
+        pass
