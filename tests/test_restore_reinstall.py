@@ -109,6 +109,32 @@ def test_edit_of_an_aliased_file_is_caught_later(setup, wheelhouse: Path) -> Non
     assert tree_state(env.prefix) == before
 
 
+def test_the_next_snapshot_links_proven_files_instead_of_copying_them(setup, wheelhouse: Path,
+                                                                    lanes: int) -> None:
+    """After such a rollback the proven files are newer than the RECORD put back, so RECORD
+    no longer proves them: the next snapshot takes their sha256 from the restore's proof and
+    links them (no copy) — except a file edited since, which is copied with its new bytes.
+    Each snapshot restores byte for byte."""
+    py, env, store = setup
+    pristine = take_snapshot(env, store, label="pre", status="pre-upgrade")
+    reinstall_all(py, wheelhouse)
+    restore_snapshot(env, pristine.meta)
+    core = site(py) / "toypkg" / "core.py"
+    edited = site(py) / "toypkg" / "__init__.py"
+    edited.write_text(edited.read_text() + "# a hand edit\n")
+    before = tree_state(env.prefix)
+    after = take_snapshot(env, store, label="after-rollback")
+    assert after.files_copied <= pristine.files_copied + 1  # the edit; no proven file copied
+    stored = after.meta.path / "tree" / "0" / core.relative_to(env.prefix)
+    assert stored.stat().st_ino == core.stat().st_ino  # linked, not copied
+    stored_edit = after.meta.path / "tree" / "0" / edited.relative_to(env.prefix)
+    assert stored_edit.read_bytes() == edited.read_bytes()
+    reinstall_all(py, wheelhouse)
+    restore_snapshot(env, after.meta)
+    assert tree_state(env.prefix) == before
+    assert verify(env, after.meta) > 0
+
+
 def test_upgrade_is_not_proven(setup, wheelhouse: Path, lanes: int) -> None:
     """A new version's files are never taken for the old ones: the proof needs the same
     dist-info (name and version) in the snapshot."""

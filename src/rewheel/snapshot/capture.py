@@ -23,7 +23,7 @@ from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotDamaged, SnapshotError
 from rewheel.paths import atomic_write, fsync_dir
 from rewheel.snapshot.manifest import Folder, Manifest, ManifestDamaged
-from rewheel.snapshot.store import SnapshotMeta, Store
+from rewheel.snapshot.store import ALIASES, SnapshotMeta, Store, read_alias_file
 from rewheel.snapshot.tree import (CHUNK, Progress, Root, TIE_HASH_MAX, exclusion, hash_file, kind_of,
                                    provably_pristine, proven_sha, record_index, safe_rel, scope_of, shared_paths,
                                    walk)
@@ -237,6 +237,41 @@ class _PreviousCopies:
         return sha
 
 
+class _Aliased:
+    """Files a restore proved to hold a snapshot's bytes under a new inode (`aliases.json`,
+    see `SameBytes`): after a rollback over a force-reinstall their mtimes are newer than the
+    RECORD put back, so RECORD no longer proves them — but the same inode with the same mtime
+    and size still holds the bytes whose sha256 the restore recorded. Linked, not copied."""
+
+    def __init__(self, store: Store, roots: list[Root]) -> None:
+        self.store, self.roots = store, roots
+        self._by: dict[tuple[int, str], list[Any]] | None = None
+
+    def _load(self) -> dict[tuple[int, str], list[Any]]:
+        by: dict[tuple[int, str], list[Any]] = {}
+        where = {os.path.realpath(r.path): ri for ri, r in enumerate(self.roots)}
+        for meta in reversed(self.store.list()):  # oldest first: newer proofs win
+            af = meta.path / ALIASES
+            if not af.exists():
+                continue
+            roots, files = read_alias_file(af)
+            for key, v in files.items():
+                k, _, rel = key.partition("/")
+                if v[3] is None or not k.isdigit() or int(k) >= len(roots) or roots[int(k)] not in where:
+                    continue
+                by[(where[roots[int(k)]], rel)] = v
+        return by
+
+    def sha(self, ri: int, rel: str, st: os.stat_result) -> str | None:
+        """The sha256 a restore proved for this very file (inode, mtime, size), else None."""
+        if self._by is None:
+            self._by = self._load()
+        v = self._by.get((ri, rel))
+        if v is None or v[0] != st.st_ino or v[1] != st.st_mtime_ns or v[2] != st.st_size:
+            return None
+        return v[3]
+
+
 def take_snapshot(env: Environment, store: Store, *, label: str = "", status: str = "manual",
                   run_id: str | None = None, progress: Progress | None = None,
                   dists: list[Distribution] | None = None, exclude: tuple[str, ...] = ()) -> SnapshotResult:
@@ -264,6 +299,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     skip = {str(store.home)}
     nested: list[str] = []
     previous = _PreviousCopies(store, roots)
+    aliased = _Aliased(store, roots)
     # Plain concatenation, not os.path.join: this loop runs once per file.
     src_base = [r.path.rstrip("/") + "/" for r in roots]
     dst_base = [f"{tree}/{ri}/" for ri in range(len(roots))]
@@ -292,6 +328,10 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                 if src in shared:  # several owners: any whose RECORD the file matches proves it
                     sha_shared = proven_sha(src, st, shared[src])
                     rec = (sha_shared, size, st.st_mtime_ns + 1) if sha_shared else None
+                if not (rec and rec[0] and provably_pristine(size, st.st_mtime_ns, rec[1], rec[2])):
+                    sha_aliased = aliased.sha(ri, rel, st)
+                    if sha_aliased is not None:
+                        rec = (sha_aliased, size, st.st_mtime_ns + 1)
                 if rec and rec[0] and (
                         provably_pristine(size, st.st_mtime_ns, rec[1], rec[2])
                         # Written in the same clock tick as RECORD (INSTALLER, REQUESTED,

@@ -12,7 +12,7 @@ import csv
 import os
 import stat
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rewheel.environment import Environment
 from rewheel.snapshot.manifest import Manifest
@@ -37,15 +37,15 @@ class SameBytes:
     def __init__(self, env: Environment, snap: SnapshotMeta, man: Manifest, roots: list[Root]) -> None:
         self.env, self.snap, self.man, self.roots = env, snap, man, roots
         self._live: dict[str, dict[str, tuple[str, str, int]]] | None = None
-        self._aliases: dict[str, list[int]] | None = None
-        self.found: dict[str, list[int]] = {}  # proven by this restore: "ri/path" -> [ino, mtime]
+        self._aliases: dict[str, list[Any]] | None = None
+        self.found: dict[str, list[Any]] = {}  # proven by this restore: "ri/path" -> [ino, mtime, size, sha]
 
     @property
     def useless(self) -> bool:
         """Nothing can be proven: no distribution reinstalled at its version, no aliases."""
         return not self.live() and not self.aliases()
 
-    def aliases(self) -> dict[str, list[int]]:
+    def aliases(self) -> dict[str, list[Any]]:
         if self._aliases is None:
             self._aliases = read_aliases(self.snap.path / ALIASES)
         return self._aliases
@@ -153,7 +153,7 @@ class SameBytes:
         # where that is cheap (as a snapshot does), else relinked.
         if st.st_mtime_ns == rec[2] and (size > TIE_HASH_MAX or hash_file(fp.path + name) != want):
             return False
-        self.found[fp.key + name] = [st.st_ino, st.st_mtime_ns]
+        self.found[fp.key + name] = [st.st_ino, st.st_mtime_ns, size, want]
         return True
 
 
@@ -163,7 +163,7 @@ class FolderProof(NamedTuple):
     rows: dict[str, tuple[str, str, int]]
     spelled: str
     key: str
-    aliases: dict[str, list[int]]
+    aliases: dict[str, list[Any]]
     path: str
 
 

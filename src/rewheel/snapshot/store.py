@@ -160,31 +160,47 @@ class Store:
 ALIASES = "aliases.json"  # in a snapshot's folder: live files proven to hold its bytes
 
 
-def read_aliases(path: Path) -> dict[str, list[int]]:
-    """`aliases.json`: none yet, or a damaged one, is empty (it only costs relinks)."""
+def read_alias_file(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
+    """`aliases.json`: the roots its keys index (real paths; empty in version 2) and, by
+    "root/path", [inode, mtime_ns, size, sha256] (size and sha256 None in version 2). None
+    yet, or a damaged one, is empty: it only costs relinks and copies."""
     try:
         doc = json.loads(path.read_text())
         keys, inos, mtimes = doc["paths"], doc["inos"], doc["mtimes"]
-        if not (len(keys) == len(inos) == len(mtimes)):
-            return {}
-        return {k: [i, m] for k, i, m in zip(keys, inos, mtimes, strict=True)
-                if type(k) is str and type(i) is int and type(m) is int}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
+        sizes, shas = doc.get("sizes") or [None] * len(keys), doc.get("shas") or [None] * len(keys)
+        roots = doc.get("roots") or []
+        if not (len(keys) == len(inos) == len(mtimes) == len(sizes) == len(shas)) or not isinstance(roots, list):
+            return [], {}
+        return ([r for r in roots if type(r) is str],
+                {k: [i, m, z if type(z) is int else None, h if type(h) is str and len(h) == 64 else None]
+                 for k, i, m, z, h in zip(keys, inos, mtimes, sizes, shas, strict=True)
+                 if type(k) is str and type(i) is int and type(m) is int})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return [], {}
 
 
-def save_aliases(snap: SnapshotMeta, found: dict[str, list[int]]) -> None:
-    """Remember the files a restore proved identical (see `SameBytes`). Best effort: without
-    it the next restore relinks them, which is also right."""
+def read_aliases(path: Path) -> dict[str, list[Any]]:
+    return read_alias_file(path)[1]
+
+
+def save_aliases(snap: SnapshotMeta, found: dict[str, list[Any]], roots: list[str]) -> None:
+    """Remember the files a restore proved identical (see `SameBytes`), with their size and
+    sha256: the next restore and `verify` accept them, and the next snapshot links them
+    instead of copying them (their mtimes are newer than the RECORD put back, so RECORD no
+    longer proves them). Best effort: without it those relink and copy, which is also right."""
     if not found:
         return
     path = snap.path / ALIASES
     try:
-        files = read_aliases(path)
+        old_roots, files = read_alias_file(path)
+        if old_roots and old_roots != roots:
+            files = {}  # keyed by other roots: start again
         files.update(found)
         # Columns: several times cheaper to write and read than one small list per file.
         keys = list(files)
-        atomic_write(path, json.dumps({"version": 2, "paths": keys, "inos": [files[k][0] for k in keys],
-                                       "mtimes": [files[k][1] for k in keys]}, separators=(",", ":")))
+        atomic_write(path, json.dumps({
+            "version": 3, "roots": roots, "paths": keys, "inos": [files[k][0] for k in keys],
+            "mtimes": [files[k][1] for k in keys], "sizes": [files[k][2] for k in keys],
+            "shas": [files[k][3] for k in keys]}, separators=(",", ":")))
     except OSError:
         pass
