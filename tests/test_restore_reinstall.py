@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from support_env import make_venv, tree_state, uv_install
-from rewheel import snapshot as snapmod
 from rewheel.snapshot import restore as restore_mod
 from rewheel.environment import Environment
 from rewheel.snapshot import ALIASES, Store, restore_snapshot, take_snapshot, verify

@@ -21,7 +21,6 @@ No service and no live environment is touched. Exit codes: 0 qualified; 1 the ni
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import socket

@@ -59,14 +59,12 @@ class SameBytes:
         if self._live is not None:
             return self._live
         live: dict[str, dict[str, tuple[str, str, int]]] = {}
+        bases = [(ri, os.path.realpath(r.path).rstrip("/") + "/") for ri, r in enumerate(self.roots) if r.whole]
         for site in dict.fromkeys(os.path.realpath(p) for p in self.env.site_dirs):
-            for ri, root in enumerate(self.roots):
-                base = os.path.realpath(root.path).rstrip("/") + "/"
-                if root.whole and site.startswith(base):
-                    site_rel = site[len(base):].strip("/")
-                    break
-            else:
+            hit = next(((ri, site[len(base):].strip("/")) for ri, base in bases if site.startswith(base)), None)
+            if hit is None:
                 continue
+            ri, site_rel = hit
             sf = self.man.folders.get((ri, site_rel))
             try:
                 names = os.listdir(site) if sf is not None else []
