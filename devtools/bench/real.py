@@ -137,6 +137,13 @@ class RealBench:
             self.install(self.cfg.real_new)
             self.sync_old()
             stamp.write_text(json.dumps(want))
+        else:
+            # A fresh install of the old set from the warm cache, whatever was done to the
+            # environment since (a rollback over a force-reinstall leaves files newer than the
+            # RECORD put back: correct, but no longer the pristine release the steps assume).
+            self.cfg.say("reinstalling the old set from uv's cache (offline)")
+            self.uv("pip", "sync", "-q", "--python", str(self.python), "--offline", "--reinstall",
+                    *self.cfg.real_uv_args, str(self.old_txt))
         old = [x for x in self.old_txt.read_text().splitlines() if x.strip()]
         return {"old": self.cfg.real_old, "new": self.cfg.real_new, "distributions": len(old)}
 
