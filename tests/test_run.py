@@ -260,24 +260,28 @@ def test_ctrl_c_during_smoke_is_reported_kills_the_smoke_and_resume_undoes_it(ho
     h = host_factory("2.0.0", "good")
     before = h.state()
     marker = h.tmp / "smoke-still-running"
-    # A smoke test that outlives a Ctrl-C of rewheel would keep holding the GPUs.
+    started = h.tmp / "smoke-started"
+    # A smoke test that outlives a Ctrl-C of rewheel would keep holding the GPUs. It says
+    # when it runs (a file): the Ctrl-C is sent while it surely runs, however loaded the machine.
     h.write_recipe(smoke__command=["{python}", "-c",
-                                   f"import time; time.sleep(4); open({str(marker)!r}, 'w').write('x')"])
+                                   f"import time; open({str(started)!r}, 'w').write('x'); time.sleep(6); "
+                                   f"open({str(marker)!r}, 'w').write('x')"])
     err_path = h.tmp / "run.err"
     with open(err_path, "w") as err:
         p = subprocess.Popen([sys.executable, "-m", "rewheel", "run", str(h.recipe), "--yes", "--json"],
                              stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True,
                              env={**os.environ})
         deadline = time.monotonic() + 120
-        while "── smoke" not in err_path.read_text() and time.monotonic() < deadline:
+        while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(0.5)
+        assert started.exists(), err_path.read_text()
+        time.sleep(0.3)
         p.send_signal(signal.SIGINT)
         out, _ = p.communicate(timeout=60)
     assert p.returncode == 4, err_path.read_text()
     doc = json.loads(out)  # one JSON document, even for a Ctrl-C
     assert doc["error"] == "InterruptedRun" and "resume" in doc["hint"]
-    time.sleep(5)
+    time.sleep(7)
     assert not marker.exists(), "the smoke test's process group survived the Ctrl-C"
     res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
     assert res.returncode == 0, res.stderr
