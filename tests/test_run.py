@@ -268,9 +268,15 @@ def test_ctrl_c_during_smoke_is_reported_kills_the_smoke_and_resume_undoes_it(ho
                                    f"open({str(marker)!r}, 'w').write('x')"])
     err_path = h.tmp / "run.err"
     with open(err_path, "w") as err:
+        def as_from_a_shell() -> None:
+            # A foreground command started by a shell gets Ctrl-C: SIGINT unblocked and at its
+            # default action, whatever this test process (a pytest-xdist worker) inherited.
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+
         p = subprocess.Popen([sys.executable, "-m", "rewheel", "run", str(h.recipe), "--yes", "--json"],
                              stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, text=True,
-                             env={**os.environ})
+                             env={**os.environ}, preexec_fn=as_from_a_shell)
         deadline = time.monotonic() + 120
         while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
