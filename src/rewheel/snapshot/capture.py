@@ -328,16 +328,17 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                 if src in shared:  # several owners: any whose RECORD the file matches proves it
                     sha_shared = proven_sha(src, st, shared[src])
                     rec = (sha_shared, size, st.st_mtime_ns + 1) if sha_shared else None
-                if not (rec and rec[0] and provably_pristine(size, st.st_mtime_ns, rec[1], rec[2])):
+                pristine = bool(rec and rec[0] and provably_pristine(size, st.st_mtime_ns, rec[1], rec[2]))
+                if not pristine:
                     sha_aliased = aliased.sha(ri, rel, st)
                     if sha_aliased is not None:
-                        rec = (sha_aliased, size, st.st_mtime_ns + 1)
-                if rec and rec[0] and (
-                        provably_pristine(size, st.st_mtime_ns, rec[1], rec[2])
+                        rec, pristine = (sha_aliased, size, st.st_mtime_ns + 1), True
+                if pristine or (
                         # Written in the same clock tick as RECORD (INSTALLER, REQUESTED,
                         # uv_cache.json...): not provably older, so prove it by its bytes
                         # (small files) rather than paying for a copy.
-                        or (st.st_mtime_ns == rec[2] and size <= TIE_HASH_MAX and hash_file(src) == rec[0])):
+                        rec and rec[0] and st.st_mtime_ns == rec[2] and size <= TIE_HASH_MAX
+                        and hash_file(src) == rec[0]):
                     how = linker.share(src, dst)
                     sha = rec[0]
                     if how == "link":
