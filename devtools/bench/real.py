@@ -75,8 +75,8 @@ class RealBench:
         self.uv("pip", "install", "-q", "--python", str(self.python), *self.cfg.real_uv_args, *extra, spec)
         return time.perf_counter() - t0
 
-    def sync_old(self) -> None:
-        self.uv("pip", "sync", "-q", "--python", str(self.python), "--offline", *self.cfg.real_uv_args,
+    def sync_old(self, *extra: str) -> None:
+        self.uv("pip", "sync", "-q", "--python", str(self.python), "--offline", *extra, *self.cfg.real_uv_args,
                 str(self.old_txt))
 
     def cli(self, *args: str, ok: tuple[int, ...] = (0,)) -> tuple[float, dict[str, Any]]:
@@ -142,8 +142,7 @@ class RealBench:
             # environment since (a rollback over a force-reinstall leaves files newer than the
             # RECORD put back: correct, but no longer the pristine release the steps assume).
             self.cfg.say("reinstalling the old set from uv's cache (offline)")
-            self.uv("pip", "sync", "-q", "--python", str(self.python), "--offline", "--reinstall",
-                    *self.cfg.real_uv_args, str(self.old_txt))
+            self.sync_old("--reinstall")
         old = [x for x in self.old_txt.read_text().splitlines() if x.strip()]
         return {"old": self.cfg.real_old, "new": self.cfg.real_new, "distributions": len(old)}
 
