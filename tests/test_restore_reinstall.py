@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.wheelbuild import build_wheel
 from support_env import make_venv, tree_state, uv_install
 from rewheel.snapshot import restore as restore_mod
 from rewheel.environment import Environment
@@ -134,13 +135,43 @@ def test_the_next_snapshot_links_proven_files_instead_of_copying_them(setup, whe
     assert verify(env, after.meta) > 0
 
 
-def test_upgrade_is_not_proven(setup, wheelhouse: Path, lanes: int) -> None:
-    """A new version's files are never taken for the old ones: the proof needs the same
-    dist-info (name and version) in the snapshot."""
+def test_upgrade_files_that_did_not_change_are_proven(setup, wheelhouse: Path, lanes: int) -> None:
+    """An upgrade's files whose bytes the new version did not change (its RECORD lists the
+    snapshot's sha256 and size, the file is not newer than that RECORD) are left in place;
+    those it changed are rewritten, and the new version's dist-info goes."""
     py, env, store = setup
     before = tree_state(env.prefix)
     snap = take_snapshot(env, store, label="pre", status="pre-upgrade").meta
     reinstall_all(py, wheelhouse, "toypkg==2.0.0", "toyhelper==1.1.0")
+    unchanged, changed = site(py) / "toypkg/data/config.json", site(py) / "toypkg/core.py"
+    new_inodes = {p: p.lstat().st_ino for p in (unchanged, changed)}
     res = restore_snapshot(env, snap)
-    assert res.proven_same == 0
+    assert tree_state(env.prefix) == before  # byte for byte, every file hashed
+    assert res.proven_same == 1  # config.json: the one file both versions ship alike
+    assert unchanged.lstat().st_ino == new_inodes[unchanged]
+    assert changed.lstat().st_ino != new_inodes[changed]
+    assert not list(site(py).glob("toypkg-2.0.0.dist-info"))
+    again = restore_snapshot(env, snap)  # remembered as an alias once the old RECORD is back
+    assert again.written == 0 and again.deleted == 0
+    assert verify(env, snap) > 0
+
+
+def test_upgrade_that_changed_only_a_mode_is_chmodded(tmp_path: Path, lanes: int) -> None:
+    """Same bytes, another mode in the new version: proven, and the snapshot's mode put back."""
+    wh = tmp_path / "wh"
+    body = {"modpkg/__init__.py": "X = 1\n", "modpkg/run.sh": "#!/bin/sh\necho hi\n"}
+    build_wheel(wh, "modpkg", "1.0.0", body, executable=["modpkg/run.sh"])
+    build_wheel(wh, "modpkg", "1.1.0", body)  # run.sh no longer executable
+    py = make_venv(tmp_path / "env")
+    uv_install(py, "modpkg==1.0.0", find_links=wh, extra=COPY)
+    env = Environment.inspect(py)
+    before = tree_state(env.prefix)
+    script = site(py) / "modpkg/run.sh"
+    assert script.stat().st_mode & 0o111
+    snap = take_snapshot(env, Store(env.prefix), label="pre", status="pre-upgrade").meta
+    uv_install(py, "modpkg==1.1.0", find_links=wh, extra=COPY)
+    assert not script.stat().st_mode & 0o111
+    res = restore_snapshot(env, snap)
     assert tree_state(env.prefix) == before
+    assert res.proven_same == 2 and res.chmodded >= 1
+    assert script.stat().st_mode & 0o111

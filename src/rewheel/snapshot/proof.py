@@ -1,8 +1,9 @@
 """Same-bytes proof: a live file the restore need not replace.
 
-Owns: `SameBytes` — a file reinstalled at the snapshot's version holds the snapshot's
-bytes under another inode; its RECORD row (size, sha256, older than RECORD) or an alias
-recorded by an earlier restore proves it — and `FolderProof`, its per-folder view.
+Owns: `SameBytes` — a file installed since the snapshot (reinstalled at the snapshot's
+version, or unchanged by an upgrade) that holds the snapshot's bytes under another inode;
+its RECORD row (size, sha256, older than RECORD) or an alias recorded by an earlier restore
+proves it — and `FolderProof`, its per-folder view.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ class SameBytes:
     because their bytes provably equal the snapshot's — without reading them.
 
     A force-reinstall (`reinstall = "all"`) unpacks fresh copies of every distribution, so
-    same-version files come back byte for byte under new inodes and new mtimes. Such a file
-    is proven identical when its distribution was reinstalled at the same version (the same
-    `<name>-<version>.dist-info` folder is in the manifest, its RECORD is not the captured
-    one), the live RECORD lists it with the manifest's sha256 and size, only one reinstalled
-    RECORD claims it, and it was not modified after that RECORD was written (RECORD is
-    written last). Once proven, the file's (inode, mtime) is kept beside the snapshot
+    same-version files come back byte for byte under new inodes and new mtimes; an upgrade
+    likewise unpacks the many files a new version did not change (a new torch keeps most of
+    its headers and data). Such a file is proven identical when its distribution was
+    installed since the snapshot (its `<name>-<version>.dist-info` folder is not in the
+    manifest — another version — or is, with a RECORD that is not the captured one), that
+    live RECORD lists it with the manifest's sha256 and size, only one such RECORD claims
+    it, and it was not modified after that RECORD was written (RECORD is written last). Once proven, the file's (inode, mtime) is kept beside the snapshot
     (`aliases.json`): after the rollback the old RECORD is back and the proof no longer
     reads off the tree, but the same inode with the same mtime still holds the same bytes,
     for the next restore and for `verify`. Anything in doubt is relinked, as before."""
@@ -52,8 +54,8 @@ class SameBytes:
 
     def live(self) -> dict[str, dict[str, tuple[str, str, int]]]:
         """Site folder ("/…/site-packages/") -> RECORD path -> (RECORD's hash field, size as
-        written, install time), from the RECORDs of distributions reinstalled at the version
-        the snapshot holds; paths two of them claim are left out. Rows are kept as RECORD
+        written, install time), from the RECORDs of distributions installed since the snapshot
+        (reinstalled at its version, or at another); paths two of them claim are left out. Rows are kept as RECORD
         writes them (tens of thousands: no per-row conversion); only the files looked up are
         compared."""
         if self._live is not None:
@@ -78,12 +80,15 @@ class SameBytes:
                 i = sf.index.get(name)
                 df = self.man.folders.get((ri, f"{site_rel}/{name}" if site_rel else name))
                 j = df.index.get("RECORD") if df is not None else None
-                if i is None or sf.types[i] != "d" or df is None or j is None or df.types[j] != "f":
-                    continue  # not in the snapshot at this version
+                # A dist-info the snapshot lacks is a distribution installed at another
+                # version since: its unchanged files carry the snapshot's hash too.
+                other_version = i is None
+                if not other_version and (sf.types[i] != "d" or df is None or j is None or df.types[j] != "f"):
+                    continue
                 record = f"{site}/{name}/RECORD"
                 try:
                     st = os.lstat(record)
-                    if st.st_size == df.sizes[j] and st.st_mtime_ns == df.mtimes[j]:
+                    if not other_version and st.st_size == df.sizes[j] and st.st_mtime_ns == df.mtimes[j]:
                         continue  # the captured RECORD: not reinstalled
                     with open(record, encoding="utf-8", errors="replace", newline="") as fh:
                         lines = fh.read().splitlines()

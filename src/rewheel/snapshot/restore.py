@@ -49,7 +49,7 @@ class RestoreResult:
     phases: dict[str, float] = field(default_factory=dict)  # seconds: load, scan, stage, commit, verify, finish
     lanes: int = 1  # processes that shared the work
     # Files left in place: not the stored inode, but proven to hold its bytes (a reinstall
-    # at the same version unpacked the same bytes anew); counted in `unchanged`.
+    # or an upgrade since unpacked the same bytes anew); counted in `unchanged`.
     proven_same: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -227,8 +227,8 @@ class _Restore:
         self.n = 0  # staged names
         self.written = 0
         self.others = 0  # sockets, FIFOs, devices in the manifest: not content, not verified
-        # Files left in place because their bytes are proven the snapshot's (a reinstall at
-        # the same version); None once nothing can be proven here.
+        # Files left in place because their bytes are proven the snapshot's (a reinstall or
+        # an upgrade since); None once nothing can be proven here.
         self.same: SameBytes | None = SameBytes(env, snap, man, roots)
         self.same_checked = False
         self.proof_of: tuple[int, str] | None = None  # the folder `proof` is for
@@ -309,8 +309,11 @@ class _Restore:
                                 chmods.append(f.entry(ri, rel, i, sha=False))
                             continue
                     if self.same is not None and self.proven_same(f, ri, rel, i, path, de, lst):
-                        if mode_of(de.stat(follow_symlinks=False).st_mode) != modes[i]:
-                            chmods.append(f.entry(ri, rel, i, sha=False))
+                        pst = de.stat(follow_symlinks=False)
+                        if mode_of(pst.st_mode) != modes[i]:
+                            # Its mtime is the reinstall's, not the manifest's: the check
+                            # after the commit compares the mode only.
+                            chmods.append(f.entry(ri, rel, i, sha=False)._replace(mtime_ns=pst.st_mtime_ns))
                         continue
                 elif kind == "d":
                     if de.is_dir(follow_symlinks=False):
