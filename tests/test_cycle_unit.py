@@ -284,6 +284,23 @@ def test_smoke_fails_reverted_with_root_cause(world: tuple[World, runner.Target]
     assert rep.root_cause is not None and "no kernel image" in rep.root_cause.message
     # Not started after the failed smoke test; the revert stops it again (a no-op) and starts it.
     assert w.manager.calls == ["stop", "stop", "start"]
+    # The report holds the objects; the JSON is made from them at the edge, the human
+    # rendering reads them.
+    import io
+
+    from rich.console import Console
+
+    from rewheel import report
+
+    doc = rep.to_json()
+    assert doc["root_cause"] == rep.root_cause.to_json() and doc["root_cause"]["frame"]["line"] == 1
+    assert doc["failure"]["step"] == "smoke" and doc["revert"]["service"]["ok"] is True
+    out = io.StringIO()
+    report.render_run(Console(file=out, width=300, color_system=None), rep)
+    text = out.getvalue()
+    assert "failed at smoke: smoke test exited 1: RuntimeError: CUDA error" in text
+    assert "at /env/lib/python3.12/site-packages/toypkg/__init__.py:1 in <module>" in text
+    assert "service healthy again: GET /health: 200" in text
 
 
 def test_start_fails_reverted(world: tuple[World, runner.Target]) -> None:
