@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from rewheel.installer import InstallPlan
     from rewheel.patches import Patch, ReapplyResult
     from rewheel.preflight import Check
+    from rewheel.proc import StoppedChild
     from rewheel.service import HealthResult
     from rewheel.smoke import SmokeResult
 
@@ -195,13 +196,14 @@ class RollbackResult:
     steps: list[StepRecord] = field(default_factory=list)
     # Processes an interrupted rewheel had started (uv, the smoke test) that were still running
     # and were stopped before anything was restored.
-    stopped_processes: list[dict[str, Any]] = field(default_factory=list)
+    stopped_processes: list[StoppedChild] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"status": "restored", "snapshot_id": self.snapshot.id, "run_id": self.run_id,
                 "restore": self.restore.to_json(), "service": _to_json(self.service),
                 "versions": self.snapshot.versions, "finished_interrupted_run": self.finished_run,
-                "steps": [s.to_json() for s in self.steps], "stopped_processes": self.stopped_processes}
+                "steps": [s.to_json() for s in self.steps],
+                "stopped_processes": _to_json(self.stopped_processes)}
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
@@ -994,13 +996,13 @@ class ResumeResult:
     rollback: RollbackResult | None = None
     # Processes the interrupted rewheel had started (uv, the smoke test) that were still
     # running and were stopped before anything was touched.
-    stopped_processes: list[dict[str, Any]] = field(default_factory=list)
+    stopped_processes: list[StoppedChild] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "run_id": self.run_id, "action": self.action,
                 "report": self.report.to_json() if self.report else None,
                 "rollback": self.rollback.to_json() if self.rollback else None,
-                "stopped_processes": self.stopped_processes}
+                "stopped_processes": _to_json(self.stopped_processes)}
 
 
 def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) -> ResumeResult:
