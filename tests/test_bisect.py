@@ -113,6 +113,10 @@ def test_an_interrupted_bisect_resumes_without_retesting(flat_series) -> None:
     # Running it once more answers from the journal alone.
     third = json_of(rewheel(*args))
     assert third["first_bad"]["version"] == versions[6] and third["smoke_runs"] == 0
+    # Its root cause is read back from the journal as the object that was diagnosed.
+    assert third["root_cause"] == doc["root_cause"] and third["root_cause"]["frame"]["file"]
+    bad = next(s for s in third["steps"] if s["verdict"] == "bad")
+    assert bad["resumed"] and bad["root_cause"]["type"] == "ValueError"
 
 
 @pytest.fixture

@@ -224,8 +224,9 @@ def test_dry_run_plans_and_touches_nothing(world: tuple[World, runner.Target]) -
     w, t = world
     rep = runner.run(t, dry_run=True)
     assert (rep.status, rep.exit_code) == ("planned", EXIT_OK)
-    assert rep.plan is not None and rep.plan["changes"][0]["new"] == "2.0.0"
-    assert "snapshot_estimate" in rep.plan
+    assert rep.plan is not None and rep.plan.changes[0].new == "2.0.0"
+    assert rep.plan.snapshot_estimate is not None
+    assert "snapshot_estimate" in rep.to_json()["plan"]
     assert version(t) == "1.0.0" and w.manager.calls == [] and t.store.list() == []
     assert journal.list_runs(t.store.env_dir) == []
 
@@ -257,7 +258,7 @@ def test_snapshot_fails_service_restarted(world: tuple[World, runner.Target]) ->
 def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_step: str) -> None:
     assert (rep.status, rep.exit_code) == ("reverted", EXIT_REVERTED)
     assert version(t) == "1.0.0" and rep.after == {PKG: "1.0.0"}
-    assert rep.failure is not None and rep.failure["step"] == failed_step
+    assert rep.failure is not None and rep.failure.step == failed_step
     assert (failed_step, False) in steps(rep) and steps(rep)[-1] == ("revert", True)
     assert rep.revert is not None and rep.revert.restore is not None and rep.revert.restore.verified > 0
     assert w.manager.up and w.manager.calls[-1] == "start"
@@ -271,7 +272,7 @@ def test_reinstall_fails_reverted(world: tuple[World, runner.Target]) -> None:
     w.install_fails = True
     rep = runner.run(t)
     _assert_reverted(w, t, rep, "reinstall")
-    assert rep.failure["error"] == "InstallError"
+    assert rep.failure.error == "InstallError" and rep.failure.exit_code is not None
 
 
 def test_smoke_fails_reverted_with_root_cause(world: tuple[World, runner.Target]) -> None:
@@ -280,9 +281,26 @@ def test_smoke_fails_reverted_with_root_cause(world: tuple[World, runner.Target]
     rep = runner.run(t)
     _assert_reverted(w, t, rep, "smoke")
     assert rep.attempted == {PKG: "2.0.0"}
-    assert rep.root_cause is not None and "no kernel image" in rep.root_cause["message"]
+    assert rep.root_cause is not None and "no kernel image" in rep.root_cause.message
     # Not started after the failed smoke test; the revert stops it again (a no-op) and starts it.
     assert w.manager.calls == ["stop", "stop", "start"]
+    # The report holds the objects; the JSON is made from them at the edge, the human
+    # rendering reads them.
+    import io
+
+    from rich.console import Console
+
+    from rewheel import report
+
+    doc = rep.to_json()
+    assert doc["root_cause"] == rep.root_cause.to_json() and doc["root_cause"]["frame"]["line"] == 1
+    assert doc["failure"]["step"] == "smoke" and doc["revert"]["service"]["ok"] is True
+    out = io.StringIO()
+    report.render_run(Console(file=out, width=300, color_system=None), rep)
+    text = out.getvalue()
+    assert "failed at smoke: smoke test exited 1: RuntimeError: CUDA error" in text
+    assert "at /env/lib/python3.12/site-packages/toypkg/__init__.py:1 in <module>" in text
+    assert "service healthy again: GET /health: 200" in text
 
 
 def test_start_fails_reverted(world: tuple[World, runner.Target]) -> None:
@@ -297,7 +315,7 @@ def test_start_fails_reverted(world: tuple[World, runner.Target]) -> None:
     # running, which the report says with exit 3.
     assert rep is not None and (rep.status, rep.exit_code) == ("failed", EXIT_UNRESTORED)
     assert version(t) == "1.0.0"
-    assert rep.failure["step"] == "start" and "failed to start" in rep.revert.error
+    assert rep.failure is not None and rep.failure.step == "start" and "failed to start" in rep.revert.error
 
 
 def test_health_fails_reverted_and_diagnosed(world: tuple[World, runner.Target]) -> None:
@@ -305,8 +323,8 @@ def test_health_fails_reverted_and_diagnosed(world: tuple[World, runner.Target])
     w.unhealthy = 1  # the first health check (after the upgrade) fails, the revert's passes
     rep = runner.run(t)
     _assert_reverted(w, t, rep, "start")
-    assert rep.diagnosis is not None and rep.diagnosis["source"] == "fake log"
-    assert rep.root_cause is not None and rep.root_cause["type"] == "RuntimeError"
+    assert rep.diagnosis is not None and rep.diagnosis.source == "fake log"
+    assert rep.root_cause is not None and rep.root_cause.type == "RuntimeError"
 
 
 def test_revert_fails_exit_3(world: tuple[World, runner.Target]) -> None:
@@ -358,7 +376,7 @@ def test_rollback_restarts_the_service(world: tuple[World, runner.Target]) -> No
     assert runner.run(t).status == "upgraded"
     w.manager.calls.clear()
     res = runner.rollback(t)
-    assert version(t) == "1.0.0" and res.service is not None and res.service["ok"]
+    assert version(t) == "1.0.0" and res.service is not None and res.service.ok
     assert w.manager.calls == ["stop", "start"]
     assert [s.name for s in res.steps] == ["stop", "restore", "start"]
 

@@ -74,8 +74,9 @@ def test_a_killed_holders_child_keeps_the_lock_until_reclaimed(tmp_path: Path) -
         said: list[str] = []
         with EnvLock(state, "resume", prefix=prefix, reclaim=True, say=said.append) as lk:
             assert not _alive(child)
-            assert [d["pid"] for d in lk.stopped] == [child]
-            assert lk.stopped[0]["stopped"] and lk.stopped[0]["signal"] == "SIGTERM"
+            assert [d.child.pid for d in lk.stopped] == [child]
+            assert lk.stopped[0].stopped and lk.stopped[0].signal == "SIGTERM"
+            assert lk.stopped[0].to_json()["pid"] == child and "still_running" not in lk.stopped[0].to_json()
             assert "sleep" in said[0] and str(child) in said[0]
     finally:
         if child and _alive(child):
@@ -93,7 +94,7 @@ def test_a_recycled_pid_is_never_killed(tmp_path: Path) -> None:
         time.sleep(0.2)
         assert p.poll() is None
         done = proc.stop_child(proc.Child(p.pid, p.pid, start, "sleep"), term_wait_s=5)
-        assert done is not None and done["stopped"] and done["processes"] == [p.pid]
+        assert done is not None and done.stopped and done.processes == [p.pid]
         assert p.wait(timeout=5) == -signal.SIGTERM
     finally:
         if p.poll() is None:

@@ -151,11 +151,12 @@ def test_plan_states_the_snapshot_cost_and_refuses_a_store_too_small(host_factor
     try:
         from rewheel.errors import PreflightError
         from rewheel.recipe import load_recipe
-        from rewheel.runner import _Cycle, open_target
+        from rewheel.installer import InstallPlan
+        from rewheel.runner import RunPlan, _Cycle, open_target
         h.write_recipe(snapshots={"store": str(small)})
         cyc = _Cycle(open_target(load_recipe(h.recipe)), lock=None, say=lambda m: None,
                      on_output=lambda m: None, progress=None)
-        cyc.report.plan = {}
+        cyc.report.plan = RunPlan(InstallPlan(argv=[], changes=[]))
         with pytest.raises(PreflightError, match="would copy") as exc:
             cyc._snapshot_cost()
         assert str(small) in str(exc.value) and "[snapshots] exclude" in (exc.value.hint or "")

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from packaging.version import InvalidVersion, Version
@@ -40,6 +40,9 @@ from rewheel.installer import redact
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import ensure_private_dir, state_home
 from rewheel.recipe import Recipe
+
+if TYPE_CHECKING:
+    from rewheel.diagnose import RootCause
 
 Say = Callable[[str], None]
 
@@ -65,12 +68,13 @@ class Build:
     def sha(self) -> str | None:
         return self.commit or (vers.parse(self.version).sha if self.version else None)
 
-    def same(self, other: dict[str, Any]) -> bool:
-        """Whether a journaled build record is this build."""
-        if self.commit and other.get("commit"):
-            return bool(self.commit == other["commit"])
-        return bool(self.version and other.get("version") and
-                    Version(self.version) == Version(str(other["version"])))
+    def same(self, other: Build | dict[str, Any]) -> bool:
+        """Whether another build, or a journaled build record, is this build."""
+        commit, version = ((other.commit, other.version) if isinstance(other, Build)
+                           else (other.get("commit"), other.get("version")))
+        if self.commit and commit:
+            return bool(self.commit == commit)
+        return bool(self.version and version and Version(self.version) == Version(str(version)))
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "commit": self.commit,
@@ -82,7 +86,7 @@ class Verdict:
     build: Build
     verdict: str  # "good" | "bad" | "skip"
     reason: str
-    root_cause: dict[str, Any] | None = None
+    root_cause: RootCause | None = None
     log: str | None = None
     seconds: float = 0.0
     resumed: bool = False  # journaled by an earlier, interrupted invocation
@@ -90,7 +94,8 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.build.to_json(), "verdict": self.verdict, "reason": self.reason,
-                "root_cause": self.root_cause, "log": self.log, "seconds": round(self.seconds, 3),
+                "root_cause": self.root_cause.to_json() if self.root_cause else None,
+                "log": self.log, "seconds": round(self.seconds, 3),
                 "resumed": self.resumed}
 
 
@@ -134,7 +139,7 @@ class BisectResult:
                 "last_good": self.last_good.to_json() if self.last_good else None,
                 "suspects": [b.to_json() for b in self.suspects],
                 "compare_url": self.compare_url,
-                "root_cause": fb.root_cause if fb else None,
+                "root_cause": fb.root_cause.to_json() if fb and fb.root_cause else None,
                 "steps": [v.to_json() for v in self.steps], "smoke_runs": self.smoke_runs,
                 "commit_source": self.commit_source, "state_dir": self.state_dir,
                 "message": self.message, "exit_code": self.exit_code}
@@ -165,15 +170,18 @@ class _Bisection:
                 if build.version is None and rec.get("version"):
                     build.version = rec["version"]
                 self.project_urls = self.project_urls or rec.get("project_urls") or {}
-                return Verdict(build, rec["verdict"], rec.get("reason", ""), rec.get("root_cause"),
-                               rec.get("log"), rec.get("seconds", 0.0), True,
-                               rec.get("project_urls") or {})
+                from rewheel.diagnose import RootCause
+
+                rc = rec.get("root_cause")  # as the verdict's to_json wrote it
+                return Verdict(build, rec["verdict"], rec.get("reason", ""),
+                               RootCause.from_json(rc) if rc else None, rec.get("log"),
+                               rec.get("seconds", 0.0), True, rec.get("project_urls") or {})
         return None
 
     # -- one test -----------------------------------------------------------------------------
     def test(self, build: Build) -> Verdict:
         for v in self.steps:
-            if v.build is build or build.same(v.build.to_json()):
+            if v.build is build or build.same(v.build):
                 return v
         v = self.recorded(build)
         if v is not None:
@@ -181,7 +189,8 @@ class _Bisection:
         else:
             v = self._run(build)
             self.j.append("verdict", **build.to_json(), verdict=v.verdict,
-                          reason=v.reason, root_cause=v.root_cause, log=v.log,
+                          reason=v.reason, root_cause=v.root_cause.to_json() if v.root_cause else None,
+                          log=v.log,
                           seconds=round(v.seconds, 3), project_urls=v.project_urls)
             self.say(f"{build.label}: {v.verdict.upper()} — {v.reason}")
         self.steps.append(v)
@@ -236,13 +245,13 @@ class _Bisection:
                                seconds=time.monotonic() - t0, project_urls=urls)
             try:
                 pkg = nightly.import_name(python, self.name)
-                rc = diagnose.analyse_file(smoke_log, package=pkg).to_json()["root_cause"]
+                rc = diagnose.analyse_file(smoke_log, package=pkg).root
             except (RewheelError, OSError):
                 rc = None
             reason = res.summary
             if rc:
-                msg = str(rc.get("message") or "").strip()
-                reason += f"; {rc.get('type')}: {msg.splitlines()[0] if msg else ''}"
+                msg = rc.message.strip()
+                reason += f"; {rc.type}: {msg.splitlines()[0] if msg else ''}"
             return Verdict(build, "bad", reason, rc, str(smoke_log), time.monotonic() - t0,
                            project_urls=urls)
 

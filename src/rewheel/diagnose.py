@@ -155,6 +155,11 @@ class Frame:
     def short(self) -> str:
         return f"{short_path(self.file)}:{self.line}" + (f" in {self.function}" if self.function else "")
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Frame:
+        """The frame `to_json` wrote (a bisection's journaled verdict keeps it so)."""
+        return cls(doc["file"], doc["line"], doc.get("function"), doc.get("source"))
+
 
 @dataclass
 class Secondary:
@@ -168,6 +173,11 @@ class Secondary:
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "message": self.message, "rank": self.rank,
                 "log_line": self.log_line, "count": self.count, "relation": self.relation}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Secondary:
+        return cls(doc.get("type"), doc.get("message") or "", doc.get("rank"), doc.get("log_line"),
+                   doc.get("count", 1), doc.get("relation", "later"))
 
 
 @dataclass
@@ -187,6 +197,17 @@ class RootCause:
                 "frame": self.frame.to_json() if self.frame else None, "log_line": self.log_line,
                 "kind": self.kind, "count": self.count, "restarts": self.restarts,
                 "secondary": [s.to_json() for s in self.secondary]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> RootCause:
+        """The root cause `to_json` wrote, read back where it was kept as JSON (a bisection's
+        journal): `from_json(rc.to_json()).to_json() == rc.to_json()`. Keys an older rewheel
+        did not write take their defaults."""
+        frame = doc.get("frame")
+        return cls(doc.get("type"), doc.get("message") or "", doc.get("rank"),
+                   Frame.from_json(frame) if frame else None, doc.get("log_line"),
+                   doc.get("kind", "traceback"), doc.get("count", 1), doc.get("restarts", 1),
+                   [Secondary.from_json(s) for s in doc.get("secondary") or [] if isinstance(s, dict)])
 
 
 @dataclass

@@ -71,7 +71,7 @@ class EnvLock:
         self.path: Path | None = None
         self.fd: int | None = None
         self.previous: list[dict[str, Any]] = []  # what the last holder left in the file
-        self.stopped: list[dict[str, Any]] = []
+        self.stopped: list[proc.StoppedChild] = []
         self.journal: RunJournal | None = None  # set by a run: children are journaled there too
         self._end = 0
         self._owner = os.geteuid()  # the lock folder's owner, once known
@@ -181,9 +181,9 @@ class EnvLock:
             if done is None:
                 continue
             self.stopped.append(done)
-            how = "stopped" if done["stopped"] else "could NOT stop"
-            procs = ", ".join(f"{p} ({(done['commands'].get(str(p)) or '?')[:80]})" for p in done["processes"])
-            self.say(f"{how} {c.name} (pid {c.pid}, process group {c.pgid}, {done['signal']}) left "
+            how = "stopped" if done.stopped else "could NOT stop"
+            procs = ", ".join(f"{p} ({(done.commands.get(str(p)) or '?')[:80]})" for p in done.processes)
+            self.say(f"{how} {c.name} (pid {c.pid}, process group {c.pgid}, {done.signal}) left "
                      f"running by an interrupted rewheel: {procs}")
 
     def _refuse(self, records: list[dict[str, Any]]) -> LockHeld:

@@ -23,7 +23,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -223,15 +223,36 @@ class Child:
         return out
 
 
-def stop_child(child: Child, *, term_wait_s: float = 10.0, kill_wait_s: float = 10.0) -> dict[str, Any] | None:
+@dataclass
+class StoppedChild:
+    """What `stop_child` did to what was left of a child's process group: its members, their
+    command lines (for messages; by pid as text), the last signal sent, whether all are gone,
+    and those still running when not. JSON: the child's keys, then these (`still_running`
+    only when some are)."""
+
+    child: Child
+    processes: list[int]
+    commands: dict[str, str]
+    signal: str = "SIGTERM"
+    stopped: bool = False
+    still_running: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        doc = {**self.child.to_json(), "processes": self.processes, "commands": self.commands,
+               "signal": self.signal, "stopped": self.stopped}
+        if self.still_running:
+            doc["still_running"] = self.still_running
+        return doc
+
+
+def stop_child(child: Child, *, term_wait_s: float = 10.0, kill_wait_s: float = 10.0) -> StoppedChild | None:
     """Stop what is left of a recorded child's process group (SIGTERM, wait up to `term_wait_s`,
     SIGKILL, wait up to `kill_wait_s` until every member is gone). None when nothing of it
     runs; else what was done: the pids, the last signal sent, whether all are gone."""
     members = child.live_members()
     if not members:
         return None
-    doc: dict[str, Any] = {**child.to_json(), "processes": members,
-                           "commands": {str(p): cmdline(p) for p in members}}
+    done = StoppedChild(child, members, {str(p): cmdline(p) for p in members})
 
     def signal_all(sig: int) -> None:
         for pid in child.live_members():  # re-checked each time: never a recycled pid
@@ -249,16 +270,14 @@ def stop_child(child: Child, *, term_wait_s: float = 10.0, kill_wait_s: float = 
         return True
 
     signal_all(signal.SIGTERM)
-    doc["signal"] = "SIGTERM"
+    done.signal = "SIGTERM"
     if not wait_gone(term_wait_s):
         signal_all(signal.SIGKILL)
-        doc["signal"] = "SIGKILL"
+        done.signal = "SIGKILL"
         wait_gone(kill_wait_s)
-    left = child.live_members()
-    doc["stopped"] = not left
-    if left:
-        doc["still_running"] = left
-    return doc
+    done.still_running = child.live_members()
+    done.stopped = not done.still_running
+    return done
 
 
 def fd_holders(path: str | Path) -> list[int]:

@@ -27,7 +27,7 @@ import socket
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,7 @@ from rewheel.paths import atomic_write, ensure_private_dir, state_home
 from rewheel.recipe import Recipe
 
 if TYPE_CHECKING:
+    from rewheel.diagnose import RootCause
     from rewheel.diff import PackageChange
 
 Say = Callable[[str], None]
@@ -70,6 +71,17 @@ class CiStep:
 
 
 @dataclass
+class CiFailure:
+    """The step that failed the nightly, and why."""
+
+    step: str
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class CiReport:
     status: str  # "qualified" | "failed"
     recipe: str
@@ -80,8 +92,8 @@ class CiReport:
     lock: str | None = None            # the resolved lock kept in the run folder
     baseline: str | None = None        # the last qualified lock compared against
     changes: list[PackageChange] = field(default_factory=list)
-    root_cause: dict[str, Any] | None = None
-    failure: dict[str, Any] | None = None
+    root_cause: RootCause | None = None
+    failure: CiFailure | None = None
     promoted: str | None = None
     steps: list[CiStep] = field(default_factory=list)
     logs: dict[str, str] = field(default_factory=dict)
@@ -105,8 +117,9 @@ class CiReport:
         return {"status": self.status, "recipe": self.recipe, "package": self.package,
                 "version": self.version, "python_version": self.python_version,
                 "versions": self.versions, "lock": self.lock, "baseline": self.baseline,
-                "changes": [c.to_json() for c in self.changes], "root_cause": self.root_cause,
-                "failure": self.failure,
+                "changes": [c.to_json() for c in self.changes],
+                "root_cause": self.root_cause.to_json() if self.root_cause else None,
+                "failure": self.failure.to_json() if self.failure else None,
                 "promoted": self.promoted, "steps": [s.to_json() for s in self.steps],
                 "logs": self.logs, "run_dir": self.run_dir, "junit": self.junit,
                 "summary": self.summary, "exit_code": self.exit_code}
@@ -150,7 +163,7 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
             msg = fn() or ""
         except _StepFailed as exc:
             rep.steps.append(CiStep(step, "failed", time.monotonic() - t0, exc.message, exc.output))
-            rep.failure = {"step": step, "message": exc.message}
+            rep.failure = CiFailure(step, exc.message)
             raise
         rep.steps.append(CiStep(step, "passed", time.monotonic() - t0, msg))
 
@@ -172,7 +185,7 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
         shutil.rmtree(env_root, ignore_errors=True)
     for step in pending:
         rep.steps.append(CiStep(step, "skipped", 0.0,
-                                f"not run: {rep.failure['step']} failed" if rep.failure else "not run"))
+                                f"not run: {rep.failure.step} failed" if rep.failure else "not run"))
     return rep
 
 
@@ -248,14 +261,14 @@ def _smoke(scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: S
         return res.summary
     try:
         pkg = nightly.import_name(scoped.python, name)
-        rep.root_cause = diagnose.analyse_file(log, package=pkg).to_json()["root_cause"]
+        rep.root_cause = diagnose.analyse_file(log, package=pkg).root
     except (RewheelError, OSError):  # a diagnosis never hides the failure itself
         rep.root_cause = None
     cause = ""
     if rep.root_cause:
-        cause = f": {rep.root_cause.get('type')}: {_first(rep.root_cause.get('message'))}"
-        if rep.root_cause.get("rank"):
-            cause += f" in {rep.root_cause['rank']}"
+        cause = f": {rep.root_cause.type}: {_first(rep.root_cause.message)}"
+        if rep.root_cause.rank:
+            cause += f" in {rep.root_cause.rank}"
     raise _StepFailed(res.summary + cause, res.tail[-40:])
 
 
@@ -320,11 +333,10 @@ def junit_xml(rep: CiReport) -> str:
             body = [s.message]
             if s.name == "smoke" and rep.root_cause:
                 rc = rep.root_cause
-                fr = rc.get("frame") or {}
-                body.append(f"root cause: {rc.get('type')}: {_first(rc.get('message'))}"
-                            + (f" (in {rc['rank']})" if rc.get("rank") else "")
-                            + (f" at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}"
-                               if fr.get("file") else ""))
+                fr = rc.frame
+                body.append(f"root cause: {rc.type}: {_first(rc.message)}"
+                            + (f" (in {rc.rank})" if rc.rank else "")
+                            + (f" at {fr.file}:{fr.line} in {fr.function}" if fr and fr.file else ""))
             fail.text = _xml_text("\n".join(body))
         elif s.status == "skipped":
             ET.SubElement(case, "skipped", message=_xml_text(s.message))
@@ -357,13 +369,13 @@ def summary_markdown(rep: CiReport) -> str:
         out.append(f"| {s.name} | {icons[s.status]} | {s.seconds:.1f} | {_md(s.message)[:300]} |")
     if rep.root_cause:
         rc = rep.root_cause
-        fr = rc.get("frame") or {}
+        fr = rc.frame
         out += ["", "### Root cause", "", "```",
-                f"{rc.get('type')}: {_first(rc.get('message'))}"]
-        if rc.get("rank"):
-            out.append(f"in process {rc['rank']}")
-        if fr.get("file"):
-            out.append(f"at {fr.get('file')}:{fr.get('line')} in {fr.get('function')}")
+                f"{rc.type}: {_first(rc.message)}"]
+        if rc.rank:
+            out.append(f"in process {rc.rank}")
+        if fr and fr.file:
+            out.append(f"at {fr.file}:{fr.line} in {fr.function}")
         out.append("```")
     out += ["", "### Changes since the last qualified lock", ""]
     if rep.baseline is None:

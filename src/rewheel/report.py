@@ -128,7 +128,7 @@ def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
     if r.cleanup_restored:
         console.print(f"  {r.cleanup_restored} cleanup path(s) moved back")
     if result.service:
-        console.print(f"  service: {escape(str(result.service.get('detail', result.service)))}")
+        console.print(f"  service: {escape(result.service.detail)}")
     if result.finished_run:
         console.print(f"  interrupted run {result.finished_run} is now finished as rolled-back")
 
@@ -142,48 +142,47 @@ def render_check(console: Console, result) -> None:  # preflight.CheckResult
 
 
 def render_plan(console: Console, rep) -> None:  # runner.RunReport
-    plan = rep.plan or {}
-    changes = plan.get("changes") or []
+    plan = rep.plan  # runner.RunPlan
+    changes = plan.changes if plan else []  # installer.PlannedChange items
     console.print(f"[bold]plan[/] for {escape(rep.recipe)}: {len(changes)} change(s)")
     for c in changes[:40]:
-        old, new = c.get("old"), c.get("new")
+        old, new = c.old, c.new
         arrow = f"{old} → {new}" if old and new else (f"+ {new}" if new else f"- {old}")
-        console.print(f"  {escape(str(c.get('name')))}: {escape(arrow)}")
+        console.print(f"  {escape(c.name)}: {escape(arrow)}")
     if len(changes) > 40:
         console.print(f"  … and {len(changes) - 40} more")
-    est = plan.get("snapshot_estimate")
+    est = plan.snapshot_estimate if plan else None
     if est:
         console.print(f"  the snapshot will share {est['files'] - est['files_to_copy']:,} files with the environment "
                       f"and copy {est['files_to_copy']:,} ({human_bytes(est['bytes_to_copy'])} of "
                       f"{human_bytes(est['store_free'])} free at the store)"
                       + (f"; {human_bytes(est['bytes_reused'])} unchanged since the last snapshot is shared with it"
                          if est.get("bytes_reused") else ""))
-    for check in rep.preflight:
-        if check.get("name") == "service":
-            console.print(f"  the service is stopped during the upgrade: {escape(str(check.get('detail')))}")
-        elif check.get("name") == "gpus":
-            console.print(f"  GPUs: {escape(str(check.get('detail')))}")
+    for check in rep.preflight:  # preflight.Check items
+        if check.name == "service":
+            console.print(f"  the service is stopped during the upgrade: {escape(check.detail)}")
+        elif check.name == "gpus":
+            console.print(f"  GPUs: {escape(check.detail)}")
 
 
-def render_root_cause(console: Console, rc: dict | None) -> None:
+def render_root_cause(console: Console, rc) -> None:  # diagnose.RootCause | None
     if not rc:
         console.print("  root cause: none found in the logs")
         return
-    kind = "" if rc.get("kind") in (None, "traceback") else f" ({rc.get('kind')})"
-    console.print(f"  [bold red]root cause{kind}:[/] {escape(str(rc.get('type')))}: {escape(str(rc.get('message')))}")
-    if rc.get("rank"):
-        console.print(f"    in process {escape(str(rc['rank']))}" +
-                      (f" ({rc['count']} occurrences)" if rc.get("count", 1) > 1 else ""))
-    fr = rc.get("frame") or {}
-    if fr.get("file"):
-        console.print(f"    at {escape(str(fr.get('file')))}:{fr.get('line')} in {escape(str(fr.get('function')))}")
-        if fr.get("source"):
-            console.print(f"      {escape(str(fr['source']).strip())}")
-    if rc.get("log_line"):
-        console.print(f"    log line {rc['log_line']}")
-    for sec in (rc.get("secondary") or [])[:5]:
-        text = sec if isinstance(sec, str) else f"{sec.get('type')}: {sec.get('message')}"
-        console.print(f"    [dim]secondary: {escape(str(text))[:200]}[/]")
+    kind = "" if rc.kind in (None, "traceback") else f" ({rc.kind})"
+    console.print(f"  [bold red]root cause{kind}:[/] {escape(str(rc.type))}: {escape(rc.message)}")
+    if rc.rank:
+        console.print(f"    in process {escape(rc.rank)}" +
+                      (f" ({rc.count} occurrences)" if rc.count > 1 else ""))
+    fr = rc.frame
+    if fr and fr.file:
+        console.print(f"    at {escape(fr.file)}:{fr.line} in {escape(str(fr.function))}")
+        if fr.source:
+            console.print(f"      {escape(fr.source.strip())}")
+    if rc.log_line:
+        console.print(f"    log line {rc.log_line}")
+    for sec in rc.secondary[:5]:
+        console.print(f"    [dim]secondary: {escape(f'{sec.type}: {sec.message}')[:200]}[/]")
 
 
 def render_changes(console: Console, changes: list, limit: int = 60) -> None:  # diff.PackageChange items
@@ -204,9 +203,9 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
         return
     console.print(f"[bold]run {rep.run_id}[/] of {escape(rep.recipe)}")
     if rep.snapshot:
-        s = rep.snapshot
-        console.print(f"  snapshot {s['id']}: {s['files']:,} files, {s.get('files_linked', 0):,} shared by "
-                      f"{s.get('link_mode')}, {human_bytes(s.get('bytes_copied', 0))} copied")
+        s = rep.snapshot  # snapshot.SnapshotResult
+        console.print(f"  snapshot {s.meta.id}: {s.meta.files:,} files, {s.files_linked:,} shared by "
+                      f"{s.meta.link_mode}, {human_bytes(s.meta.bytes_copied)} copied")
     if rep.cleanup:
         console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
@@ -224,14 +223,14 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
     if rep.patches:
         console.print(f"[bold]local patches[/] ({len(rep.patches)}) — the reinstall replaced these files; "
                       f"saved as .patch files in {escape(str(rep.run_dir))}")
-        for p in rep.patches[:20]:
-            console.print(f"  {escape(str(p.get('path')))} ({escape(str(p.get('distribution')))}, {p.get('kind', 'modified')})")
-    for r in rep.reapply:
-        console.print(f"  reapply {escape(str(r.get('path')))}: {r.get('status')}")
+        for p in rep.patches[:20]:  # patches.Patch items
+            console.print(f"  {escape(p.path)} ({escape(p.distribution)}, {p.kind})")
+    for r in rep.reapply:  # patches.ReapplyResult items
+        console.print(f"  reapply {escape(r.path)}: {r.status}")
     if rep.hazards:
         console.print(f"  [yellow]patched files shared inodes with uv's cache: {escape(', '.join(rep.hazards))}[/]")
     if rep.failure:
-        console.print(f"[bold red]failed at {rep.failure.get('step')}:[/] {escape(str(rep.failure.get('message')))}")
+        console.print(f"[bold red]failed at {rep.failure.step}:[/] {escape(rep.failure.message)}")
         render_root_cause(console, rep.root_cause)
     if rep.revert:
         rv = rep.revert  # runner.RevertRecord
@@ -243,7 +242,7 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
             console.print(f"  the failed build is kept as snapshot {rv.failed_snapshot_id}: "
                           f"`rewheel diff {escape(rep.recipe)} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
         if rv.service:
-            console.print(f"  service healthy again: {escape(str(rv.service.get('detail')))}")
+            console.print(f"  service healthy again: {escape(rv.service.detail)}")
         if rv.error:
             console.print(f"[bold red]revert failed:[/] {escape(rv.error)}")
     steps = "  ".join(f"{s.name} {'ok' if s.ok else 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
@@ -262,13 +261,13 @@ def render_resume(console: Console, res) -> None:  # runner.ResumeResult
 
 def render_smoke(console: Console, rep) -> None:  # runner.SmokeReport
     if rep.smoke is not None:
-        s = rep.smoke
-        state = "passed" if s.get("ok") else ("timed out" if s.get("timed_out") else f"failed (exit {s.get('returncode')})")
-        console.print(f"smoke test {state} in {s.get('seconds', 0):.1f}s — log {escape(str(s.get('log_path')))}")
-        if not s.get("ok"):
+        s = rep.smoke  # smoke.SmokeResult
+        state = "passed" if s.ok else ("timed out" if s.timed_out else f"failed (exit {s.returncode})")
+        console.print(f"smoke test {state} in {s.seconds:.1f}s — log {escape(str(s.log_path))}")
+        if not s.ok:
             render_root_cause(console, rep.root_cause)
-    if rep.health is not None:
-        console.print(f"health: {'ok' if rep.health.get('ok') else 'FAILED'} — {escape(str(rep.health.get('detail')))}")
+    if rep.health is not None:  # service.HealthResult
+        console.print(f"health: {'ok' if rep.health.ok else 'FAILED'} — {escape(rep.health.detail)}")
     if rep.error:
         console.print(f"[bold red]{escape(rep.error)}[/]")
     console.print("[bold green]ok[/]" if rep.ok else "[bold red]verification failed[/]")

@@ -25,7 +25,14 @@ from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, SnapshotRes
                               unstash_cleanup)
 
 if TYPE_CHECKING:
+    from rewheel.diagnose import RootCause
     from rewheel.diff import FileChange, PackageChange
+    from rewheel.installer import InstallPlan
+    from rewheel.patches import Patch, ReapplyResult
+    from rewheel.preflight import Check
+    from rewheel.proc import StoppedChild
+    from rewheel.service import HealthResult
+    from rewheel.smoke import SmokeResult
 
 Say = Callable[[str], None]
 
@@ -184,18 +191,19 @@ class RollbackResult:
     snapshot: SnapshotMeta
     restore: RestoreResult
     run_id: str
-    service: dict[str, Any] | None = None
+    service: HealthResult | None = None
     finished_run: str | None = None
     steps: list[StepRecord] = field(default_factory=list)
     # Processes an interrupted rewheel had started (uv, the smoke test) that were still running
     # and were stopped before anything was restored.
-    stopped_processes: list[dict[str, Any]] = field(default_factory=list)
+    stopped_processes: list[StoppedChild] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"status": "restored", "snapshot_id": self.snapshot.id, "run_id": self.run_id,
-                "restore": self.restore.to_json(), "service": self.service,
+                "restore": self.restore.to_json(), "service": _to_json(self.service),
                 "versions": self.snapshot.versions, "finished_interrupted_run": self.finished_run,
-                "steps": [s.to_json() for s in self.steps], "stopped_processes": self.stopped_processes}
+                "steps": [s.to_json() for s in self.steps],
+                "stopped_processes": _to_json(self.stopped_processes)}
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
@@ -372,7 +380,7 @@ class ServiceSteps:
         self.say(reason)
         self.steps.append(StepRecord("start", True, 0.0, skipped=True, reason=reason))
 
-    def verify_running(self, reason: str) -> dict[str, Any]:
+    def verify_running(self, reason: str) -> HealthResult:
         """Health-check the running service without restarting it."""
         from rewheel import service
 
@@ -387,7 +395,8 @@ class ServiceSteps:
             raise
         self.steps.append(StepRecord.since("health", True, t0, restarted=False))
         self.j.append("healthy", detail=health.detail)
-        return {**health.to_json(), "restarted": False}
+        health.restarted = False
+        return health
 
     def stop(self) -> None:
         t0 = time.monotonic()
@@ -400,7 +409,7 @@ class ServiceSteps:
             self.host.gpus_released(float(smoke.gpu_release_timeout_s))
         self.steps.append(StepRecord.since("stop", True, t0))
 
-    def start_and_verify(self) -> dict[str, Any]:
+    def start_and_verify(self) -> HealthResult:
         from rewheel import service
 
         t0 = time.monotonic()
@@ -416,7 +425,7 @@ class ServiceSteps:
             raise
         self.steps.append(StepRecord.since("start", True, t0))
         self.j.append("healthy", detail=health.detail)
-        return health.to_json()
+        return health
 
     def log_lines(self) -> Any:
         return self.manager.log_lines(self.started_at or time.time())
@@ -435,17 +444,85 @@ class RevertRecord:
     failed_snapshot_id: str | None = None
     failed_snapshot_error: str | None = None
     restore: RestoreResult | None = None
-    service: dict[str, Any] | None = None
+    service: HealthResult | None = None
     service_skipped: str | None = None
     error: str | None = None
     hint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Not asdict: it would deep-copy the restore result (with its displaced folders).
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        if self.restore is not None:
-            doc["restore"] = self.restore.to_json()
+        doc = {f.name: _to_json(getattr(self, f.name)) for f in fields(self)}
         return {k: v for k, v in doc.items() if v is not None or (k == "hint" and self.error is not None)}
+
+
+def _to_json(value: Any) -> Any:
+    """A report's field as JSON: a result object by its own `to_json()`, a list item by item,
+    plain data (versions, paths, counters) as it is."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, list):
+        return [_to_json(v) for v in value]
+    return value
+
+
+@dataclass
+class RunPlan:
+    """What a run will do: uv's plan, and what the pre-upgrade snapshot will cost (the
+    snapshot package's estimate: files and bytes to share and to copy, free space at the
+    store), added once it is made."""
+
+    install: InstallPlan
+    snapshot_estimate: dict[str, Any] | None = None
+
+    @property
+    def changes(self) -> list[Any]:  # installer.PlannedChange
+        return self.install.changes
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.install.to_json()
+        if self.snapshot_estimate is not None:
+            doc["snapshot_estimate"] = self.snapshot_estimate
+        return doc
+
+
+@dataclass
+class Failure:
+    """Where a run failed and why: the step the journal last announced, the error's class and
+    message, and for rewheel's own errors their hint and exit code (another exception has
+    neither, nor has its JSON the keys)."""
+
+    step: str | None
+    error: str
+    message: str
+    hint: str | None = None
+    exit_code: int | None = None
+
+    @classmethod
+    def of(cls, step: str | None, exc: BaseException) -> Failure:
+        from rewheel.errors import RewheelError
+
+        if isinstance(exc, RewheelError):
+            return cls(step, type(exc).__name__, exc.message, exc.hint, exc.exit_code)
+        return cls(step, type(exc).__name__, str(exc))
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        if self.exit_code is None:
+            del doc["hint"], doc["exit_code"]
+        return doc
+
+
+@dataclass
+class DiagnosisRecord:
+    """Where a failed run's root cause was looked for (a log file, a journalctl command) and
+    its one-line summary; or why no diagnosis could be made. JSON: the keys that are set."""
+
+    source: str | None = None
+    summary: str | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass
@@ -460,23 +537,27 @@ class RunReport:
     attempted: dict[str, str] = field(default_factory=dict)
     changes: list[PackageChange] = field(default_factory=list)
     files: list[FileChange] = field(default_factory=list)
+    # The diff's counters (files known by manifest/RECORD, hashed, seconds), or {"error"}
+    # when the file list could not be made: open-ended figures, kept as the diff gives them.
     file_stats: dict[str, Any] = field(default_factory=dict)
-    patches: list[dict[str, Any]] = field(default_factory=list)
+    patches: list[Patch] = field(default_factory=list)
     patch_files: list[str] = field(default_factory=list)
-    reapply: list[dict[str, Any]] = field(default_factory=list)
+    reapply: list[ReapplyResult] = field(default_factory=list)
     hazards: list[str] = field(default_factory=list)
-    root_cause: dict[str, Any] | None = None
-    failure: dict[str, Any] | None = None
+    root_cause: RootCause | None = None
+    failure: Failure | None = None
     steps: list[StepRecord] = field(default_factory=list)
-    plan: dict[str, Any] | None = None
-    preflight: list[dict[str, Any]] = field(default_factory=list)
-    snapshot: dict[str, Any] | None = None
+    plan: RunPlan | None = None
+    preflight: list[Check] = field(default_factory=list)
+    snapshot: SnapshotResult | None = None
+    # The cleanup paths moved into the snapshot: the items its meta.json stores
+    # ({"path", "stored", "bytes"}), kept as the snapshot package records them.
     cleanup: list[dict[str, Any]] = field(default_factory=list)
     revert: RevertRecord | None = None
-    service: dict[str, Any] | None = None
+    service: HealthResult | None = None
     logs: dict[str, str] = field(default_factory=dict)
     run_dir: str | None = None
-    diagnosis: dict[str, Any] | None = None
+    diagnosis: DiagnosisRecord | None = None
     # The service's state before the run ("active" | "inactive"), and how it was judged
     # ("systemd" | "pid" | "health"); None without a [service].
     service_before: str | None = None
@@ -490,11 +571,8 @@ class RunReport:
             self.status, EXIT_UNRESTORED)
 
     def to_json(self) -> dict[str, Any]:
-        doc = dict(self.__dict__)
-        doc["steps"] = [s.to_json() for s in self.steps]
-        doc["changes"] = [c.to_json() for c in self.changes]
-        doc["files"] = [f.to_json() for f in self.files]
-        doc["revert"] = self.revert.to_json() if self.revert is not None else None
+        # The one place a run's report becomes JSON: each field by its own object's to_json.
+        doc = {f.name: _to_json(getattr(self, f.name)) for f in fields(self)}
         doc["exit_code"] = self.exit_code
         return doc
 
@@ -566,7 +644,7 @@ class _Cycle:
                               "missing: `rewheel run` needs the packages to upgrade (or --lock FILE)",
                               hint='add [install] with packages = ["vllm"]')
         checks = self.host.checks(self.t.recipe, client=self.host.client)
-        self.report.preflight = [c.to_json() for c in checks.checks]
+        self.report.preflight = list(checks.checks)
         # `[cleanup] paths` never move a system folder, the environment or rewheel's state
         # (as root): refused here, before anything is stopped (UsageError, exit 2).
         from rewheel.snapshot import cleanup_matches
@@ -575,7 +653,7 @@ class _Cycle:
             raise PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in checks.failures),
                                  hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
         plan = self.host.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
-        self.report.plan = plan.to_json()
+        self.report.plan = RunPlan(plan)
         self._snapshot_cost()
         self.report.before = self.t.env.versions()
         self.report.steps.append(StepRecord.since("preflight", True, t0))
@@ -594,7 +672,8 @@ class _Cycle:
         from rewheel.report import human_bytes
 
         est = estimate_snapshot(self.t.env, self.t.store, exclude=self.t.recipe.snapshot_exclude)
-        self.report.plan["snapshot_estimate"] = est
+        if self.report.plan is not None:
+            self.report.plan.snapshot_estimate = est
         need = int(est["bytes_to_copy"] * 1.1) + (64 << 20)
         if need > est["store_free"]:
             raise PreflightError(
@@ -634,11 +713,11 @@ class _Cycle:
             self.snap = res.meta
             self.j.append("snapshot", snapshot_id=res.meta.id)
             self.report.snapshot_id = res.meta.id
-            self.report.snapshot = res.to_json()
+            self.report.snapshot = res
             self.say(f"snapshot {res.meta.id}: {res.meta.files:,} files, {res.files_linked:,} shared "
                      f"by {res.meta.link_mode}, {res.files_copied:,} copied")
             run_dir = self.j.dir
-            self.report.patches = self.scan.to_json()["patches"]
+            self.report.patches = list(self.scan.patches)
             self.report.patch_files = [str(p) for p in patchmod.save_patches(self.scan, run_dir)]
             self.report.hazards = sorted(patchmod.hazard_packages(self.scan))
             if self.t.recipe.cleanup_paths:
@@ -684,7 +763,7 @@ class _Cycle:
                 self.report.file_stats = {"error": str(exc)}
             if self.t.recipe.patch_policy == "reapply" and self.scan.patches:
                 results = patchmod.reapply(self.scan, self.t.env, self.j.dir)
-                self.report.reapply = [r.to_json() for r in results]
+                self.report.reapply = list(results)
                 if patchmod.reapply_failed(results):
                     from rewheel.errors import PatchConflict
 
@@ -736,12 +815,8 @@ class _Cycle:
     def record_failure(self, exc: Exception) -> str:
         """Put the failure into the report (at the step the journal last announced); returns
         its message."""
-        from rewheel.errors import RewheelError
-
-        doc = exc.to_json() if isinstance(exc, RewheelError) else {
-            "error": type(exc).__name__, "message": str(exc)}
-        self.report.failure = {"step": self.j.last_step, **doc}
-        return str(doc["message"])
+        self.report.failure = Failure.of(self.j.last_step, exc)
+        return self.report.failure.message
 
     # -- diagnosis ------------------------------------------------------------------------
     def _package(self) -> str | None:
@@ -753,10 +828,10 @@ class _Cycle:
         try:
             d = diagnose.analyse_file(log, package=self._package())
         except Exception as exc:  # diagnosis must never mask the failure itself
-            self.report.diagnosis = {"error": str(exc)}
+            self.report.diagnosis = DiagnosisRecord(error=str(exc))
             return
-        self.report.root_cause = d.to_json()["root_cause"]
-        self.report.diagnosis = {"source": str(log), "summary": d.summary()}
+        self.report.root_cause = d.root
+        self.report.diagnosis = DiagnosisRecord(str(log), d.summary())
 
     def diagnose_service(self) -> None:
         from rewheel import diagnose
@@ -766,18 +841,18 @@ class _Cycle:
         try:
             d = diagnose.analyse_lines(self.svc.log_lines(), package=self._package())
         except Exception as exc:
-            self.report.diagnosis = {"error": str(exc)}
+            self.report.diagnosis = DiagnosisRecord(error=str(exc))
             return
-        self.report.root_cause = d.to_json()["root_cause"]
-        self.report.diagnosis = {"source": self.svc.manager.log_location(self.svc.started_at or 0),
-                                 "summary": d.summary()}
+        self.report.root_cause = d.root
+        self.report.diagnosis = DiagnosisRecord(self.svc.manager.log_location(self.svc.started_at or 0),
+                                                d.summary())
 
     def _cause_suffix(self) -> str:
         rc = self.report.root_cause
         if not rc:
             return ""
-        where = f" in {rc.get('rank')}" if rc.get("rank") else ""
-        return f": {rc.get('type')}: {rc.get('message')}{where}"
+        where = f" in {rc.rank}" if rc.rank else ""
+        return f": {rc.type}: {rc.message}{where}"
 
     # -- revert ---------------------------------------------------------------------------
     def _keep_failed_state(self, revert: RevertRecord) -> None:
@@ -854,7 +929,7 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
         if not cyc.preflight(confirm, dry_run):
             return cyc.report
         cyc.j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=lock,
-                                  before=cyc.report.before, plan=cyc.report.plan)
+                                  before=cyc.report.before, plan=_to_json(cyc.report.plan))
         lk.journal = cyc.j  # uv and the smoke test are journaled (pid, group, start time)
         cyc.report.run_id = cyc.j.id
         cyc.report.run_dir = str(cyc.j.dir)
@@ -893,7 +968,7 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             finally:
                 cyc.j.append("finished", status=cyc.report.status, reason=reason,
                              before=cyc.report.before, after=cyc.report.after,
-                             root_cause=cyc.report.root_cause)
+                             root_cause=_to_json(cyc.report.root_cause))
             return cyc.report
         cyc.j.append("finished", status="upgraded", before=cyc.report.before, after=cyc.report.after)
         return cyc.report
@@ -921,13 +996,13 @@ class ResumeResult:
     rollback: RollbackResult | None = None
     # Processes the interrupted rewheel had started (uv, the smoke test) that were still
     # running and were stopped before anything was touched.
-    stopped_processes: list[dict[str, Any]] = field(default_factory=list)
+    stopped_processes: list[StoppedChild] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "run_id": self.run_id, "action": self.action,
                 "report": self.report.to_json() if self.report else None,
                 "rollback": self.rollback.to_json() if self.rollback else None,
-                "stopped_processes": self.stopped_processes}
+                "stopped_processes": _to_json(self.stopped_processes)}
 
 
 def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) -> ResumeResult:
@@ -980,13 +1055,13 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
 @dataclass
 class SmokeReport:
     ok: bool
-    smoke: dict[str, Any] | None = None
-    health: dict[str, Any] | None = None
-    root_cause: dict[str, Any] | None = None
+    smoke: SmokeResult | None = None
+    health: HealthResult | None = None
+    root_cause: RootCause | None = None
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {f.name: _to_json(getattr(self, f.name)) for f in fields(self)}
 
 
 def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet) -> SmokeReport:
@@ -1001,18 +1076,18 @@ def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet) -> Smok
         logs.mkdir(exist_ok=True)
         log = logs / (time.strftime("%Y%m%d-%H%M%S") + ".log")
         res = t.host.smoke(t.recipe, log_path=log, on_line=on_output)
-        rep.smoke = res.to_json()
+        rep.smoke = res
         if not res.ok:
             rep.ok = False
-            rep.root_cause = diagnose.analyse_file(log, package=package).to_json()["root_cause"]
+            rep.root_cause = diagnose.analyse_file(log, package=package).root
     if t.recipe.service is not None:
         mgr = t.host.manager(t.recipe.service, t.store.env_dir, t.recipe.python)
         try:
             rep.health = t.host.wait_ready(mgr, t.recipe.service, client=t.host.client,
-                                           started_at=time.time(), on_progress=say).to_json()
+                                           started_at=time.time(), on_progress=say)
         except ServiceError as exc:
             rep.ok = False
             rep.error = str(exc)
             result = getattr(exc, "result", None)  # HealthCheckFailed carries what it saw
-            rep.health = result.to_json() if result is not None else None
+            rep.health = result
     return rep

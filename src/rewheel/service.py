@@ -81,11 +81,17 @@ class HealthResult:
     health_url: str | None = None
     probe_url: str | None = None
     n_restarts: int = 0
+    # False: a service left running was only health-checked, not restarted (rollback's
+    # "no byte changed"); None: not said, and not in the JSON.
+    restarted: bool | None = None
 
     def to_json(self) -> dict[str, object]:
-        return {"ok": self.ok, "seconds": round(self.seconds, 3), "detail": self.detail,
-                "health_url": self.health_url, "probe_url": self.probe_url,
-                "n_restarts": self.n_restarts}
+        doc: dict[str, object] = {"ok": self.ok, "seconds": round(self.seconds, 3), "detail": self.detail,
+                                  "health_url": self.health_url, "probe_url": self.probe_url,
+                                  "n_restarts": self.n_restarts}
+        if self.restarted is not None:
+            doc["restarted"] = self.restarted
+        return doc
 
 
 class HealthCheckFailed(ServiceError):
