@@ -13,6 +13,7 @@ import pytest
 from devtools.wheelbuild import build_wheel
 from support_env import make_venv, tree_state, uv_install
 from rewheel.snapshot import restore as restore_mod
+from rewheel import patches
 from rewheel.environment import Environment
 from rewheel.snapshot import ALIASES, Store, restore_snapshot, take_snapshot, verify
 
@@ -175,3 +176,25 @@ def test_upgrade_that_changed_only_a_mode_is_chmodded(tmp_path: Path, lanes: int
     assert tree_state(env.prefix) == before
     assert res.proven_same == 2 and res.chmodded >= 1
     assert script.stat().st_mode & 0o111
+
+
+def test_patches_after_a_proven_rollback_trusts_the_proof(setup, wheelhouse: Path) -> None:
+    """After a rollback that left proven files in place (newer than the RECORD it put back),
+    `patches` takes the restore's proof instead of hashing them — and still finds an edit."""
+    py, env, store = setup
+    snap = take_snapshot(env, store, label="pre", status="pre-upgrade").meta
+    reinstall_all(py, wheelhouse)
+    res = restore_snapshot(env, snap)
+    assert res.proven_same > 0
+    env = Environment.inspect(py)
+    clean = patches.scan(env, store=store, uv_cache=None)
+    assert clean.patches == []
+    assert clean.stats["files_hashed"] == 0  # every proven file taken on the restore's word
+    without = patches.scan(env, store=None, uv_cache=None)  # no proof to go by: hashed, pristine
+    assert without.patches == [] and without.stats["files_hashed"] >= res.proven_same - 6
+
+    core = site(py) / "toypkg/core.py"
+    with open(core, "a") as fh:  # an edit in place: same inode, new mtime
+        fh.write("# hand patch\n")
+    found = patches.scan(Environment.inspect(py), store=store, uv_cache=None)
+    assert [p.path.rsplit("/", 1)[-1] for p in found.patches] == ["core.py"]

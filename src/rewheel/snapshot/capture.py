@@ -23,7 +23,7 @@ from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotDamaged, SnapshotError
 from rewheel.paths import atomic_write, fsync_dir
 from rewheel.snapshot.manifest import Folder, Manifest, ManifestDamaged
-from rewheel.snapshot.store import ALIASES, SnapshotMeta, Store, read_alias_file
+from rewheel.snapshot.store import SnapshotMeta, Store, aliased_files
 from rewheel.snapshot.tree import (CHUNK, Progress, Root, TIE_HASH_MAX, exclusion, hash_file, kind_of,
                                    provably_pristine, proven_sha, record_index, safe_rel, scope_of, shared_paths,
                                    walk)
@@ -249,17 +249,12 @@ class _Aliased:
 
     def _load(self) -> dict[tuple[int, str], list[Any]]:
         by: dict[tuple[int, str], list[Any]] = {}
-        where = {os.path.realpath(r.path): ri for ri, r in enumerate(self.roots)}
-        for meta in reversed(self.store.list()):  # oldest first: newer proofs win
-            af = meta.path / ALIASES
-            if not af.exists():
-                continue
-            roots, files = read_alias_file(af)
-            for key, v in files.items():
-                k, _, rel = key.partition("/")
-                if v[3] is None or not k.isdigit() or int(k) >= len(roots) or roots[int(k)] not in where:
-                    continue
-                by[(where[roots[int(k)]], rel)] = v
+        where = sorted(((os.path.realpath(r.path).rstrip("/") + "/", ri) for ri, r in enumerate(self.roots)),
+                       key=lambda w: len(w[0]), reverse=True)  # the innermost root first
+        for path, v in aliased_files(self.store).items():
+            hit = next(((ri, path[len(base):]) for base, ri in where if path.startswith(base)), None)
+            if hit is not None:
+                by[hit] = v
         return by
 
     def sha(self, ri: int, rel: str, st: os.stat_result) -> str | None:

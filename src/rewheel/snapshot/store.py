@@ -183,6 +183,30 @@ def read_aliases(path: Path) -> dict[str, list[Any]]:
     return read_alias_file(path)[1]
 
 
+def aliased_files(store: Store) -> dict[str, list[Any]]:
+    """Every file a restore into this store's environment proved to hold a snapshot's bytes
+    (`aliases.json` of each snapshot), by real absolute path: [inode, mtime_ns, size,
+    sha256]. Newer snapshots' proofs win. Such a file's mtime is newer than the RECORD a
+    rollback put back, so RECORD no longer proves it pristine; the same inode with the same
+    mtime and size still holds the recorded bytes."""
+    by: dict[str, list[Any]] = {}
+    try:
+        metas = store.list()
+    except OSError:
+        return by
+    for meta in reversed(metas):  # oldest first: newer proofs win
+        af = meta.path / ALIASES
+        if not af.exists():
+            continue
+        roots, files = read_alias_file(af)
+        for key, v in files.items():
+            k, _, rel = key.partition("/")
+            if v[3] is None or not k.isdigit() or int(k) >= len(roots):
+                continue
+            by[f"{roots[int(k)].rstrip('/')}/{rel}" if rel else roots[int(k)]] = v
+    return by
+
+
 def save_aliases(snap: SnapshotMeta, found: dict[str, list[Any]], roots: list[str]) -> None:
     """Remember the files a restore proved identical (see `SameBytes`), with their size and
     sha256: the next restore and `verify` accept them, and the next snapshot links them
