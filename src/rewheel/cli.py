@@ -33,6 +33,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout; human text on stderr.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Answer yes to the confirmation (needed without a terminal).")]
 PythonOpt = Annotated[str | None, typer.Option("--python", help="Target an interpreter instead of a recipe.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Also list the packages reinstalled at the same version.")]
 TargetArg = Annotated[str | None, typer.Argument(help="A recipe file, or use --python PATH.", show_default=False)]
 
 
@@ -138,6 +139,7 @@ def install_signal_handlers() -> None:
 
 def main() -> None:
     install_signal_handlers()
+    sys.argv[1:] = _plain_first(sys.argv[1:])
     if "--json" not in sys.argv[1:]:
         app()
         return
@@ -287,7 +289,7 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
         lock: Annotated[str | None, typer.Option("--lock", help="Install exactly this pylock.toml instead of the newest.")] = None,
         no_revert: Annotated[bool, typer.Option("--no-revert", help="On failure leave the failed state for debugging.")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
-        yes: YesOpt = False, json_out: JsonOpt = False) -> None:
+        yes: YesOpt = False, json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
     """The whole cycle: stop, snapshot, reinstall, diff, smoke, start, keep — or revert."""
     from rewheel import recipe as recipemod
     from rewheel import runner
@@ -303,7 +305,7 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
 
     def ask(rep) -> None:
         status.stop()  # no spinner over a question
-        report.render_plan(err, rep)
+        report.render_plan(err, rep, verbose=verbose)
         confirm(f"Upgrade {t.env.prefix} as planned (the service is stopped during the upgrade)?", yes)
         status.start()
 
@@ -313,8 +315,8 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
 
     def render(console: Console, rep: runner.RunReport) -> None:
         if dry_run:
-            report.render_plan(console, rep)
-        report.render_run(console, rep)
+            report.render_plan(console, rep, verbose=verbose)
+        report.render_run(console, rep, verbose=verbose)
 
     show(out, json_out, result, render)
     raise typer.Exit(result.exit_code)
@@ -394,7 +396,7 @@ def diff(target: TargetArg = None,
          package: Annotated[str | None, typer.Option("--package", help="Only this distribution's files, with unified diffs.")] = None,
          path_glob: Annotated[str | None, typer.Option("--path", help="Only files matching this glob (relative to site-packages), with unified diffs.")] = None,
          show_patch: Annotated[bool, typer.Option("--patch", "-p", help="Unified diffs of every changed text file.")] = False,
-         json_out: JsonOpt = False) -> None:
+         json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
     """Versions and source files between two snapshots, or a snapshot and the live environment."""
     from rewheel import diff as diffmod
     from rewheel.errors import UsageError
@@ -413,7 +415,7 @@ def diff(target: TargetArg = None,
     with status:
         result = diffmod.diff_target(t.env, t.store, a, b, package=package, path_glob=path_glob,
                                      with_diffs=with_diffs, progress=cb)
-    show(out, json_out, result, functools.partial(report.render_diff, stat_only=stat_only))
+    show(out, json_out, result, functools.partial(report.render_diff, stat_only=stat_only, verbose=verbose))
     _exit_if_interrupted(t, err)
 
 
@@ -493,3 +495,32 @@ def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Th
                               say=say, on_output=on_output)
     show(out, json_out, result, report.render_bisect)
     raise typer.Exit(result.exit_code)
+
+
+# ---- global options: `--plain`, `--version` ----
+def _plain_first(args: list[str]) -> list[str]:
+    """`--plain` is a global option (`rewheel --plain history X`); it is accepted after the
+    command too (`rewheel history X --plain`), where a person types it, by moving it first."""
+    cut = args.index("--") if "--" in args else len(args)
+    if "--plain" not in args[:cut] or args[:1] == ["--plain"]:
+        return args
+    return ["--plain", *(a for a in args[:cut] if a != "--plain"), *args[cut:]]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from rewheel import __version__
+
+        typer.echo(f"rewheel {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    plain: Annotated[bool, typer.Option("--plain", help="One fact per line instead of tables (the default when stdout is not a terminal).")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print rewheel's version and exit.")] = False,
+) -> None:
+    del version  # handled eagerly by its callback
+    if plain:
+        report.PLAIN = True

@@ -690,3 +690,23 @@ def check_indexes(recipe: Recipe, client: httpx.Client | None = None, *,
         if own:
             client.close()
     return checks
+
+
+# --- the plan as a person reads it ------------------------------------------------------------
+
+def annotate_plan(changes: list[dict[str, Any]], installed: Sequence[Any]) -> None:
+    """Add to each planned change (a `PlannedChange.to_json()` dict) what its versions say:
+    `dev_distance` (builds between two nightlies) and `compare_url` (the commits between them,
+    from the installed distribution's Project-URLs). The plan screen shows both before anyone
+    says yes; `installed` are the environment's `Distribution`s."""
+    from rewheel import versions as vers
+
+    urls = {d.name: d.project_urls for d in installed}
+    for c in changes:
+        old, new = c.get("old"), c.get("new")
+        dist = url = None
+        if old and new and old != new:
+            va, vb = vers.parse(old), vers.parse(new)
+            dist = vers.dev_distance(va, vb)
+            url = vers.compare_url(urls.get(canonicalize_name(c["name"])), va.sha, vb.sha)
+        c["dev_distance"], c["compare_url"] = dist, url

@@ -91,28 +91,39 @@ def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommand
 
 
 def render_history(console: Console, hist) -> None:  # runner.History
-    from rich.table import Table
-
-    t = Table(title=f"snapshots of {escape(hist.target)}", title_justify="left")
-    for col in ("id", "created", "status", "label", "versions", "size (extra)"):
-        t.add_column(col)
-    for s in hist.snapshots:
-        t.add_row(escape(s.id), s.created_iso, escape(s.status), escape(s.label),
-                  escape(_versions_line(s.versions, hist.key_packages)),
-                  f"{human_bytes(s.bytes_total)} ({human_bytes(s.bytes_copied)})")
-    console.print(t if hist.snapshots else "no snapshots yet")
+    """Snapshots and runs: a table when it fits the terminal whole, a stacked list when it
+    does not, one line per snapshot or run when plain. Ids and versions are never cut."""
+    snaps = [(s.id, s.created_iso, s.status, s.label,
+              [f"{n} {s.versions[n]}" for n in hist.key_packages if n in s.versions][:3]
+              or [f"{len(s.versions)} distributions"],
+              f"{human_bytes(s.bytes_total)} ({human_bytes(s.bytes_copied)})") for s in hist.snapshots]
+    if not snaps:
+        console.print("no snapshots yet")
+    elif is_plain(console):
+        for sid, created, status, label, vers_, size in snaps:
+            _plain(console, f"snapshot {sid}  {created}  {status}  " + (f"{label!r}  " if label else "")
+                   + ", ".join(vers_) + f"  {size}")
+    else:
+        _table_or_stack(console, f"snapshots of {hist.target}",
+                        ("id", "created", "status", "label", "versions", "size (extra)"),
+                        [(sid, created, status, label, "\n".join(vers_), size)
+                         for sid, created, status, label, vers_, size in snaps],
+                        head=(0, 2, 1))
     for bad in hist.damaged:
         console.print(f"[yellow]snapshot {escape(bad)} is damaged (unreadable meta.json) and cannot be restored; "
                       f"inspect or delete its folder in the store[/]")
     if hist.runs:
-        rt = Table(title="runs", title_justify="left")
-        for col in ("id", "kind", "status", "snapshot", "last step", "versions"):
-            rt.add_column(col)
-        for r in hist.runs:
-            style = "bold red" if not r.finished else ""
-            rt.add_row(*(escape(v or "") for v in (r.id, r.kind, r.status, r.snapshot_id, r.last_step)),
-                       escape(_run_versions(r.summary(), hist.key_packages)), style=style)
-        console.print(rt)
+        rows = [(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "",
+                 _run_versions(r.summary(), hist.key_packages).replace(", ", "\n"))
+                for r in hist.runs]
+        styles = ["" if r.finished else "bold red" for r in hist.runs]
+        if is_plain(console):
+            for rid, kind, status, sid, step, vers_ in rows:
+                _plain(console, f"run {rid}  {kind}  {status}" + (f"  snapshot {sid}" if sid else "")
+                       + (f"  last step {step}" if step else "") + (f"  {vers_.replace(chr(10), ', ')}" if vers_ else ""))
+        else:
+            _table_or_stack(console, "runs", ("id", "kind", "status", "snapshot", "last step", "versions"),
+                            rows, head=(0, 1, 2), styles=styles)
 
 
 def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
@@ -141,16 +152,27 @@ def render_check(console: Console, result) -> None:  # preflight.CheckResult
                   else f"[bold red]{len(result.failures)} check(s) failed[/]")
 
 
-def render_plan(console: Console, rep) -> None:  # runner.RunReport
+def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
+    """The screen read before saying yes: what changes version first (upgrades, downgrades,
+    additions, removals, with the builds between nightlies and a compare link), then one line
+    for the packages reinstalled at the same version (`verbose` lists them)."""
     plan = rep.plan or {}
     changes = plan.get("changes") or []
-    console.print(f"[bold]plan[/] for {escape(rep.recipe)}: {len(changes)} change(s)")
-    for c in changes[:40]:
-        old, new = c.get("old"), c.get("new")
-        arrow = f"{old} → {new}" if old and new else (f"+ {new}" if new else f"- {old}")
-        console.print(f"  {escape(str(c.get('name')))}: {escape(arrow)}")
-    if len(changes) > 40:
-        console.print(f"  … and {len(changes) - 40} more")
+    same = [c for c in changes if c.get("change") == "reinstall"]
+    real = sorted((c for c in changes if c.get("change") != "reinstall"),
+                  key=lambda c: (_PLAN_ORDER.get(str(c.get("change")), len(_PLAN_ORDER)), str(c.get("name"))))
+    console.print(f"[bold]plan[/] for {escape(rep.recipe)}: {len(real)} version change(s)"
+                  + (f", {len(same)} reinstalled at the same version" if same else ""))
+    for c in real:
+        _plain(console, _plan_line(c), style=_PLAN_STYLE.get(str(c.get("change")), ""))
+        if c.get("compare_url"):
+            _plain(console, f"{'':13}compare: {c['compare_url']}")
+    if same:
+        if verbose:
+            for c in same:
+                _plain(console, f"  {'same':<10} {c.get('name')}: {c.get('new')}")
+        else:
+            console.print(f"  {len(same)} reinstalled at the same version (--verbose lists them)")
     est = plan.get("snapshot_estimate")
     if est:
         console.print(f"  the snapshot will share {est['files'] - est['files_to_copy']:,} files with the environment "
@@ -186,18 +208,20 @@ def render_root_cause(console: Console, rc: dict | None) -> None:
         console.print(f"    [dim]secondary: {escape(str(text))[:200]}[/]")
 
 
-def render_changes(console: Console, changes: list, limit: int = 60) -> None:  # diff.PackageChange items
-    """The package table of a run or CI report: the same table `diff` prints (builds,
-    commits, variant, compare links)."""
-    if not changes:
+def render_changes(console: Console, changes: list, limit: int = 60, *,
+                   same_version: dict[str, str] | None = None, verbose: bool = False) -> None:  # diff.PackageChange items
+    """The package table of a run or CI report: the same table `diff` prints (versions,
+    builds between nightlies, compare links); `same_version` ({name: version}) are the
+    packages the plan reinstalled at their version, counted on one line."""
+    if not changes and not same_version:
         console.print("  no version changes")
         return
-    render_package_changes(console, changes[:limit])
+    render_package_changes(console, changes[:limit], same_version=same_version, verbose=verbose)
     if len(changes) > limit:
         console.print(f"  … and {len(changes) - limit} more")
 
 
-def render_run(console: Console, rep) -> None:  # runner.RunReport
+def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
     colour = {"upgraded": "bold green", "reverted": "bold yellow", "planned": "bold cyan"}.get(rep.status, "bold red")
     if rep.status == "planned":
         console.print(f"[{colour}]dry run: nothing was changed[/]")
@@ -211,7 +235,9 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
         console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
     console.print("[bold]what changed[/]")
-    render_changes(console, rep.changes)
+    same = {str(c.get("name")): str(c.get("new")) for c in (rep.plan or {}).get("changes") or []
+            if c.get("change") == "reinstall"}
+    render_changes(console, rep.changes, same_version=same, verbose=verbose)
     if rep.files:
         from collections import Counter
 
@@ -335,42 +361,49 @@ def _counts(added: int | None, removed: int | None, binary: bool) -> str:
     return f"[green]+{added or 0}[/] [red]-{removed or 0}[/]"
 
 
-def render_package_changes(console: Console, packages: list, unchanged: int = 0) -> None:
-    """The package table of a diff or a run report (diff.PackageChange items)."""
-    from rich.table import Table
-
-    if not packages:
+def render_package_changes(console: Console, packages: list, unchanged: int = 0, *,
+                           same_version: dict[str, str] | None = None, verbose: bool = False) -> None:
+    """The package table of a diff or a run report (diff.PackageChange items): version changes
+    first — a table when it fits the terminal whole, stacked when it does not, one line each
+    when plain; versions are never cut — then one line for the packages reinstalled at the
+    same version (`same_version`, {name: version}, and the changes classified "reinstalled");
+    `verbose` lists them."""
+    real = [p for p in packages if p.change != "reinstalled"]
+    rebuilt = {p.name: p.new or "" for p in packages if p.change == "reinstalled"}
+    same = {**(same_version or {}), **rebuilt}
+    if not real and not same:
         console.print(f"no package versions changed ({unchanged} unchanged)")
         return
-    t = Table(title="packages", title_justify="left")
-    for col in ("package", "old", "new", "change", "builds", "commits", "variant"):
-        t.add_column(col, no_wrap=col not in ("commits", "variant"), overflow="fold")
-    links = []
-    for p in packages:
-        style = _CHANGE_STYLE.get(p.change, "")
-        dist = "" if p.dev_distance is None else f"{p.dev_distance:+d}"
-        shas = (f"{p.old_sha or '?'} → {p.new_sha or '?'}"
-                if (p.old_sha or p.new_sha) and p.old_sha != p.new_sha else (p.new_sha or ""))
-        t.add_row(escape(p.name), escape(p.old or "-"), escape(p.new or "-"),
-                  f"[{style}]{p.change}[/]" if style else p.change, dist, shas,
-                  escape(p.variant or ""))
-        if p.compare_url:
-            links.append(f"  {escape(p.name)}: {escape(p.compare_url)}")
-    console.print(t)
+    if real:
+        _package_table(console, real)
+    else:
+        console.print("no package versions changed")
+    if same:
+        line = f"{len(same)} reinstalled at the same version"
+        if rebuilt:
+            line += f", {len(rebuilt)} of them with other bytes"
+            if not verbose:
+                names = sorted(rebuilt)
+                line += ": " + ", ".join(names[:8]) + (" …" if len(names) > 8 else "")
+        _plain(console, line + ("" if verbose else " (--verbose lists them)"))
+        if verbose:
+            for name in sorted(same):
+                _plain(console, f"  {'same':<10} {name}: {same[name]}" + ("  (other bytes)" if name in rebuilt else ""))
     if unchanged:
         console.print(f"{unchanged} package(s) unchanged")
+    links = [(p.name, p.compare_url) for p in real if p.compare_url]
     if links:
         console.print("compare:")
-        for line in links:
-            console.print(line, soft_wrap=True)
+        for name, url in links:
+            _plain(console, f"  {name}: {url}")
 
 
-def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  # diff.DiffResult
+def render_diff(console: Console, result, *, stat_only: bool = False, verbose: bool = False) -> None:  # diff.DiffResult
     from rich.syntax import Syntax
     from rich.text import Text
 
     console.print(f"[bold]diff {escape(result.old)} → {escape(result.new)}[/]")
-    render_package_changes(console, result.packages, result.unchanged_packages)
+    render_package_changes(console, result.packages, result.unchanged_packages, verbose=verbose)
     filt = ", ".join(f"{k} {v}" for k, v in result.filters.items() if v)
     if not result.files:
         console.print("no installed files changed" + (f" ({escape(filt)})" if filt else ""))
@@ -504,3 +537,96 @@ def render_bisect(console: Console, res) -> None:  # bisection.BisectResult
     fb = res.first_bad_verdict
     if fb and fb.root_cause:
         render_root_cause(console, fb.root_cause)
+
+
+# ---- layout: tables that never cut a version, hash or id ----
+# `--plain` (or stdout not a terminal, e.g. a CI log): one fact per line, greppable. None:
+# decided per console. Set once by the CLI.
+PLAIN: bool | None = None
+
+_PLAN_ORDER = {"upgrade": 0, "downgrade": 1, "install": 2, "remove": 3, "replace": 4}
+_PLAN_LABEL = {"upgrade": "upgrade", "downgrade": "downgrade", "install": "add", "remove": "remove",
+               "replace": "replace"}
+_PLAN_STYLE = {"upgrade": "green", "downgrade": "yellow", "install": "cyan", "remove": "red"}
+
+
+def is_plain(console: Console) -> bool:
+    """One fact per line instead of tables: asked for (`--plain`), or not a terminal."""
+    return PLAIN if PLAIN is not None else not console.is_terminal
+
+
+def _plain(console: Console, text: str, style: str = "") -> None:
+    """One line of text from outside rewheel, as it is: never markup, never cut or folded
+    (a long line wraps at the terminal's edge and stays whole for grep and copy)."""
+    console.print(clean(text, lines=False), style=style or None, markup=False, highlight=False,
+                  soft_wrap=True)
+
+
+def _plan_line(c: dict) -> str:
+    """`  upgrade    vllm: 0.16.0rc2.dev313+g5719a4e4e → 0.16.0rc2.dev344+g8c1b3f2  (+31 builds)`"""
+    kind = str(c.get("change"))
+    old, new = c.get("old"), c.get("new")
+    arrow = f"{old} → {new}" if old and new else (f"{new}" if new else f"{old}")
+    dist = c.get("dev_distance")
+    builds = f"  ({dist:+d} builds)" if isinstance(dist, int) and dist else ""
+    return f"  {_PLAN_LABEL.get(kind, kind):<10} {c.get('name')}: {arrow}{builds}"
+
+
+def _builds(p) -> str:  # diff.PackageChange
+    return "" if p.dev_distance is None else f"{p.dev_distance:+d}"
+
+
+def _package_table(console: Console, packages: list) -> None:
+    """Version changes: name, old, new, change, builds. The shas and the variant are parts of
+    the versions, shown whole; compare links follow the table."""
+    if is_plain(console):
+        for p in packages:
+            b = _builds(p)
+            _plain(console, f"{p.name}: {p.old or '-'} → {p.new or '-'}  {p.change}"
+                   + (f"  {b} builds" if b else ""))
+        return
+    rows = [(p.name, p.old or "-", p.new or "-", p.change, _builds(p)) for p in packages]
+    styles = [_CHANGE_STYLE.get(p.change, "") for p in packages]
+    _table_or_stack(console, "packages", ("package", "old", "new", "change", "builds"), rows,
+                    head=(0, 3, 4), styles=styles, arrow=(1, 2))
+
+
+def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]],
+                    *, head: tuple[int, ...] = (0,), styles: list[str] | None = None,
+                    arrow: tuple[int, int] | None = None) -> None:
+    """A table when it fits the console at its natural width (no column squeezed, no cell cut
+    or folded); else each row stacked: its `head` cells on one line, then one line per
+    other cell (`arrow`: two cells shown as `old → new` on one line when that fits)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(title=clean(title, lines=False), title_justify="left")
+    for col in columns:
+        t.add_column(col, no_wrap=True)
+    for i, row in enumerate(rows):
+        t.add_row(*(Text(clean(cell)) for cell in row), style=(styles[i] if styles else "") or None)
+    # The table's natural width, measured as if the console were unbounded.
+    natural = console.measure(t, options=console.options.update(width=1 << 16, max_width=1 << 16)).maximum
+    if natural <= console.width:
+        console.print(t)
+        return
+    _plain(console, f"{clean(title, lines=False)}:")
+    width = console.width
+    for i, row in enumerate(rows):
+        style = (styles[i] if styles else "") or ""
+        _plain(console, "  ".join(row[j] + (" builds" if columns[j] == "builds" else "")
+                                  for j in head if row[j]), style=style)
+        rest = [j for j in range(len(columns)) if j not in head]
+        if arrow is not None:
+            a, b = arrow
+            both = f"    {row[a]} → {row[b]}"
+            if len(both) <= width:
+                _plain(console, both)
+            else:
+                _plain(console, f"    {columns[a]} {row[a]}")
+                _plain(console, f"    {columns[b]} {row[b]}")
+            rest = [j for j in rest if j not in arrow]
+        for j in rest:
+            for k, line in enumerate(str(row[j]).split("\n")):
+                if line:
+                    _plain(console, f"    {columns[j] + ':' if k == 0 else '':<{len(columns[j]) + 1}} {line}")

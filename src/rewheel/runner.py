@@ -576,6 +576,8 @@ class _Cycle:
                                  hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
         plan = self.host.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
         self.report.plan = plan.to_json()
+        from rewheel.installer import annotate_plan
+        annotate_plan(self.report.plan["changes"], self.t.env.distributions())
         self._snapshot_cost()
         self.report.before = self.t.env.versions()
         self.report.steps.append(StepRecord.since("preflight", True, t0))
