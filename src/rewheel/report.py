@@ -108,7 +108,7 @@ def render_history(console: Console, hist) -> None:  # runner.History
                         ("id", "created", "status", "label", "versions", "size (extra)"),
                         [(sid, created, status, label, "\n".join(vers_), size)
                          for sid, created, status, label, vers_, size in snaps],
-                        head=(0, 2, 1))
+                        head=(0, 2, 1), wrap=(3, 4, 5))
     for bad in hist.damaged:
         console.print(f"[yellow]snapshot {escape(bad)} is damaged (unreadable meta.json) and cannot be restored; "
                       f"inspect or delete its folder in the store[/]")
@@ -123,7 +123,7 @@ def render_history(console: Console, hist) -> None:  # runner.History
                        + (f"  last step {step}" if step else "") + (f"  {vers_.replace(chr(10), ', ')}" if vers_ else ""))
         else:
             _table_or_stack(console, "runs", ("id", "kind", "status", "snapshot", "last step", "versions"),
-                            rows, head=(0, 1, 2), styles=styles)
+                            rows, head=(0, 1, 2), styles=styles, wrap=(5,))
 
 
 def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
@@ -164,7 +164,15 @@ def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # run
     console.print(f"[bold]plan[/] for {escape(rep.recipe)}: {len(real)} version change(s)"
                   + (f", {len(same)} reinstalled at the same version" if same else ""))
     for c in real:
-        _plain(console, _plan_line(c), style=_PLAN_STYLE.get(str(c.get("change")), ""))
+        line, style = _plan_line(c), _PLAN_STYLE.get(str(c.get("change")), "")
+        if len(line) > console.width and not is_plain(console):
+            # Too long for the terminal: the versions on a line of their own, never wrapped.
+            head, _, versions = line.partition(": ")
+            versions, _, builds = versions.partition("  (")
+            _plain(console, head + (f"  ({builds}" if builds else ""), style=style)
+            _plain(console, f"{'':13}{versions}")
+        else:
+            _plain(console, line, style=style)
         if c.get("compare_url"):
             _plain(console, f"{'':13}compare: {c['compare_url']}")
     if same:
@@ -385,7 +393,9 @@ def render_package_changes(console: Console, packages: list, unchanged: int = 0,
             if not verbose:
                 names = sorted(rebuilt)
                 line += ": " + ", ".join(names[:8]) + (" …" if len(names) > 8 else "")
-        _plain(console, line + ("" if verbose else " (--verbose lists them)"))
+        # Words only (names, no versions): wrapped between words at the terminal's width.
+        console.print(clean(line + ("" if verbose else " (--verbose lists them)"), lines=False),
+                      markup=False, highlight=False)
         if verbose:
             for name in sorted(same):
                 _plain(console, f"  {'same':<10} {name}: {same[name]}" + ("  (other bytes)" if name in rebuilt else ""))
@@ -593,21 +603,39 @@ def _package_table(console: Console, packages: list) -> None:
 
 def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]],
                     *, head: tuple[int, ...] = (0,), styles: list[str] | None = None,
-                    arrow: tuple[int, int] | None = None) -> None:
-    """A table when it fits the console at its natural width (no column squeezed, no cell cut
-    or folded); else each row stacked: its `head` cells on one line, then one line per
-    other cell (`arrow`: two cells shown as `old → new` on one line when that fits)."""
+                    arrow: tuple[int, int] | None = None, wrap: tuple[int, ...] = ()) -> None:
+    """A table when it fits the console (no column squeezed, no cell cut or folded); else
+    each row stacked: its `head` cells on one line, then one line per other cell (`arrow`:
+    two cells shown as `old → new` on one line when that fits). Columns in `wrap` hold
+    words (labels, lists of versions), which the table may wrap between words, never inside
+    one."""
+    from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
 
     t = Table(title=clean(title, lines=False), title_justify="left")
-    for col in columns:
-        t.add_column(col, no_wrap=True)
-    for i, row in enumerate(rows):
-        t.add_row(*(Text(clean(cell)) for cell in row), style=(styles[i] if styles else "") or None)
-    # The table's natural width, measured as if the console were unbounded.
-    natural = console.measure(t, options=console.options.update(width=1 << 16, max_width=1 << 16)).maximum
-    if natural <= console.width:
+
+    # Each column's width: its longest line; a word column (`wrap`) may go down to its
+    # longest word. A table only when the table at those widths fits (one space of padding
+    # each side, the borders); every column then gets an exact width, so rich never squeezes
+    # or cuts one. What is left of the console's width goes to the word columns, up to their
+    # longest line.
+    def longest(j: int, words: bool) -> int:
+        return max(cell_len(clean(piece)) for cell in (columns[j], *(row[j] for row in rows))
+                   for piece in (str(cell).split() if words else str(cell).split("\n")))
+
+    natural = [longest(j, False) for j in range(len(columns))]
+    widths = [longest(j, True) if j in wrap else natural[j] for j in range(len(columns))]
+    spare = console.width - (sum(widths) + 3 * len(columns) + 1)
+    if spare >= 0:
+        for j in wrap:
+            more = min(spare, natural[j] - widths[j])
+            widths[j] += more
+            spare -= more
+        for j, col in enumerate(columns):
+            t.add_column(col, width=widths[j], no_wrap=j not in wrap)
+        for i, row in enumerate(rows):
+            t.add_row(*(Text(clean(cell)) for cell in row), style=(styles[i] if styles else "") or None)
         console.print(t)
         return
     _plain(console, f"{clean(title, lines=False)}:")
