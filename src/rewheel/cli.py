@@ -25,14 +25,20 @@ if TYPE_CHECKING:
 
     from rewheel.snapshot import Progress  # the progress-callback type, defined once there
 
+# Plain click help (rich_markup_mode=None): one line per option with its placeholder word,
+# the same on every terminal and in a pipe, and `--help` starts without rich's help renderer.
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Upgrade a service's Python environment and keep the upgrade only once it is proven.")
+                  rich_markup_mode=None,
+                  help="Upgrade a service's Python environment and keep the upgrade only once it is proven.\n\n"
+                       "RECIPE is a recipe file; TARGET a recipe file, or an environment given with "
+                       "--python PATH; SNAPSHOT a snapshot id, a unique prefix of one, or its exact label "
+                       "(`rewheel history TARGET` lists them).")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout; human text on stderr.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Answer yes to the confirmation (needed without a terminal).")]
-PythonOpt = Annotated[str | None, typer.Option("--python", help="Target an interpreter instead of a recipe.")]
+PythonOpt = Annotated[str | None, typer.Option("--python", metavar="PATH", help="Target an interpreter instead of a recipe.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Also list the packages reinstalled at the same version.")]
 TargetArg = Annotated[str | None, typer.Argument(help="A recipe file, or use --python PATH.", show_default=False)]
 
@@ -77,7 +83,9 @@ def confirm(question: str, yes: bool) -> None:
         raise ConfirmationRequired(f"{question} — refusing without a terminal",
                                    hint="pass --yes to confirm non-interactively")
     if not typer.confirm(question, default=False, err=True):
-        raise ConfirmationRequired("not confirmed; nothing was changed")
+        from rewheel.errors import NotConfirmed
+
+        raise NotConfirmed("not confirmed; nothing was changed")
 
 
 def handles_errors(fn: F) -> F:
@@ -232,7 +240,7 @@ def check(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Rec
 @app.command()
 @handles_errors
 def snapshot(target: TargetArg = None, python: PythonOpt = None,
-             label: Annotated[str, typer.Option("--label", help="A label for the snapshot.")] = "",
+             label: Annotated[str, typer.Option("--label", metavar="LABEL", help="A label for the snapshot.")] = "",
              json_out: JsonOpt = False) -> None:
     """Take a snapshot of the environment now."""
     from rewheel import runner
@@ -286,7 +294,7 @@ def rollback(target: TargetArg = None,
 @handles_errors
 def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The recipe to run.")],
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Preflight and show the plan; change nothing.")] = False,
-        lock: Annotated[str | None, typer.Option("--lock", help="Install exactly this pylock.toml instead of the newest.")] = None,
+        lock: Annotated[str | None, typer.Option("--lock", metavar="FILE", help="Install exactly this pylock.toml instead of the newest.")] = None,
         no_revert: Annotated[bool, typer.Option("--no-revert", help="On failure leave the failed state for debugging.")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
         yes: YesOpt = False, json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
@@ -359,10 +367,10 @@ def smoke(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE")], json_ou
 def why(
     logfile: Annotated[str | None, typer.Argument(metavar="LOGFILE", show_default=False,
                                                   help="A log file; '-' or nothing (without --unit) reads stdin.")] = None,
-    unit: Annotated[str | None, typer.Option("--unit", "-u", help="Read this systemd unit's journal.")] = None,
-    since: Annotated[str | None, typer.Option("--since", "-S",
+    unit: Annotated[str | None, typer.Option("--unit", "-u", metavar="UNIT", help="Read this systemd unit's journal.")] = None,
+    since: Annotated[str | None, typer.Option("--since", "-S", metavar="TIME",
                                               help="With --unit: journal entries since TIME (journalctl syntax).")] = None,
-    package: Annotated[str | None, typer.Option("--package", "-p",
+    package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME",
                                                 help="Import name of the upgraded package (e.g. vllm): its deepest frame is reported.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -393,9 +401,9 @@ def diff(target: TargetArg = None,
          b: Annotated[str | None, typer.Argument(metavar="[B]", help="Newer snapshot (default: the live environment).", show_default=False)] = None,
          python: PythonOpt = None,
          stat_only: Annotated[bool, typer.Option("--stat", help="Only the changed files with their +/- line counts.")] = False,
-         package: Annotated[str | None, typer.Option("--package", help="Only this distribution's files, with unified diffs.")] = None,
-         path_glob: Annotated[str | None, typer.Option("--path", help="Only files matching this glob (relative to site-packages), with unified diffs.")] = None,
-         show_patch: Annotated[bool, typer.Option("--patch", "-p", help="Unified diffs of every changed text file.")] = False,
+         package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME", help="Only this distribution's files, with unified diffs.")] = None,
+         path_glob: Annotated[str | None, typer.Option("--path", metavar="GLOB", help="Only files matching this glob (relative to site-packages), with unified diffs.")] = None,
+         show_patch: Annotated[bool, typer.Option("--patch", help="Unified diffs of every changed text file.")] = False,
          json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
     """Versions and source files between two snapshots, or a snapshot and the live environment."""
     from rewheel import diff as diffmod
@@ -422,7 +430,7 @@ def diff(target: TargetArg = None,
 @app.command()
 @handles_errors
 def patches(target: TargetArg = None, python: PythonOpt = None,
-            package: Annotated[list[str] | None, typer.Option("--package", help="Only these distributions (repeatable).")] = None,
+            package: Annotated[list[str] | None, typer.Option("--package", "-p", metavar="NAME", help="Only these distributions (repeatable).")] = None,
             offline: Annotated[bool, typer.Option("--offline", help="Do not fetch wheels from the index for pristine copies.")] = False,
             thorough: Annotated[bool, typer.Option("--thorough", help="Hash every file instead of trusting size and install time.")] = False,
             json_out: JsonOpt = False) -> None:
@@ -471,7 +479,7 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
 def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The recipe (its indexes and smoke test).")],
            good: Annotated[str, typer.Option("--good", metavar="VERSION", help="A build that passes the smoke test.")],
            bad: Annotated[str, typer.Option("--bad", metavar="VERSION", help="A later build that fails it.")],
-           package: Annotated[str | None, typer.Option("--package", help="The package to bisect (default: the recipe's first).")] = None,
+           package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME", help="The package to bisect (default: the recipe's first).")] = None,
            repo: Annotated[str | None, typer.Option("--repo", metavar="PATH", help="A local git clone: the commits between good and bad.")] = None,
            github: Annotated[str | None, typer.Option("--github", metavar="OWNER/REPO", help="Take the commits from this repository's compare API.")] = None,
            github_api: Annotated[str, typer.Option("--github-api", metavar="URL", help="The GitHub API base URL.")] = "https://api.github.com",
@@ -524,3 +532,27 @@ def _global_options(
     del version  # handled eagerly by its callback
     if plain:
         report.PLAIN = True
+
+
+# ---- one line each in `rewheel --help` ----
+# click cuts a command's description in the command list to what fits 80 columns (with
+# "..."); these say each command's job in that room. `rewheel COMMAND --help` shows the full
+# description (the command's docstring).
+_SHORT_HELP = {
+    "check": "Validate a recipe and the host; changes nothing.",
+    "snapshot": "Take a snapshot of an environment now.",
+    "history": "Snapshots and runs, newest first, with key versions.",
+    "rollback": "Restore a snapshot; stops and starts the service around it.",
+    "run": "Upgrade: stop, snapshot, reinstall, test, start — or revert.",
+    "resume": "Finish or undo an interrupted run.",
+    "smoke": "Smoke test and health check of the live environment.",
+    "why": "The root cause of a crash, from a log or a unit's journal.",
+    "diff": "Versions and files between snapshots, or one and now.",
+    "patches": "Installed files edited since their wheel installed them.",
+    "ci": "Qualify the newest nightly in a throwaway environment.",
+    "bisect": "Find the first bad nightly between a good and a bad one.",
+}
+for _info in app.registered_commands:
+    _name = _info.name or (_info.callback.__name__ if _info.callback else "")
+    if _info.short_help is None and _name in _SHORT_HELP:
+        _info.short_help = _SHORT_HELP[_name]

@@ -41,6 +41,9 @@ def escape(text: object) -> str:
 
 
 def print_error(console: Console, exc: RewheelError) -> None:
+    if getattr(exc, "is_note", False):  # a choice the person made (answered "no"): no red
+        console.print(clean(exc.message, lines=False), markup=False, highlight=False)
+        return
     console.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, highlight=False)
     if exc.hint:
         console.print(f"  [yellow]hint:[/] {escape(exc.hint)}", markup=True, highlight=False)
