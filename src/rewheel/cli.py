@@ -15,12 +15,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 
 from rewheel import report
 from rewheel.errors import EXIT_BUSY, EXIT_OK, EXIT_REVERTED, EXIT_USAGE, ConfirmationRequired, RewheelError
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.status import Status
 
     from rewheel.snapshot import Progress  # the progress-callback type, defined once there
@@ -45,13 +45,19 @@ TargetArg = Annotated[str | None, typer.Argument(help="A recipe file, or use --p
 
 def _stderr_console() -> Console:
     # Messages name paths and URLs: never break them across lines (logs get grepped).
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    # (rich is imported here, not with the module: `--help` never needs it.)
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def consoles(json_mode: bool) -> tuple[Console, Console]:
     """(report console, progress console). In JSON mode both human streams go to stderr."""
+    from rich.console import Console
+
     err = _stderr_console()
-    out = err if json_mode else Console(highlight=False)
+    # emoji=False: rewheel writes no `:name:` codes, and text from files must not turn into one.
+    out = err if json_mode else Console(highlight=False, emoji=False)
     return out, err
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-
-from rich.console import Console
-from rich.markup import escape as _escape_markup
+from typing import TYPE_CHECKING
 
 from rewheel.errors import RewheelError
+
+if TYPE_CHECKING:  # rich is imported by the renderers that run, not with this module
+    from rich.console import Console
 
 # What must never reach a terminal raw from text rewheel did not write (labels, paths,
 # versions, log lines, file contents, messages quoting them): C0 and C1 control characters
@@ -37,6 +38,8 @@ def clean(text: object, *, lines: bool = True) -> str:
 def escape(text: object) -> str:
     """Text from outside rewheel for a rich markup string: control characters made visible
     (`clean`), then markup escaped."""
+    from rich.markup import escape as _escape_markup
+
     return _escape_markup(clean(text))
 
 
