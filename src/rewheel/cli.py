@@ -210,6 +210,8 @@ def _streams(err: Console, quiet: bool = False) -> tuple[Callable[[str], None], 
     smoke test), dimmed and indented; both to stderr so that --json stays one document."""
 
     def say(msg: str) -> None:
+        if msg.startswith("── ") and _step_line is not None:
+            _step_line.begin(msg[3:].split(":", 1)[0])  # a step starts: the status line follows it
         err.print(report.clean(msg), highlight=False, markup=False)
 
     def on_output(line: str) -> None:
@@ -220,11 +222,15 @@ def _streams(err: Console, quiet: bool = False) -> tuple[Callable[[str], None], 
 
 
 def _progress(err: Console) -> tuple[Progress, Status]:
-    """A rich status line for long file work; returns (callback, status)."""
-    status = err.status("working…")
+    """A rich status line for long work; returns (callback, status). The line names the step
+    under way (a `── step` line from `say` starts one), its seconds so far, and the files it
+    reported last — never the last step's count through the next ones."""
+    global _step_line
+    line = _step_line = _StepLine()
+    status = err.status(line)
 
     def cb(phase: str, done: int, total: int) -> None:
-        status.update(f"{phase}: {done:,}" + (f" / {total:,}" if total else " files"))
+        line.detail = f"{phase}: {done:,}" + (f" / {total:,} files" if total else " files")
 
     return cb, status
 
@@ -562,3 +568,24 @@ for _info in app.registered_commands:
     _name = _info.name or (_info.callback.__name__ if _info.callback else "")
     if _info.short_help is None and _name in _SHORT_HELP:
         _info.short_help = _SHORT_HELP[_name]
+
+
+# ---- the status line of a long command ----
+class _StepLine:
+    """What the spinner says, re-rendered on every refresh: the step under way, its seconds
+    so far, and the latest progress the step reported (files done of total)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.step, self.t0, self.detail = "working", self._clock(), ""
+
+    def begin(self, step: str) -> None:
+        self.step, self.t0, self.detail = step, self._clock(), ""
+
+    def __rich__(self) -> str:
+        return f"{self.step} {self._clock() - self.t0:.0f}s" + (f" — {self.detail}" if self.detail else "")
+
+
+_step_line: _StepLine | None = None

@@ -513,6 +513,8 @@ class _Step:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.run.report.steps.append(StepRecord.since(self.name, exc is None, self.t0))
+        # Each step ends with its time, as it started with its name.
+        self.run.say(f"   {self.name} {'done' if exc is None else 'FAILED'} in {time.monotonic() - self.t0:.1f}s")
 
 
 class _Cycle:
