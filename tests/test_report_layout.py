@@ -210,3 +210,21 @@ def test_ids_and_versions_never_fold_even_narrower_than_a_version(tmp_path: Path
     text = re.sub(r"\n", " ", text_of(c))  # the console's own wrapping, undone
     for needle in (OLD_VLLM, NEW_VLLM, OLD_TORCH, SNAP_PRE, RUN_ID):
         assert needle in text
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["terminal", "plain"])
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_patches_report_versions_and_paths_whole(width: int, plain: bool) -> None:
+    from rewheel.patches import Patch, PatchScan
+
+    path = "vllm/model_executor/model_loader/weight_utils.py"
+    patch = Patch(path, f"/opt/vllm-env/lib/python3.12/site-packages/{path}", "vllm", NEW_VLLM, "modified",
+                  "0" * 64, 100, 0o644, added_lines=3, removed_lines=1, pristine_source="uv-cache")
+    report.PLAIN = plain
+    c = console(width)
+    report.render_patches(c, PatchScan("/opt/vllm-env", [patch]))
+    text = text_of(c)
+    for needle in (path, f"vllm {NEW_VLLM}", "+3 -1", "uv-cache"):
+        assert needle in text, f"{needle!r} not whole at {width} columns:\n{text}"
+    if not plain:
+        assert max(len(line) for line in text.splitlines()) <= width

@@ -465,7 +465,6 @@ def render_diff(console: Console, result, *, stat_only: bool = False, verbose: b
 
 def render_patches(console: Console, scan) -> None:  # patches.PatchScan
     from rich.syntax import Syntax
-    from rich.table import Table
 
     st = scan.stats
     if not scan.patches:
@@ -473,17 +472,19 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                       f"({st.get('files_checked', 0):,} files of {st.get('distributions', 0)} "
                       f"distributions checked, {st.get('files_hashed', 0)} hashed)")
     else:
-        t = Table(title=f"local patches in {escape(scan.prefix)}", title_justify="left")
-        for col in ("kind", "file", "distribution", "lines", "pristine from"):
-            t.add_column(col)
-        for p in scan.patches:
-            kind = "[yellow]modified[/]" if p.kind == "modified" else "[cyan]unlisted[/]"
-            if p.shares_uv_cache_inode:
-                kind += " [bold red]![/]"
-            t.add_row(kind, escape(p.path), f"{escape(p.distribution)} {escape(p.version)}",
-                      _counts(p.added_lines, p.removed_lines, p.binary),
-                      escape(p.pristine_source or ("-" if p.kind == "unlisted" else "none")))
-        console.print(t)
+        # Through the layout that never cuts: a file path, a distribution's version whole.
+        rows = [(p.kind + (" !" if p.shares_uv_cache_inode else ""), p.path, f"{p.distribution} {p.version}",
+                 "binary" if p.binary else ("" if p.added_lines is None and p.removed_lines is None
+                                            else f"+{p.added_lines or 0} -{p.removed_lines or 0}"),
+                 p.pristine_source or ("-" if p.kind == "unlisted" else "none")) for p in scan.patches]
+        if is_plain(console):
+            for kind, path, dist, lines, source in rows:
+                _plain(console, f"{kind}  {path}  {dist}  {lines}  pristine from {source}")
+        else:
+            _table_or_stack(console, f"local patches in {scan.prefix}",
+                            ("kind", "file", "distribution", "lines", "pristine from"), rows, head=(1, 0, 3),
+                            styles=["yellow" if p.kind == "modified" else "cyan" for p in scan.patches],
+                            wrap=(2, 4))
         for p in scan.patches:
             console.print(f"[bold]{escape(p.path)}[/] ({p.kind}, {escape(p.distribution)} {escape(p.version)})")
             if p.diff:
