@@ -31,7 +31,8 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
                      ("diff (snapshot vs live)", "cp -al"), ("rollback", "uv pip sync (warm cache) + sync"),
                      ("rollback", "uv pip sync (warm cache), not synced"),
                      ("rollback + deleting displaced", "uv pip sync (warm cache) + sync"),
-                     ("why", "grep -c Traceback")]
+                     ("why", "grep -c Traceback"), ("start-up: rewheel --help", "python -c pass"),
+                     ("start-up: rewheel history", "python -c pass"), ("start-up: rewheel why", "python -c pass")]
     for r in result["rows"]:
         assert r["baseline_s"] is not None and r["baseline_s"] > 0, r
         if r["available"]:
@@ -106,7 +107,8 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     result = run_bench(cfg)
     assert [r["step"] for r in result["rows"]] == [
         "snapshot", "patches (pristine)", "patches (2 edited)", "diff --json", "diff --stat",
-        "rollback (plain upgrade)", "rollback (reinstall all)"]
+        "rollback (plain upgrade)", "rollback (reinstall all)", "start-up: rewheel --help",
+        "start-up: rewheel history", "start-up: rewheel why"]
     for r in result["rows"]:
         assert r["rewheel_s"] > 0 and r["baseline_s"] > 0 and isinstance(r["pass"], bool), r
     assert result["false_patches"] == [0]
@@ -123,3 +125,30 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     table = render(result)
     assert "toypkg==1.0.0 → toypkg==2.0.0" in table and "rollback (reinstall all)" in table
     json.dumps(result)
+
+
+def test_startup_rows_time_the_installed_command(tmp_path: Path) -> None:
+    """Only the start-up rows: `rewheel --help`, `history` on a store with one snapshot and
+    `why` on a small log, each run for real (exit 0) and timed; the targets are absolute.
+    No timing assertion: whether a target is met is the bench's verdict, not the test's."""
+    import subprocess
+
+    from devtools.bench.startup import STARTUP_TARGETS_S, bench_startup
+    from support_env import make_venv
+
+    py = make_venv(tmp_path / "env")
+    home = tmp_path / "home"
+    env = {**__import__("os").environ, "REWHEEL_HOME": str(home)}
+    subprocess.run([sys.executable, "-m", "rewheel", "snapshot", "--python", str(py)], check=True, env=env,
+                   capture_output=True)
+    cfg = BenchConfig(root=tmp_path / "bench", say=lambda m: None)
+    out = bench_startup(cfg, python=py, home=home, runs=2)
+    rows = [r.to_json() for r in out["rows"]]
+    assert [r["step"] for r in rows] == ["start-up: rewheel --help", "start-up: rewheel history",
+                                         "start-up: rewheel why"]
+    for r in rows:
+        assert len(r["samples"]) == 2 and all(s > 0 for s in r["samples"]), r
+        assert r["baseline"] == "python -c pass" and r["baseline_s"] > 0
+        assert isinstance(r["pass"], bool) and "target <=" in r["note"], r
+    assert {k: v["target_s"] for k, v in out["startup"].items()} == STARTUP_TARGETS_S
+    assert all(v["pass"] == (v["seconds"] <= v["target_s"]) for v in out["startup"].values())

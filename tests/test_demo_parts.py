@@ -369,3 +369,47 @@ def test_demo_env_keeps_everything_in_the_stage(tmp_path: Path) -> None:
     for key in ("REWHEEL_HOME", "UV_CACHE_DIR", "HF_HOME", "TMPDIR"):
         assert env[key].startswith(str(tmp_path))
     assert "UV_INDEX_URL" not in env and "PIP_INDEX_URL" not in env and "HF_TOKEN" not in env
+
+
+# --- after the demo: the README's "look around" commands work as written -----------------
+
+def readme_look_around() -> list[str]:
+    """The `$ .demo/rewheel ...` lines of the README's demo section."""
+    text = (REPO / "README.md").read_text()
+    return [line[2:] for line in text.splitlines() if line.startswith("$ .demo/rewheel ")]
+
+
+def test_readme_look_around_commands_work_after_the_demo(tmp_path: Path) -> None:
+    """The whole demo, in a folder named `.demo` under a scratch directory, then each of the
+    README's look-around commands typed there, through a shell: each exits 0 and says what
+    the README promises; no process of the demo is left afterwards."""
+    from devtools.demo.__main__ import _stage_processes
+
+    commands = readme_look_around()
+    assert [c.split()[1] for c in commands] == ["history", "diff", "why", "check", "rollback"]
+    stage = tmp_path / ".demo"
+    env = {k: v for k, v in os.environ.items() if k not in ("REWHEEL_DEMO_DIR", "REWHEEL_HOME")}
+    demo = subprocess.run([sys.executable, "-m", "devtools.demo", "--dir", str(stage)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600,
+                          env={**env, "PYTHONPATH": str(REPO)})
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    # The demo prints the same commands at its end.
+    printed = [line.strip()[2:] for line in demo.stdout.splitlines() if line.strip().startswith("$ .demo/rewheel ")]
+    assert printed[-5:] == commands, demo.stdout[-2000:]
+    out = {}
+    try:
+        for cmd in commands:
+            cp = subprocess.run(cmd, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                                env=env)
+            assert cp.returncode == 0, f"{cmd}\n{cp.stdout}\n{cp.stderr}"
+            out[cmd.split()[1]] = cp.stdout + cp.stderr
+        assert toy.GOOD_VERSION in out["history"] and "reverted" in out["history"]
+        # The live environment against the pre-upgrade snapshot, not the failed build.
+        assert "no package versions changed" in out["diff"] and "downgraded" not in out["diff"]
+        assert "Worker_TP4" in out["why"] and "deepseek_v2.py" in out["why"]
+        assert "recipe is ready" in out["check"] and "FAIL" not in out["check"]
+        assert "restored snapshot" in out["rollback"]
+        # The index the look-around served is gone, and the service stayed stopped.
+        assert _stage_processes(stage) == []
+    finally:
+        subprocess.run([str(stage / "rewheel"), "--stop-service"], capture_output=True, timeout=60)

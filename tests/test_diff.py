@@ -159,7 +159,9 @@ def test_unified_diff_on_request_and_filters(upgraded: dict) -> None:
     res = diffmod.diff_target(t.env, t.store, upgraded["before"].id, package="MiniVLLM")
     assert {f.path for f in res.files} == {"minivllm/__init__.py", "minivllm/models/deepseek_v2.py",
                                            "minivllm/old_only.py", "minivllm/new_only.py"}
-    # The package table is not narrowed by a file filter.
+    # `--package` narrows the package table too; a path glob does not.
+    assert [p.name for p in res.packages] == ["minivllm"]
+    res = diffmod.diff_target(t.env, t.store, upgraded["before"].id, path_glob="*deepseek*")
     assert len(res.packages) == 7
 
 
@@ -174,6 +176,21 @@ def test_snapshot_vs_snapshot_equals_snapshot_vs_live(upgraded: dict) -> None:
     # The newest snapshot against the live environment: nothing changed since.
     res = diffmod.diff_target(t.env, t.store)
     assert (res.old, res.new, res.packages, res.files) == (after.id, "live", [], [])
+
+
+def test_diff_without_a_snapshot_skips_a_failed_build(upgraded: dict) -> None:
+    """After a revert the newest snapshot is the failed build the revert kept; `diff TARGET`
+    compares with the newest snapshot that is not one (else everything reads "downgraded")."""
+    from rewheel.snapshot import take_snapshot
+
+    t = upgraded["target"]
+    failed = take_snapshot(t.env, t.store, label="failed upgrade", status="failed-upgrade").meta
+    assert t.store.list()[0].id == failed.id
+    res = diffmod.diff_target(t.env, t.store)
+    assert res.old == upgraded["before"].id
+    assert {p.name: p.change for p in res.packages}["minivllm"] == "upgraded"
+    # Only failed builds: the newest of them.
+    assert diffmod.default_base([failed]).id == failed.id
 
 
 def test_hand_edits_and_binary_changes_are_found(upgraded: dict) -> None:

@@ -603,6 +603,10 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
     ]
     why = bench_why(cfg)
     rows.append(why.pop("row"))
+    from devtools.bench.startup import bench_startup
+
+    startup = bench_startup(cfg, python=be.python, home=be.home)
+    rows += startup["rows"]
     extra_med = int(statistics.median(extra_disk)) if extra_disk else 0
     extra_pct = 100.0 * extra_med / env_disk if env_disk else 0.0
     result = {
@@ -621,6 +625,7 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
                      "phases": {k: _r(_median([p[k] for p in restore_phases if k in p]))
                                 for k in (restore_phases[0] if restore_phases else {})}},
         "why": why,
+        "startup": startup["startup"],
         "seconds": {"prepare": round(t_prepared - t_start, 1), "total": round(time.perf_counter() - t_start, 1)},
     }
     checks = [r["pass"] for r in result["rows"] if r["pass"] is not None]

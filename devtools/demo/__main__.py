@@ -320,12 +320,36 @@ def main(argv: list[str] | None = None) -> int:
         console.rule(f"[bold green]The story played out as designed ({secs:.0f}s)", style="green")
         console.print(f"Look around: {stage}  (state in home/, the run's logs in home/envs/*/runs/)",
                       highlight=False)
+        print_look_around(console, stage)
         return 0
     why = f"{len(bad)} check(s) failed" if bad else f"it broke: {type(failed).__name__}"
     console.rule(f"[bold red]The demo did not play out as designed ({why})", style="red")
     for ch in bad:
         console.print(f"  ✗ {ch.name} ({ch.detail})", highlight=False)
     return 1
+
+
+def look_around_commands(stage: Path) -> list[str]:
+    """The commands that work on what the demo left, as a person types them from here: each
+    through `<stage>/rewheel`, which brings the demo's environment and serves its toy index
+    while the command runs (devtools/demo/lookaround.py)."""
+    rel = os.path.relpath(stage)
+    where = rel if not rel.startswith("..") else str(stage)
+    return [f"{where}/rewheel history {where}/demo.toml",
+            f"{where}/rewheel diff {where}/demo.toml",
+            f"{where}/rewheel why {where}/home/envs/*/runs/*/smoke.log",
+            f"{where}/rewheel check {where}/demo.toml",
+            f"{where}/rewheel rollback {where}/demo.toml --yes"]
+
+
+def print_look_around(console: Console, stage: Path) -> None:
+    from devtools.demo.lookaround import write_script
+
+    write_script(stage)
+    console.print("These work on it as written (the demo's environment and its toy index come along):",
+                  highlight=False)
+    for cmd in look_around_commands(stage):
+        console.print(f"  $ {cmd}", highlight=False, markup=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -15,36 +15,49 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 
 from rewheel import report
 from rewheel.errors import EXIT_BUSY, EXIT_OK, EXIT_REVERTED, EXIT_USAGE, ConfirmationRequired, RewheelError
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.status import Status
 
     from rewheel.snapshot import Progress  # the progress-callback type, defined once there
 
+# Plain click help (rich_markup_mode=None): one line per option with its placeholder word,
+# the same on every terminal and in a pipe, and `--help` starts without rich's help renderer.
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Upgrade a service's Python environment and keep the upgrade only once it is proven.")
+                  rich_markup_mode=None,
+                  help="Upgrade a service's Python environment and keep the upgrade only once it is proven.\n\n"
+                       "RECIPE is a recipe file; TARGET a recipe file, or an environment given with "
+                       "--python PATH; SNAPSHOT a snapshot id, a unique prefix of one, or its exact label "
+                       "(`rewheel history TARGET` lists them).")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout; human text on stderr.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Answer yes to the confirmation (needed without a terminal).")]
-PythonOpt = Annotated[str | None, typer.Option("--python", help="Target an interpreter instead of a recipe.")]
+PythonOpt = Annotated[str | None, typer.Option("--python", metavar="PATH", help="Target an interpreter instead of a recipe.")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Also list the packages reinstalled at the same version.")]
 TargetArg = Annotated[str | None, typer.Argument(help="A recipe file, or use --python PATH.", show_default=False)]
 
 
 def _stderr_console() -> Console:
     # Messages name paths and URLs: never break them across lines (logs get grepped).
-    return Console(stderr=True, highlight=False, soft_wrap=True)
+    # (rich is imported here, not with the module: `--help` never needs it.)
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 def consoles(json_mode: bool) -> tuple[Console, Console]:
     """(report console, progress console). In JSON mode both human streams go to stderr."""
+    from rich.console import Console
+
     err = _stderr_console()
-    out = err if json_mode else Console(highlight=False)
+    # emoji=False: rewheel writes no `:name:` codes, and text from files must not turn into one.
+    out = err if json_mode else Console(highlight=False, emoji=False)
     return out, err
 
 
@@ -76,7 +89,9 @@ def confirm(question: str, yes: bool) -> None:
         raise ConfirmationRequired(f"{question} — refusing without a terminal",
                                    hint="pass --yes to confirm non-interactively")
     if not typer.confirm(question, default=False, err=True):
-        raise ConfirmationRequired("not confirmed; nothing was changed")
+        from rewheel.errors import NotConfirmed
+
+        raise NotConfirmed("not confirmed; nothing was changed")
 
 
 def handles_errors(fn: F) -> F:
@@ -138,6 +153,7 @@ def install_signal_handlers() -> None:
 
 def main() -> None:
     install_signal_handlers()
+    sys.argv[1:] = _plain_first(sys.argv[1:])
     if "--json" not in sys.argv[1:]:
         app()
         return
@@ -194,6 +210,8 @@ def _streams(err: Console, quiet: bool = False) -> tuple[Callable[[str], None], 
     smoke test), dimmed and indented; both to stderr so that --json stays one document."""
 
     def say(msg: str) -> None:
+        if msg.startswith("── ") and _step_line is not None:
+            _step_line.begin(msg[3:].split(":", 1)[0])  # a step starts: the status line follows it
         err.print(report.clean(msg), highlight=False, markup=False)
 
     def on_output(line: str) -> None:
@@ -204,11 +222,15 @@ def _streams(err: Console, quiet: bool = False) -> tuple[Callable[[str], None], 
 
 
 def _progress(err: Console) -> tuple[Progress, Status]:
-    """A rich status line for long file work; returns (callback, status)."""
-    status = err.status("working…")
+    """A rich status line for long work; returns (callback, status). The line names the step
+    under way (a `── step` line from `say` starts one), its seconds so far, and the files it
+    reported last — never the last step's count through the next ones."""
+    global _step_line
+    line = _step_line = _StepLine()
+    status = err.status(line)
 
     def cb(phase: str, done: int, total: int) -> None:
-        status.update(f"{phase}: {done:,}" + (f" / {total:,}" if total else " files"))
+        line.detail = f"{phase}: {done:,}" + (f" / {total:,} files" if total else " files")
 
     return cb, status
 
@@ -230,7 +252,7 @@ def check(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Rec
 @app.command()
 @handles_errors
 def snapshot(target: TargetArg = None, python: PythonOpt = None,
-             label: Annotated[str, typer.Option("--label", help="A label for the snapshot.")] = "",
+             label: Annotated[str, typer.Option("--label", metavar="LABEL", help="A label for the snapshot.")] = "",
              json_out: JsonOpt = False) -> None:
     """Take a snapshot of the environment now."""
     from rewheel import runner
@@ -284,10 +306,10 @@ def rollback(target: TargetArg = None,
 @handles_errors
 def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The recipe to run.")],
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Preflight and show the plan; change nothing.")] = False,
-        lock: Annotated[str | None, typer.Option("--lock", help="Install exactly this pylock.toml instead of the newest.")] = None,
+        lock: Annotated[str | None, typer.Option("--lock", metavar="FILE", help="Install exactly this pylock.toml instead of the newest.")] = None,
         no_revert: Annotated[bool, typer.Option("--no-revert", help="On failure leave the failed state for debugging.")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
-        yes: YesOpt = False, json_out: JsonOpt = False) -> None:
+        yes: YesOpt = False, json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
     """The whole cycle: stop, snapshot, reinstall, diff, smoke, start, keep — or revert."""
     from rewheel import recipe as recipemod
     from rewheel import runner
@@ -303,7 +325,7 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
 
     def ask(rep) -> None:
         status.stop()  # no spinner over a question
-        report.render_plan(err, rep)
+        report.render_plan(err, rep, verbose=verbose)
         confirm(f"Upgrade {t.env.prefix} as planned (the service is stopped during the upgrade)?", yes)
         status.start()
 
@@ -313,8 +335,8 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
 
     def render(console: Console, rep: runner.RunReport) -> None:
         if dry_run:
-            report.render_plan(console, rep)
-        report.render_run(console, rep)
+            report.render_plan(console, rep, verbose=verbose)
+        report.render_run(console, rep, verbose=verbose)
 
     show(out, json_out, result, render)
     raise typer.Exit(result.exit_code)
@@ -357,10 +379,10 @@ def smoke(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE")], json_ou
 def why(
     logfile: Annotated[str | None, typer.Argument(metavar="LOGFILE", show_default=False,
                                                   help="A log file; '-' or nothing (without --unit) reads stdin.")] = None,
-    unit: Annotated[str | None, typer.Option("--unit", "-u", help="Read this systemd unit's journal.")] = None,
-    since: Annotated[str | None, typer.Option("--since", "-S",
+    unit: Annotated[str | None, typer.Option("--unit", "-u", metavar="UNIT", help="Read this systemd unit's journal.")] = None,
+    since: Annotated[str | None, typer.Option("--since", "-S", metavar="TIME",
                                               help="With --unit: journal entries since TIME (journalctl syntax).")] = None,
-    package: Annotated[str | None, typer.Option("--package", "-p",
+    package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME",
                                                 help="Import name of the upgraded package (e.g. vllm): its deepest frame is reported.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -391,10 +413,10 @@ def diff(target: TargetArg = None,
          b: Annotated[str | None, typer.Argument(metavar="[B]", help="Newer snapshot (default: the live environment).", show_default=False)] = None,
          python: PythonOpt = None,
          stat_only: Annotated[bool, typer.Option("--stat", help="Only the changed files with their +/- line counts.")] = False,
-         package: Annotated[str | None, typer.Option("--package", help="Only this distribution's files, with unified diffs.")] = None,
-         path_glob: Annotated[str | None, typer.Option("--path", help="Only files matching this glob (relative to site-packages), with unified diffs.")] = None,
-         show_patch: Annotated[bool, typer.Option("--patch", "-p", help="Unified diffs of every changed text file.")] = False,
-         json_out: JsonOpt = False) -> None:
+         package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME", help="Only this distribution's files, with unified diffs.")] = None,
+         path_glob: Annotated[str | None, typer.Option("--path", metavar="GLOB", help="Only files matching this glob (relative to site-packages), with unified diffs.")] = None,
+         show_patch: Annotated[bool, typer.Option("--patch", help="Unified diffs of every changed text file.")] = False,
+         json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
     """Versions and source files between two snapshots, or a snapshot and the live environment."""
     from rewheel import diff as diffmod
     from rewheel.errors import UsageError
@@ -413,14 +435,14 @@ def diff(target: TargetArg = None,
     with status:
         result = diffmod.diff_target(t.env, t.store, a, b, package=package, path_glob=path_glob,
                                      with_diffs=with_diffs, progress=cb)
-    show(out, json_out, result, functools.partial(report.render_diff, stat_only=stat_only))
+    show(out, json_out, result, functools.partial(report.render_diff, stat_only=stat_only, verbose=verbose))
     _exit_if_interrupted(t, err)
 
 
 @app.command()
 @handles_errors
 def patches(target: TargetArg = None, python: PythonOpt = None,
-            package: Annotated[list[str] | None, typer.Option("--package", help="Only these distributions (repeatable).")] = None,
+            package: Annotated[list[str] | None, typer.Option("--package", "-p", metavar="NAME", help="Only these distributions (repeatable).")] = None,
             offline: Annotated[bool, typer.Option("--offline", help="Do not fetch wheels from the index for pristine copies.")] = False,
             thorough: Annotated[bool, typer.Option("--thorough", help="Hash every file instead of trusting size and install time.")] = False,
             json_out: JsonOpt = False) -> None:
@@ -469,7 +491,7 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
 def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The recipe (its indexes and smoke test).")],
            good: Annotated[str, typer.Option("--good", metavar="VERSION", help="A build that passes the smoke test.")],
            bad: Annotated[str, typer.Option("--bad", metavar="VERSION", help="A later build that fails it.")],
-           package: Annotated[str | None, typer.Option("--package", help="The package to bisect (default: the recipe's first).")] = None,
+           package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME", help="The package to bisect (default: the recipe's first).")] = None,
            repo: Annotated[str | None, typer.Option("--repo", metavar="PATH", help="A local git clone: the commits between good and bad.")] = None,
            github: Annotated[str | None, typer.Option("--github", metavar="OWNER/REPO", help="Take the commits from this repository's compare API.")] = None,
            github_api: Annotated[str, typer.Option("--github-api", metavar="URL", help="The GitHub API base URL.")] = "https://api.github.com",
@@ -493,3 +515,77 @@ def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Th
                               say=say, on_output=on_output)
     show(out, json_out, result, report.render_bisect)
     raise typer.Exit(result.exit_code)
+
+
+# ---- global options: `--plain`, `--version` ----
+def _plain_first(args: list[str]) -> list[str]:
+    """`--plain` is a global option (`rewheel --plain history X`); it is accepted after the
+    command too (`rewheel history X --plain`), where a person types it, by moving it first."""
+    cut = args.index("--") if "--" in args else len(args)
+    if "--plain" not in args[:cut] or args[:1] == ["--plain"]:
+        return args
+    return ["--plain", *(a for a in args[:cut] if a != "--plain"), *args[cut:]]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from rewheel import __version__
+
+        typer.echo(f"rewheel {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global_options(
+    plain: Annotated[bool, typer.Option("--plain", help="One fact per line instead of tables (the default when stdout is not a terminal).")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                          help="Print rewheel's version and exit.")] = False,
+) -> None:
+    del version  # handled eagerly by its callback
+    if plain:
+        report.PLAIN = True
+
+
+# ---- one line each in `rewheel --help` ----
+# click cuts a command's description in the command list to what fits 80 columns (with
+# "..."); these say each command's job in that room. `rewheel COMMAND --help` shows the full
+# description (the command's docstring).
+_SHORT_HELP = {
+    "check": "Validate a recipe and the host; changes nothing.",
+    "snapshot": "Take a snapshot of an environment now.",
+    "history": "Snapshots and runs, newest first, with key versions.",
+    "rollback": "Restore a snapshot; stops and starts the service around it.",
+    "run": "Upgrade: stop, snapshot, reinstall, test, start — or revert.",
+    "resume": "Finish or undo an interrupted run.",
+    "smoke": "Smoke test and health check of the live environment.",
+    "why": "The root cause of a crash, from a log or a unit's journal.",
+    "diff": "Versions and files between snapshots, or one and now.",
+    "patches": "Installed files edited since their wheel installed them.",
+    "ci": "Qualify the newest nightly in a throwaway environment.",
+    "bisect": "Find the first bad nightly between a good and a bad one.",
+}
+for _info in app.registered_commands:
+    _name = _info.name or (_info.callback.__name__ if _info.callback else "")
+    if _info.short_help is None and _name in _SHORT_HELP:
+        _info.short_help = _SHORT_HELP[_name]
+
+
+# ---- the status line of a long command ----
+class _StepLine:
+    """What the spinner says, re-rendered on every refresh: the step under way, its seconds
+    so far, and the latest progress the step reported (files done of total)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.monotonic
+        self.step, self.t0, self.detail = "working", self._clock(), ""
+
+    def begin(self, step: str) -> None:
+        self.step, self.t0, self.detail = step, self._clock(), ""
+
+    def __rich__(self) -> str:
+        return f"{self.step} {self._clock() - self.t0:.0f}s" + (f" — {self.detail}" if self.detail else "")
+
+
+_step_line: _StepLine | None = None

@@ -636,12 +636,14 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
                     reinstalled.add(owner)
     packages = diff_versions(old_snap.distributions, new_dists, changed_files=per_dist,
                              reinstalled=reinstalled, include_unchanged=True)
+    if package:
+        # `--package` narrows the package table as it narrows the files.
+        want = canonicalize_name(package)
+        packages = [p for p in packages if canonicalize_name(p.name) == want]
+        files = [f for f in files if f.distribution == want]
     unchanged = sum(1 for p in packages if p.change == "unchanged")
     packages = [p for p in packages if p.change != "unchanged"]
 
-    if package:
-        want = canonicalize_name(package)
-        files = [f for f in files if f.distribution == want]
     if path_glob:
         files = [f for f in files if fnmatch.fnmatch(f.path, path_glob) or fnmatch.fnmatch(f.abs_path, path_glob)]
 
@@ -714,7 +716,7 @@ def diff_target(env: Environment, store: Store, a: str | None = None, b: str | N
         if not metas:
             raise SnapshotError(f"no snapshots exist for {env.prefix}: nothing to diff against",
                                 hint="`rewheel snapshot TARGET` takes one")
-        old = metas[0]
+        old = default_base(metas)
     else:
         old = store.get(a)
     new = None if b in (None, LIVE) else store.get(b)
@@ -732,3 +734,11 @@ def diff_target(env: Environment, store: Store, a: str | None = None, b: str | N
     return diff_trees(env, old, new, package=package, path_glob=path_glob, with_diffs=with_diffs,
                       skip={str(store.home)}, progress=progress)
 
+
+
+def default_base(metas: list[SnapshotMeta]) -> SnapshotMeta:
+    """What `diff TARGET` compares with when no snapshot is named: the newest snapshot that is
+    not a failed build (`failed-upgrade`, kept after a revert). After a revert the live
+    environment is the pre-upgrade state again; compared with the failed build, everything
+    would read "downgraded". Only failed builds: the failed build itself."""
+    return next((m for m in metas if m.status != "failed-upgrade"), metas[0])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import binascii
 import csv
-import email.parser
 import json
 import os
 from dataclasses import dataclass, field
@@ -175,6 +174,8 @@ def read_distribution(dist_info: Path, site: Path) -> Distribution | None:
         return None
     # Only the header block matters; the long description can be megabytes.
     head = raw.split("\n\n", 1)[0]
+    import email.parser  # here, not at import: commands that read no distribution never need it
+
     msg = email.parser.HeaderParser().parsestr(head)
     name = msg.get("Name") or dist_info.name.split("-")[0]
     vtext = (msg.get("Version") or "").strip()

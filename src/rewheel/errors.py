@@ -65,6 +65,13 @@ class ConfirmationRequired(RewheelError):
     """A command that changes an environment was neither confirmed on a terminal nor given --yes."""
 
 
+class NotConfirmed(ConfirmationRequired):
+    """The person answered "no" at the question: their choice, not a failure. Shown as a
+    plain note, not as an error; the exit code stays that of `ConfirmationRequired`."""
+
+    is_note = True
+
+
 class StepFailed(RewheelError):
     """A step of the upgrade (install, smoke, start, health, probe) failed; the runner reverts."""
 

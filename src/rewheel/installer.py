@@ -31,7 +31,7 @@ import tempfile
 import tomllib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
@@ -320,6 +320,11 @@ class PlannedChange:
     name: str
     old: str | None
     new: str | None
+    # What the versions say, once `annotate_plan` read them (JSON keys only then): builds
+    # between two nightlies, and the compare link of the commits between them.
+    dev_distance: int | None = None
+    compare_url: str | None = None
+    annotated: bool = field(default=False, compare=False, repr=False)
 
     @property
     def change(self) -> str:
@@ -338,7 +343,10 @@ class PlannedChange:
         return "reinstall"
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "old": self.old, "new": self.new, "change": self.change}
+        doc: dict[str, Any] = {"name": self.name, "old": self.old, "new": self.new, "change": self.change}
+        if self.annotated:
+            doc["dev_distance"], doc["compare_url"] = self.dev_distance, self.compare_url
+        return doc
 
 
 def parse_changes(lines: Sequence[str]) -> list[PlannedChange]:
@@ -690,3 +698,24 @@ def check_indexes(recipe: Recipe, client: httpx.Client | None = None, *,
         if own:
             client.close()
     return checks
+
+
+# --- the plan as a person reads it ------------------------------------------------------------
+
+def annotate_plan(changes: list[PlannedChange], installed: Sequence[Any]) -> list[PlannedChange]:
+    """The planned changes with what their versions say: `dev_distance` (builds between two
+    nightlies) and `compare_url` (the commits between them, from the installed
+    distribution's Project-URLs). The plan screen shows both before anyone says yes;
+    `installed` are the environment's `Distribution`s."""
+    from rewheel import versions as vers
+
+    urls = {d.name: d.project_urls for d in installed}
+    out = []
+    for c in changes:
+        dist = url = None
+        if c.old and c.new and c.old != c.new:
+            va, vb = vers.parse(c.old), vers.parse(c.new)
+            dist = vers.dev_distance(va, vb)
+            url = vers.compare_url(urls.get(canonicalize_name(c.name)), va.sha, vb.sha)
+        out.append(replace(c, dev_distance=dist, compare_url=url, annotated=True))
+    return out

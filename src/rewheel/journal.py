@@ -15,7 +15,6 @@ import errno
 import fcntl
 import json
 import os
-import secrets
 import stat
 import time
 from collections.abc import Callable
@@ -274,6 +273,8 @@ class EnvLock:
 
 
 def new_run_id() -> str:
+    import secrets  # here, not at import: every command imports the journal, few start a run
+
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 

@@ -13,12 +13,14 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from rewheel.errors import RecipeError
+
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 PATCH_POLICIES = ("report", "reapply", "keep-old-version")
 MANAGERS = ("systemd", "command")
@@ -57,6 +59,8 @@ class InstallSpec:
 
     @property
     def requirements(self) -> list[Requirement]:
+        from packaging.requirements import Requirement
+
         return [Requirement(p) for p in self.packages]
 
     @property
@@ -260,6 +264,9 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
             settle_s=float(s.get("settle_s", 3.0)), probe=probe)
 
     inst = data.get("install", {})
+    # (packaging's requirement parser is imported here: a target given as --python needs none.)
+    from packaging.requirements import InvalidRequirement, Requirement
+
     for i, req in enumerate(inst.get("packages", [])):
         try:
             Requirement(req)

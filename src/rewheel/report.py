@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-
-from rich.console import Console
-from rich.markup import escape as _escape_markup
+from typing import TYPE_CHECKING
 
 from rewheel.errors import RewheelError
+
+if TYPE_CHECKING:  # rich is imported by the renderers that run, not with this module
+    from rich.console import Console
 
 # What must never reach a terminal raw from text rewheel did not write (labels, paths,
 # versions, log lines, file contents, messages quoting them): C0 and C1 control characters
@@ -37,10 +38,15 @@ def clean(text: object, *, lines: bool = True) -> str:
 def escape(text: object) -> str:
     """Text from outside rewheel for a rich markup string: control characters made visible
     (`clean`), then markup escaped."""
+    from rich.markup import escape as _escape_markup
+
     return _escape_markup(clean(text))
 
 
 def print_error(console: Console, exc: RewheelError) -> None:
+    if getattr(exc, "is_note", False):  # a choice the person made (answered "no"): no red
+        console.print(clean(exc.message, lines=False), markup=False, highlight=False)
+        return
     console.print(f"[bold red]error:[/] {escape(exc.message)}", markup=True, highlight=False)
     if exc.hint:
         console.print(f"  [yellow]hint:[/] {escape(exc.hint)}", markup=True, highlight=False)
@@ -91,28 +97,39 @@ def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommand
 
 
 def render_history(console: Console, hist) -> None:  # runner.History
-    from rich.table import Table
-
-    t = Table(title=f"snapshots of {escape(hist.target)}", title_justify="left")
-    for col in ("id", "created", "status", "label", "versions", "size (extra)"):
-        t.add_column(col)
-    for s in hist.snapshots:
-        t.add_row(escape(s.id), s.created_iso, escape(s.status), escape(s.label),
-                  escape(_versions_line(s.versions, hist.key_packages)),
-                  f"{human_bytes(s.bytes_total)} ({human_bytes(s.bytes_copied)})")
-    console.print(t if hist.snapshots else "no snapshots yet")
+    """Snapshots and runs: a table when it fits the terminal whole, a stacked list when it
+    does not, one line per snapshot or run when plain. Ids and versions are never cut."""
+    snaps = [(s.id, s.created_iso, s.status, s.label,
+              [f"{n} {s.versions[n]}" for n in hist.key_packages if n in s.versions][:3]
+              or [f"{len(s.versions)} distributions"],
+              f"{human_bytes(s.bytes_total)} ({human_bytes(s.bytes_copied)})") for s in hist.snapshots]
+    if not snaps:
+        console.print("no snapshots yet")
+    elif is_plain(console):
+        for sid, created, status, label, vers_, size in snaps:
+            _plain(console, f"snapshot {sid}  {created}  {status}  " + (f"{label!r}  " if label else "")
+                   + ", ".join(vers_) + f"  {size}")
+    else:
+        _table_or_stack(console, f"snapshots of {hist.target}",
+                        ("id", "created", "status", "label", "versions", "size (extra)"),
+                        [(sid, created, status, label, "\n".join(vers_), size)
+                         for sid, created, status, label, vers_, size in snaps],
+                        head=(0, 2, 1), wrap=(3, 4, 5))
     for bad in hist.damaged:
         console.print(f"[yellow]snapshot {escape(bad)} is damaged (unreadable meta.json) and cannot be restored; "
                       f"inspect or delete its folder in the store[/]")
     if hist.runs:
-        rt = Table(title="runs", title_justify="left")
-        for col in ("id", "kind", "status", "snapshot", "last step", "versions"):
-            rt.add_column(col)
-        for r in hist.runs:
-            style = "bold red" if not r.finished else ""
-            rt.add_row(*(escape(v or "") for v in (r.id, r.kind, r.status, r.snapshot_id, r.last_step)),
-                       escape(_run_versions(r.summary(), hist.key_packages)), style=style)
-        console.print(rt)
+        rows = [(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "",
+                 _run_versions(r.summary(), hist.key_packages).replace(", ", "\n"))
+                for r in hist.runs]
+        styles = ["" if r.finished else "bold red" for r in hist.runs]
+        if is_plain(console):
+            for rid, kind, status, sid, step, vers_ in rows:
+                _plain(console, f"run {rid}  {kind}  {status}" + (f"  snapshot {sid}" if sid else "")
+                       + (f"  last step {step}" if step else "") + (f"  {vers_.replace(chr(10), ', ')}" if vers_ else ""))
+        else:
+            _table_or_stack(console, "runs", ("id", "kind", "status", "snapshot", "last step", "versions"),
+                            rows, head=(0, 1, 2), styles=styles, wrap=(5,))
 
 
 def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
@@ -141,16 +158,35 @@ def render_check(console: Console, result) -> None:  # preflight.CheckResult
                   else f"[bold red]{len(result.failures)} check(s) failed[/]")
 
 
-def render_plan(console: Console, rep) -> None:  # runner.RunReport
+def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
+    """The screen read before saying yes: what changes version first (upgrades, downgrades,
+    additions, removals, with the builds between nightlies and a compare link), then one line
+    for the packages reinstalled at the same version (`verbose` lists them)."""
     plan = rep.plan  # runner.RunPlan
     changes = plan.changes if plan else []  # installer.PlannedChange items
-    console.print(f"[bold]plan[/] for {escape(rep.recipe)}: {len(changes)} change(s)")
-    for c in changes[:40]:
-        old, new = c.old, c.new
-        arrow = f"{old} → {new}" if old and new else (f"+ {new}" if new else f"- {old}")
-        console.print(f"  {escape(c.name)}: {escape(arrow)}")
-    if len(changes) > 40:
-        console.print(f"  … and {len(changes) - 40} more")
+    same = [c for c in changes if c.change == "reinstall"]
+    real = sorted((c for c in changes if c.change != "reinstall"),
+                  key=lambda c: (_PLAN_ORDER.get(c.change, len(_PLAN_ORDER)), c.name))
+    console.print(f"[bold]plan[/] for {escape(rep.recipe)}: {len(real)} version change(s)"
+                  + (f", {len(same)} reinstalled at the same version" if same else ""))
+    for c in real:
+        line, style = _plan_line(c), _PLAN_STYLE.get(c.change, "")
+        if len(line) > console.width and not is_plain(console):
+            # Too long for the terminal: the versions on a line of their own, never wrapped.
+            head, _, versions = line.partition(": ")
+            versions, _, builds = versions.partition("  (")
+            _plain(console, head + (f"  ({builds}" if builds else ""), style=style)
+            _plain(console, f"{'':13}{versions}")
+        else:
+            _plain(console, line, style=style)
+        if c.compare_url:
+            _plain(console, f"{'':13}compare: {c.compare_url}")
+    if same:
+        if verbose:
+            for c in same:
+                _plain(console, f"  {'same':<10} {c.name}: {c.new}")
+        else:
+            console.print(f"  {len(same)} reinstalled at the same version (--verbose lists them)")
     est = plan.snapshot_estimate if plan else None
     if est:
         console.print(f"  the snapshot will share {est['files'] - est['files_to_copy']:,} files with the environment "
@@ -185,18 +221,20 @@ def render_root_cause(console: Console, rc) -> None:  # diagnose.RootCause | Non
         console.print(f"    [dim]secondary: {escape(f'{sec.type}: {sec.message}')[:200]}[/]")
 
 
-def render_changes(console: Console, changes: list, limit: int = 60) -> None:  # diff.PackageChange items
-    """The package table of a run or CI report: the same table `diff` prints (builds,
-    commits, variant, compare links)."""
-    if not changes:
+def render_changes(console: Console, changes: list, limit: int = 60, *,
+                   same_version: dict[str, str] | None = None, verbose: bool = False) -> None:  # diff.PackageChange items
+    """The package table of a run or CI report: the same table `diff` prints (versions,
+    builds between nightlies, compare links); `same_version` ({name: version}) are the
+    packages the plan reinstalled at their version, counted on one line."""
+    if not changes and not same_version:
         console.print("  no version changes")
         return
-    render_package_changes(console, changes[:limit])
+    render_package_changes(console, changes[:limit], same_version=same_version, verbose=verbose)
     if len(changes) > limit:
         console.print(f"  … and {len(changes) - limit} more")
 
 
-def render_run(console: Console, rep) -> None:  # runner.RunReport
+def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
     colour = {"upgraded": "bold green", "reverted": "bold yellow", "planned": "bold cyan"}.get(rep.status, "bold red")
     if rep.status == "planned":
         console.print(f"[{colour}]dry run: nothing was changed[/]")
@@ -210,7 +248,8 @@ def render_run(console: Console, rep) -> None:  # runner.RunReport
         console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
     console.print("[bold]what changed[/]")
-    render_changes(console, rep.changes)
+    same = {c.name: str(c.new) for c in (rep.plan.changes if rep.plan else []) if c.change == "reinstall"}
+    render_changes(console, rep.changes, same_version=same, verbose=verbose)
     if rep.files:
         from collections import Counter
 
@@ -334,42 +373,51 @@ def _counts(added: int | None, removed: int | None, binary: bool) -> str:
     return f"[green]+{added or 0}[/] [red]-{removed or 0}[/]"
 
 
-def render_package_changes(console: Console, packages: list, unchanged: int = 0) -> None:
-    """The package table of a diff or a run report (diff.PackageChange items)."""
-    from rich.table import Table
-
-    if not packages:
+def render_package_changes(console: Console, packages: list, unchanged: int = 0, *,
+                           same_version: dict[str, str] | None = None, verbose: bool = False) -> None:
+    """The package table of a diff or a run report (diff.PackageChange items): version changes
+    first — a table when it fits the terminal whole, stacked when it does not, one line each
+    when plain; versions are never cut — then one line for the packages reinstalled at the
+    same version (`same_version`, {name: version}, and the changes classified "reinstalled");
+    `verbose` lists them."""
+    real = [p for p in packages if p.change != "reinstalled"]
+    rebuilt = {p.name: p.new or "" for p in packages if p.change == "reinstalled"}
+    same = {**(same_version or {}), **rebuilt}
+    if not real and not same:
         console.print(f"no package versions changed ({unchanged} unchanged)")
         return
-    t = Table(title="packages", title_justify="left")
-    for col in ("package", "old", "new", "change", "builds", "commits", "variant"):
-        t.add_column(col, no_wrap=col not in ("commits", "variant"), overflow="fold")
-    links = []
-    for p in packages:
-        style = _CHANGE_STYLE.get(p.change, "")
-        dist = "" if p.dev_distance is None else f"{p.dev_distance:+d}"
-        shas = (f"{p.old_sha or '?'} → {p.new_sha or '?'}"
-                if (p.old_sha or p.new_sha) and p.old_sha != p.new_sha else (p.new_sha or ""))
-        t.add_row(escape(p.name), escape(p.old or "-"), escape(p.new or "-"),
-                  f"[{style}]{p.change}[/]" if style else p.change, dist, shas,
-                  escape(p.variant or ""))
-        if p.compare_url:
-            links.append(f"  {escape(p.name)}: {escape(p.compare_url)}")
-    console.print(t)
+    if real:
+        _package_table(console, real)
+    else:
+        console.print("no package versions changed")
+    if same:
+        line = f"{len(same)} reinstalled at the same version"
+        if rebuilt:
+            line += f", {len(rebuilt)} of them with other bytes"
+            if not verbose:
+                names = sorted(rebuilt)
+                line += ": " + ", ".join(names[:8]) + (" …" if len(names) > 8 else "")
+        # Words only (names, no versions): wrapped between words at the terminal's width.
+        console.print(clean(line + ("" if verbose else " (--verbose lists them)"), lines=False),
+                      markup=False, highlight=False)
+        if verbose:
+            for name in sorted(same):
+                _plain(console, f"  {'same':<10} {name}: {same[name]}" + ("  (other bytes)" if name in rebuilt else ""))
     if unchanged:
         console.print(f"{unchanged} package(s) unchanged")
+    links = [(p.name, p.compare_url) for p in real if p.compare_url]
     if links:
         console.print("compare:")
-        for line in links:
-            console.print(line, soft_wrap=True)
+        for name, url in links:
+            _plain(console, f"  {name}: {url}")
 
 
-def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  # diff.DiffResult
+def render_diff(console: Console, result, *, stat_only: bool = False, verbose: bool = False) -> None:  # diff.DiffResult
     from rich.syntax import Syntax
     from rich.text import Text
 
     console.print(f"[bold]diff {escape(result.old)} → {escape(result.new)}[/]")
-    render_package_changes(console, result.packages, result.unchanged_packages)
+    render_package_changes(console, result.packages, result.unchanged_packages, verbose=verbose)
     filt = ", ".join(f"{k} {v}" for k, v in result.filters.items() if v)
     if not result.files:
         console.print("no installed files changed" + (f" ({escape(filt)})" if filt else ""))
@@ -415,7 +463,6 @@ def render_diff(console: Console, result, *, stat_only: bool = False) -> None:  
 
 def render_patches(console: Console, scan) -> None:  # patches.PatchScan
     from rich.syntax import Syntax
-    from rich.table import Table
 
     st = scan.stats
     if not scan.patches:
@@ -423,17 +470,19 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                       f"({st.get('files_checked', 0):,} files of {st.get('distributions', 0)} "
                       f"distributions checked, {st.get('files_hashed', 0)} hashed)")
     else:
-        t = Table(title=f"local patches in {escape(scan.prefix)}", title_justify="left")
-        for col in ("kind", "file", "distribution", "lines", "pristine from"):
-            t.add_column(col)
-        for p in scan.patches:
-            kind = "[yellow]modified[/]" if p.kind == "modified" else "[cyan]unlisted[/]"
-            if p.shares_uv_cache_inode:
-                kind += " [bold red]![/]"
-            t.add_row(kind, escape(p.path), f"{escape(p.distribution)} {escape(p.version)}",
-                      _counts(p.added_lines, p.removed_lines, p.binary),
-                      escape(p.pristine_source or ("-" if p.kind == "unlisted" else "none")))
-        console.print(t)
+        # Through the layout that never cuts: a file path, a distribution's version whole.
+        rows = [(p.kind + (" !" if p.shares_uv_cache_inode else ""), p.path, f"{p.distribution} {p.version}",
+                 "binary" if p.binary else ("" if p.added_lines is None and p.removed_lines is None
+                                            else f"+{p.added_lines or 0} -{p.removed_lines or 0}"),
+                 p.pristine_source or ("-" if p.kind == "unlisted" else "none")) for p in scan.patches]
+        if is_plain(console):
+            for kind, path, dist, lines, source in rows:
+                _plain(console, f"{kind}  {path}  {dist}  {lines}  pristine from {source}")
+        else:
+            _table_or_stack(console, f"local patches in {scan.prefix}",
+                            ("kind", "file", "distribution", "lines", "pristine from"), rows, head=(1, 0, 3),
+                            styles=["yellow" if p.kind == "modified" else "cyan" for p in scan.patches],
+                            wrap=(2, 4))
         for p in scan.patches:
             console.print(f"[bold]{escape(p.path)}[/] ({p.kind}, {escape(p.distribution)} {escape(p.version)})")
             if p.diff:
@@ -503,3 +552,113 @@ def render_bisect(console: Console, res) -> None:  # bisection.BisectResult
     fb = res.first_bad_verdict
     if fb and fb.root_cause:
         render_root_cause(console, fb.root_cause)
+
+
+# ---- layout: tables that never cut a version, hash or id ----
+# `--plain` (or stdout not a terminal, e.g. a CI log): one fact per line, greppable. None:
+# decided per console. Set once by the CLI.
+PLAIN: bool | None = None
+
+_PLAN_ORDER = {"upgrade": 0, "downgrade": 1, "install": 2, "remove": 3, "replace": 4}
+_PLAN_LABEL = {"upgrade": "upgrade", "downgrade": "downgrade", "install": "add", "remove": "remove",
+               "replace": "replace"}
+_PLAN_STYLE = {"upgrade": "green", "downgrade": "yellow", "install": "cyan", "remove": "red"}
+
+
+def is_plain(console: Console) -> bool:
+    """One fact per line instead of tables: asked for (`--plain`), or not a terminal."""
+    return PLAIN if PLAIN is not None else not console.is_terminal
+
+
+def _plain(console: Console, text: str, style: str = "") -> None:
+    """One line of text from outside rewheel, as it is: never markup, never cut or folded
+    (a long line wraps at the terminal's edge and stays whole for grep and copy)."""
+    console.print(clean(text, lines=False), style=style or None, markup=False, highlight=False,
+                  soft_wrap=True)
+
+
+def _plan_line(c) -> str:  # installer.PlannedChange
+    """`  upgrade    vllm: 0.16.0rc2.dev313+g5719a4e4e → 0.16.0rc2.dev344+g8c1b3f2  (+31 builds)`"""
+    kind = c.change
+    arrow = f"{c.old} → {c.new}" if c.old and c.new else (f"{c.new}" if c.new else f"{c.old}")
+    dist = c.dev_distance
+    builds = f"  ({dist:+d} builds)" if isinstance(dist, int) and dist else ""
+    return f"  {_PLAN_LABEL.get(kind, kind):<10} {c.name}: {arrow}{builds}"
+
+
+def _builds(p) -> str:  # diff.PackageChange
+    return "" if p.dev_distance is None else f"{p.dev_distance:+d}"
+
+
+def _package_table(console: Console, packages: list) -> None:
+    """Version changes: name, old, new, change, builds. The shas and the variant are parts of
+    the versions, shown whole; compare links follow the table."""
+    if is_plain(console):
+        for p in packages:
+            b = _builds(p)
+            _plain(console, f"{p.name}: {p.old or '-'} → {p.new or '-'}  {p.change}"
+                   + (f"  {b} builds" if b else ""))
+        return
+    rows = [(p.name, p.old or "-", p.new or "-", p.change, _builds(p)) for p in packages]
+    styles = [_CHANGE_STYLE.get(p.change, "") for p in packages]
+    _table_or_stack(console, "packages", ("package", "old", "new", "change", "builds"), rows,
+                    head=(0, 3, 4), styles=styles, arrow=(1, 2))
+
+
+def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]],
+                    *, head: tuple[int, ...] = (0,), styles: list[str] | None = None,
+                    arrow: tuple[int, int] | None = None, wrap: tuple[int, ...] = ()) -> None:
+    """A table when it fits the console (no column squeezed, no cell cut or folded); else
+    each row stacked: its `head` cells on one line, then one line per other cell (`arrow`:
+    two cells shown as `old → new` on one line when that fits). Columns in `wrap` hold
+    words (labels, lists of versions), which the table may wrap between words, never inside
+    one."""
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(title=clean(title, lines=False), title_justify="left")
+
+    # Each column's width: its longest line; a word column (`wrap`) may go down to its
+    # longest word. A table only when the table at those widths fits (one space of padding
+    # each side, the borders); every column then gets an exact width, so rich never squeezes
+    # or cuts one. What is left of the console's width goes to the word columns, up to their
+    # longest line.
+    def longest(j: int, words: bool) -> int:
+        return max(cell_len(clean(piece)) for cell in (columns[j], *(row[j] for row in rows))
+                   for piece in (str(cell).split() if words else str(cell).split("\n")))
+
+    natural = [longest(j, False) for j in range(len(columns))]
+    widths = [longest(j, True) if j in wrap else natural[j] for j in range(len(columns))]
+    spare = console.width - (sum(widths) + 3 * len(columns) + 1)
+    if spare >= 0:
+        for j in wrap:
+            more = min(spare, natural[j] - widths[j])
+            widths[j] += more
+            spare -= more
+        for j, col in enumerate(columns):
+            t.add_column(col, width=widths[j], no_wrap=j not in wrap)
+        for i, row in enumerate(rows):
+            t.add_row(*(Text(clean(cell)) for cell in row), style=(styles[i] if styles else "") or None)
+        console.print(t)
+        return
+    _plain(console, f"{clean(title, lines=False)}:")
+    width = console.width
+    for i, row in enumerate(rows):
+        style = (styles[i] if styles else "") or ""
+        _plain(console, "  ".join(row[j] + (" builds" if columns[j] == "builds" else "")
+                                  for j in head if row[j]), style=style)
+        rest = [j for j in range(len(columns)) if j not in head]
+        if arrow is not None:
+            a, b = arrow
+            both = f"    {row[a]} → {row[b]}"
+            if len(both) <= width:
+                _plain(console, both)
+            else:
+                _plain(console, f"    {columns[a]} {row[a]}")
+                _plain(console, f"    {columns[b]} {row[b]}")
+            rest = [j for j in rest if j not in arrow]
+        for j in rest:
+            for k, line in enumerate(str(row[j]).split("\n")):
+                if line:
+                    _plain(console, f"    {columns[j] + ':' if k == 0 else '':<{len(columns[j]) + 1}} {line}")

@@ -591,6 +591,8 @@ class _Step:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.run.report.steps.append(StepRecord.since(self.name, exc is None, self.t0))
+        # Each step ends with its time, as it started with its name.
+        self.run.say(f"   {self.name} {'done' if exc is None else 'FAILED'} in {time.monotonic() - self.t0:.1f}s")
 
 
 class _Cycle:
@@ -653,6 +655,8 @@ class _Cycle:
             raise PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in checks.failures),
                                  hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
         plan = self.host.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
+        from rewheel.installer import annotate_plan
+        plan.changes = annotate_plan(plan.changes, self.t.env.distributions())
         self.report.plan = RunPlan(plan)
         self._snapshot_cost()
         self.report.before = self.t.env.versions()

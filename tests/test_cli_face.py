@@ -1,0 +1,132 @@
+"""The command line's face: help with placeholder words and one line per command, one
+meaning for `-p`, `--version`, `--plain` anywhere on the line, a "no" at the question shown
+as a note rather than an error, and start-up that imports only what a command uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import rewheel
+from support_env import make_venv
+
+COMMANDS = ["check", "snapshot", "history", "rollback", "run", "resume", "smoke", "why", "diff",
+            "patches", "ci", "bisect"]
+
+
+def rewheel_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_version() -> None:
+    cp = rewheel_cli("--version")
+    assert (cp.returncode, cp.stdout) == (0, f"rewheel {rewheel.__version__}\n")
+
+
+def test_help_lists_every_command_on_one_line_at_80_columns() -> None:
+    cp = rewheel_cli("--help", env={"COLUMNS": "80"})
+    assert cp.returncode == 0
+    listed = cp.stdout.split("Commands:\n", 1)[1].splitlines()
+    for name in COMMANDS:
+        line = next(line for line in listed if line.split()[:1] == [name])
+        assert not line.endswith("...") and len(line) <= 80, line
+        assert len(line.split()) > 3, line  # a description, not just the name
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_placeholders_are_words_and_p_means_package(command: str) -> None:
+    cp = rewheel_cli(command, "--help", env={"COLUMNS": "100"})
+    assert cp.returncode == 0, cp.stderr
+    text = cp.stdout
+    # Placeholders name what to give, never a type: TEXT, INTEGER, <bool>, <list[str]>.
+    assert not re.search(r"(^|\s)-[-\w]+ (TEXT|INTEGER|FLOAT|BOOLEAN|<\w+(\[\w+\])?>)", text, re.M), text
+    # `-p` is `--package` wherever it exists.
+    for m in re.finditer(r"-p, (--[\w-]+)", text):
+        assert m.group(1) == "--package", text
+    if "--package" in text:
+        assert "-p, --package NAME" in text, text
+
+
+def test_plain_is_accepted_after_the_command(tmp_path: Path) -> None:
+    py = make_venv(tmp_path / "env")
+    assert rewheel_cli("snapshot", "--python", str(py), "--label", "first").returncode == 0
+    for argv in (["--plain", "history", "--python", str(py)], ["history", "--python", str(py), "--plain"]):
+        cp = rewheel_cli(*argv)
+        assert cp.returncode == 0, cp.stderr
+        snap = json.loads(rewheel_cli("history", "--python", str(py), "--json").stdout)["snapshots"][0]
+        # One line per snapshot, its id first: what grep finds.
+        assert [line for line in cp.stdout.splitlines() if line.startswith(f"snapshot {snap['id']}")], cp.stdout
+
+
+def _on_a_terminal(argv: list[str], answer: bytes) -> tuple[int, str]:
+    """Run the CLI with stdin, stdout and stderr on a pseudo-terminal; answer its question."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "rewheel", *argv], stdin=slave, stdout=slave, stderr=slave,
+                            close_fds=True)
+    os.close(slave)
+    out = b""
+    answered = False
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            if not answered and b"[y/N]" in out:
+                os.write(master, answer)
+                answered = True
+        elif proc.poll() is not None:
+            break
+    code = proc.wait(timeout=60)
+    os.close(master)
+    return code, out.decode(errors="replace")
+
+
+def test_no_at_the_question_is_a_note_not_a_red_error(tmp_path: Path) -> None:
+    py = make_venv(tmp_path / "env")
+    assert rewheel_cli("snapshot", "--python", str(py)).returncode == 0
+    code, text = _on_a_terminal(["rollback", "--python", str(py)], b"n\n")
+    assert "Restore" in text and "[y/N]" in text, text
+    assert code == 2  # unchanged: not confirmed, nothing was changed
+    assert "not confirmed; nothing was changed" in text
+    assert "error:" not in text and "\x1b[1;31m" not in text, text
+
+
+# `rewheel --help` and the read-only commands start fast when the CLI module imports only
+# what every command needs; each command imports its own modules. (Times are measured in
+# `make bench`, not here.)
+HEAVY = ["httpx", "rich.table", "rich.markdown", "rich.syntax", "packaging.version", "rewheel.snapshot",
+         "rewheel.runner", "rewheel.installer", "rewheel.diagnose", "rewheel.diff", "rewheel.patches",
+         "typer.rich_utils"]
+
+
+def test_importing_the_cli_imports_no_heavy_module() -> None:
+    code = ("import sys, rewheel.cli; "
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.strip() == "[]"
+
+
+def test_help_imports_no_heavy_module() -> None:
+    code = ("import sys; from rewheel.cli import app\n"
+            "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+            f"print('LOADED', [m for m in {HEAVY!r} if m in sys.modules])")
+    cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    assert "LOADED []" in cp.stdout, cp.stdout
