@@ -493,3 +493,26 @@ def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Th
                               say=say, on_output=on_output)
     show(out, json_out, result, report.render_bisect)
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+@handles_errors
+def verify(target: TargetArg = None,
+           snapshot_id: Annotated[str | None, typer.Argument(metavar="[SNAPSHOT]", help="Snapshot id, unique prefix or label (default: every snapshot).")] = None,
+           python: PythonOpt = None,
+           full: Annotated[bool, typer.Option("--full", help="Hash every stored file against the manifest's sha256 (reads every byte).")] = False,
+           json_out: JsonOpt = False) -> None:
+    """Check snapshots' stored files against their manifests, like git fsck (exit 3 if damaged)."""
+    from rewheel.errors import EXIT_UNRESTORED
+    from rewheel.snapshot import verify_store
+
+    if python and target is not None and snapshot_id is None:
+        target, snapshot_id = None, target
+    _refuse_empty_ref("SNAPSHOT", snapshot_id)
+    t = _target(target, python)
+    out, err = consoles(json_out)
+    with err.status("checking stored files…"):
+        result = verify_store(t.store, snapshot_id, full=full, target=t.cli_ref)
+    show(out, json_out, result, report.render_verify)
+    if not result.ok:
+        raise typer.Exit(EXIT_UNRESTORED)

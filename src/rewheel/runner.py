@@ -134,13 +134,17 @@ class History:
     runs: list[RunJournal]
     key_packages: list[str] = field(default_factory=list)
     damaged: list[str] = field(default_factory=list)
+    # Stored files an edit in place changed, by snapshot id (the fast check: one stat each).
+    damaged_files: dict[str, int] = field(default_factory=dict)
 
     @property
     def interrupted(self) -> RunJournal | None:
         return next((r for r in self.runs if not r.finished), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "snapshots": [s.to_json() for s in self.snapshots],
+        return {"target": self.target,
+                "snapshots": [{**s.to_json(), "damaged_files": self.damaged_files.get(s.id, 0)}
+                              for s in self.snapshots],
                 "runs": [r.summary() for r in self.runs],
                 "interrupted_run": self.interrupted.id if self.interrupted else None,
                 "damaged_snapshots": self.damaged}
@@ -149,8 +153,18 @@ class History:
 def history(t: Target) -> History:
     names = t.recipe.install.names
     names += [k for k in KEY_PACKAGES if k not in names]
-    return History(t.cli_ref, t.store.list(), journal.list_runs(t.store.env_dir), names,
-                   t.store.damaged())
+    metas = t.store.list()
+    return History(t.cli_ref, metas, journal.list_runs(t.store.env_dir), names,
+                   t.store.damaged(), damaged_files(metas))
+
+
+def damaged_files(metas: list[SnapshotMeta]) -> dict[str, int]:
+    """Snapshot id -> how many of its stored files an edit has changed (0: whole), by the
+    fast check (a stat per stored file; an inode several snapshots share is stat'ed once)."""
+    from rewheel.snapshot import verify_snapshot
+
+    memo: dict[Any, str] = {}
+    return {m.id: len(verify_snapshot(m, shared_inodes=memo).damaged) for m in metas}
 
 
 # --------------------------------------------------------------------------------------
@@ -190,12 +204,15 @@ class RollbackResult:
     # Processes an interrupted rewheel had started (uv, the smoke test) that were still running
     # and were stopped before anything was restored.
     stopped_processes: list[dict[str, Any]] = field(default_factory=list)
+    # Stored files an edit in place had damaged, recovered before the restore (None: none were).
+    recovered: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"status": "restored", "snapshot_id": self.snapshot.id, "run_id": self.run_id,
                 "restore": self.restore.to_json(), "service": self.service,
                 "versions": self.snapshot.versions, "finished_interrupted_run": self.finished_run,
-                "steps": [s.to_json() for s in self.steps], "stopped_processes": self.stopped_processes}
+                "steps": [s.to_json() for s in self.steps], "stopped_processes": self.stopped_processes,
+                "recovered": self.recovered}
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
@@ -270,6 +287,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         # putting things back (`--no-revert`, a revert that could not verify, a restart
         # after an aborted run that failed).
         left_down = next((r for r in journal.list_runs(t.store.env_dir)[:1] if _left_down(r)), interrupted)
+        recovery = _recover_stored_bytes(t, snap, say)  # before anything is stopped or changed
         j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label)
         steps: list[StepRecord] = []
         svc = ServiceSteps(t, j, steps, say) if t.recipe.service is not None else None
@@ -334,7 +352,17 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
             interrupted.append("finished", status="rolled-back", by_run=j.id)
         j.append("finished", status="restored", snapshot_id=snap.id)
         return RollbackResult(snap, res, j.id, service_state,
-                              interrupted.id if interrupted else None, steps, lk.stopped)
+                              interrupted.id if interrupted else None, steps, lk.stopped,
+                              recovery.to_json() if recovery is not None else None)
+
+
+def _recover_stored_bytes(t: Target, snap: SnapshotMeta, say: Say) -> Any:  # recovery.Recovery | None
+    """Stored files an edit in place damaged (one stat each): their bytes found in the
+    environment, uv's cache or the recipe's index and put back into the snapshot, or the
+    rollback refused (exit 3) — before the service is stopped or a file changes."""
+    from rewheel.recovery import recover_before_restore
+
+    return recover_before_restore(t.env, snap, cli_ref=t.cli_ref, fetcher=lambda: t.host.fetcher(t.recipe), say=say)
 
 
 class ServiceSteps:
