@@ -253,7 +253,12 @@ def test_a_version_1_manifest_still_restores_byte_for_byte(lanes: int, venv: Pat
 
 
 @pytest.mark.parametrize("kind", ["missing", "changed-copy", "changed-shared"])
-def test_damaged_store_is_refused_before_anything_changes(lanes: int, venv: Path, wheelhouse: Path, kind: str) -> None:
+def test_damaged_store_is_refused_before_anything_changes(lanes: int, venv: Path, wheelhouse: Path, kind: str,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When no source holds the bytes: the rollback recovers a damaged stored file from uv's
+    cache or the recipe's index first (tests/test_snapshot_safety.py); here uv's cache is
+    empty and the target names no index."""
+    (tmp_path / "empty-uv-cache").mkdir()
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
     files = [e for e in manifest_entries(snap.path) if e[2] == "f"]
@@ -274,6 +279,7 @@ def test_damaged_store_is_refused_before_anything_changes(lanes: int, venv: Path
             f.write(b"# edited in place\n")
     damage(venv, wheelhouse)
     damaged = tree_state(venv.parent.parent)
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "empty-uv-cache"))
     with pytest.raises(SnapshotDamaged) as err:
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert err.value.exit_code == 3

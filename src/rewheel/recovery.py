@@ -232,7 +232,7 @@ def recover_snapshot(env: Environment, snap: SnapshotMeta, *, check: VerifyResul
             folder_got = fx.unpack(owner.dist) if fx is not None else None
             if folder_got is None:
                 notes = getattr(fx, "notes", None) or []
-                whys.append(f"index: {notes[-1] if notes else 'no index to fetch from'}")
+                whys.append(f"index: {notes[-1]}" if notes else "no index: the target names none ([install] index_url)")
             else:
                 p = _in_unpacked(Path(folder_got), owner)
                 if p is not None and _holds(str(p), want, d.size, sst):
@@ -345,6 +345,13 @@ def recover_before_restore(env: Environment, snap: SnapshotMeta, *, cli_ref: str
     damaged (or the manifest itself is unreadable: the restore reports that)."""
     check = verify_snapshot(snap)
     if check.ok or check.manifest_error is not None:
+        return None
+    # A manifest tampered with (a name that climbs, a folder outside the prefix) is refused
+    # as the restore refuses it, naming the entry: no bytes are looked for on its behalf.
+    from rewheel.snapshot.restore import _check_tree
+
+    _check_tree(snap, Manifest.load(snap, validate=False))
+    if any(d.problem == "bad name" for d in check.damaged):
         return None
     fx_made: list[Any] = []
 

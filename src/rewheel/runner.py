@@ -362,7 +362,11 @@ def _recover_stored_bytes(t: Target, snap: SnapshotMeta, say: Say) -> Any:  # re
     rollback refused (exit 3) — before the service is stopped or a file changes."""
     from rewheel.recovery import recover_before_restore
 
-    return recover_before_restore(t.env, snap, cli_ref=t.cli_ref, fetcher=lambda: t.host.fetcher(t.recipe), say=say)
+    inst = t.recipe.install
+    # Only an index the recipe names: a bare `--python` rollback never reaches for the network.
+    named = bool(inst.index_url or inst.extra_index_urls or inst.find_links)
+    return recover_before_restore(t.env, snap, cli_ref=t.cli_ref,
+                                  fetcher=(lambda: t.host.fetcher(t.recipe)) if named else None, say=say)
 
 
 class ServiceSteps:
