@@ -287,7 +287,9 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         # putting things back (`--no-revert`, a revert that could not verify, a restart
         # after an aborted run that failed).
         left_down = next((r for r in journal.list_runs(t.store.env_dir)[:1] if _left_down(r)), interrupted)
-        recovery = _recover_stored_bytes(t, snap, say)  # before anything is stopped or changed
+        # With a service: before it is stopped. Without one the restore itself checks every
+        # stored file it needs before it changes anything, at no extra cost (see below).
+        recovery = _recover_stored_bytes(t, snap, say) if t.recipe.service is not None else None
         j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label)
         steps: list[StepRecord] = []
         svc = ServiceSteps(t, j, steps, say) if t.recipe.service is not None else None
@@ -318,7 +320,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
             # What the restore moved out (a failed build's new folders) is deleted once the
             # service is back up: the environment is restored and synced already. Without a
             # service, both lanes delete their own at once, inside the restore.
-            res = restore_snapshot(t.env, snap, progress=progress, defer_removal=svc is not None)
+            res, recovery = _restore_recovering(t, snap, say, recovery, progress, svc is not None)
         except (SnapshotError, SnapshotDamaged):
             # Refused before anything changed (wrong environment, damaged store): this
             # rollback is over — leaving it unfinished would block every later command with
@@ -354,6 +356,23 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         return RollbackResult(snap, res, j.id, service_state,
                               interrupted.id if interrupted else None, steps, lk.stopped,
                               recovery.to_json() if recovery is not None else None)
+
+
+def _restore_recovering(t: Target, snap: SnapshotMeta, say: Say, recovery: Any, progress: Progress | None,
+                        defer_removal: bool) -> tuple[RestoreResult, Any]:
+    """`restore_snapshot`; when it refuses a stored file an edit damaged (it checks each it
+    needs before changing anything) and no check ran before (no service to stop first), the
+    bytes are recovered and the restore runs again. A rollback of an intact snapshot pays
+    nothing for it."""
+    try:
+        return restore_snapshot(t.env, snap, progress=progress, defer_removal=defer_removal), recovery
+    except SnapshotDamaged:
+        if recovery is not None or t.recipe.service is not None:
+            raise
+        again = _recover_stored_bytes(t, snap, say)  # raises the refusal when no source has the bytes
+        if again is None or not again.recovered:
+            raise
+    return restore_snapshot(t.env, snap, progress=progress, defer_removal=defer_removal), again
 
 
 def _recover_stored_bytes(t: Target, snap: SnapshotMeta, say: Say) -> Any:  # recovery.Recovery | None

@@ -225,7 +225,7 @@ def verify_snapshot(snapshot: SnapshotMeta | Path | str, full: bool = False, *,
         finally:
             if fd >= 0:
                 os.close(fd)
-        if fkey is not None:
+        if fkey is not None and fd >= 0:  # a folder missing here says nothing of another snapshot's
             found = res.damaged[n_before:]
             memo[fkey] = [(names.index(d.path.rpartition("/")[2]), d.problem) for d in found]  # type: ignore[index]
     res.files_checked = checked
