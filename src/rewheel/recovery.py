@@ -18,8 +18,10 @@ holds their sha256, taken from RECORD — so they can still be had, in this orde
 3. the index the recipe names: the wheel of that very version fetched again with uv.
 
 Every candidate is hashed and must equal the manifest's sha256. All of it happens before
-the service is stopped or a file of the environment changes; only the snapshot's damaged
-copies are replaced (each by one rename of a checked file). When a file the restore needs
+the service is stopped or a file of the environment changes (`rollback` runs the fast check
+before the stop; without a service, the restore's own check of the stored files it needs
+finds the damage before it changes anything, and it runs again after the recovery); only
+the snapshot's damaged copies are replaced (each by one rename of a checked file). When a file the restore needs
 has no source, the rollback refuses (exit 3), naming the files and what would bring them
 back. Damage to a stored file the restore does not need (its live twin is intact) is
 reported, never a reason to refuse.
@@ -339,7 +341,8 @@ def refusal(rec: Recovery, snap: SnapshotMeta, cli_ref: str) -> SnapshotDamaged:
 def recover_before_restore(env: Environment, snap: SnapshotMeta, *, cli_ref: str,
                            fetcher: Callable[[], Fetcher | None] | None = None,
                            say: Callable[[str], None] | None = None) -> Recovery | None:
-    """What `rollback` calls before it stops the service: the fast check of the snapshot's
+    """What `rollback` calls before it stops the service (or, without one, once the restore
+    refused a damaged stored file before changing anything): the fast check of the snapshot's
     stored files (one stat each); when an edit damaged some, their bytes are found (or the
     rollback is refused, exit 3) and put back into the snapshot. None when nothing was
     damaged (or the manifest itself is unreadable: the restore reports that)."""
