@@ -122,6 +122,25 @@ def test_verify_full_finds_an_edit_that_kept_size_and_mtime(tmp_path: Path, whee
     assert res["bytes_hashed"] > 0
 
 
+def test_snapshots_sharing_an_inode_are_all_flagged(tmp_path: Path, wheelhouse: Path) -> None:
+    """Two snapshots of an unchanged environment hold the same inodes: one edit damages both,
+    and the check over the store (which stats a folder they share once) says so for each."""
+    from rewheel.recipe import Recipe
+    from rewheel.runner import damaged_files, open_target, snapshot_now
+    from rewheel.snapshot import verify_snapshot
+
+    py = make_venv(tmp_path / "env")
+    uv_install(py, "toypkg==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
+    t = open_target(Recipe.for_python(py))
+    a, b = (snapshot_now(t).result.meta for _ in range(2))
+    assert damaged_files(t.store.list()) == {a.id: 0, b.id: 0}
+    edit_in_place(site_packages(py.parent.parent) / "toypkg" / "__init__.py")
+    assert damaged_files(t.store.list()) == {a.id: 1, b.id: 1}
+    for m in (a, b):  # each on its own, as `verify SNAPSHOT` checks it
+        (d,) = verify_snapshot(m).damaged
+        assert d.path.endswith("toypkg/__init__.py") and d.problem == "changed" and d.shared
+
+
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
     # A private uv cache: uv hard-links the environment's files from it (its default), so

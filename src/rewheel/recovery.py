@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rewheel.environment import Distribution, Environment, read_distribution
-from rewheel.errors import SnapshotDamaged
+from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.paths import atomic_write, fsync_dir
 from rewheel.snapshot import (Damage, Manifest, ManifestDamaged, SnapshotMeta, VerifyResult, copy_hashed, hash_file,
                               verify_snapshot)
@@ -289,6 +289,7 @@ def apply(rec: Recovery, snap: SnapshotMeta) -> None:
     for r in rec.recovered:
         tmp = f"{r.stored}.rewheel-recover-{secrets.token_hex(4)}"
         try:
+            os.makedirs(os.path.dirname(r.stored), exist_ok=True)  # a stored folder that was deleted
             sha, _ = copy_hashed(r.source_path, tmp)
             if sha != r.sha256:
                 raise SnapshotDamaged(
@@ -303,11 +304,17 @@ def apply(rec: Recovery, snap: SnapshotMeta) -> None:
             finally:
                 os.close(fd)
             os.replace(tmp, r.stored)
-        except BaseException:
+        except BaseException as exc:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if isinstance(exc, OSError):
+                raise RestoreError(
+                    f"snapshot {snap.id}: cannot write the bytes recovered for {r.path} into {r.stored}: "
+                    f"{exc.strerror or exc}",
+                    hint="free disk or fix the permissions of the store, then run the rollback again; "
+                         "nothing in the environment was stopped or changed") from None
             raise
         folders.add(os.path.dirname(r.stored))
         ri, folder, i = r.key
