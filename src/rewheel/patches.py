@@ -1014,7 +1014,7 @@ def flag_snapshot_sharing(result: PatchScan, store: Store) -> None:
     from rewheel.snapshot import verify_snapshot
 
     metas = store.list()
-    memo: dict[Any, str] = {}
+    memo: dict[Any, Any] = {}
     for m in metas:
         n = len(verify_snapshot(m, shared_inodes=memo).damaged)
         if n:

@@ -160,10 +160,11 @@ def history(t: Target) -> History:
 
 def damaged_files(metas: list[SnapshotMeta]) -> dict[str, int]:
     """Snapshot id -> how many of its stored files an edit has changed (0: whole), by the
-    fast check (a stat per stored file; an inode several snapshots share is stat'ed once)."""
+    fast check (a stat per stored file; a folder of hard links several snapshots share is
+    stat'ed once)."""
     from rewheel.snapshot import verify_snapshot
 
-    memo: dict[Any, str] = {}
+    memo: dict[Any, Any] = {}
     return {m.id: len(verify_snapshot(m, shared_inodes=memo).damaged) for m in metas}
 
 

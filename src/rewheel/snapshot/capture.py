@@ -51,24 +51,14 @@ class _Linker:
         self.prefer_reflink: bool | None = None  # None: not probed yet
         self.modes: set[str] = set()
 
-    def _clone(self, src: str, dst: str) -> bool:
-        try:
-            with open(src, "rb") as s, open(dst, "wb") as d:
-                fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
-            return True
-        except OSError:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(dst)
-            return False
-
     def share(self, src: str, dst: str) -> str:
         if self.prefer_reflink is None:
-            self.prefer_reflink = self.can_reflink = self._clone(src, dst)
+            self.prefer_reflink = self.can_reflink = clone_file(src, dst)
             if self.prefer_reflink:
                 self.modes.add("reflink")
                 return "reflink"
         elif self.prefer_reflink:
-            if self._clone(src, dst):
+            if clone_file(src, dst):
                 self.modes.add("reflink")
                 return "reflink"
             # A clone refused further down (another filesystem mounted inside the prefix):
@@ -98,8 +88,15 @@ class _Linker:
 
 def clone_file(src: str, dst: str) -> bool:
     """Make dst a copy-on-write clone of src (FICLONE); False where the filesystem has
-    none (dst is then left absent)."""
-    return _Linker._clone(_Linker(), src, dst)
+    none, or src and dst are on different ones (dst is then left absent)."""
+    try:
+        with open(src, "rb") as s, open(dst, "wb") as d:
+            fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
+        return True
+    except OSError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(dst)
+        return False
 
 
 _ZEROS = bytes(CHUNK)
