@@ -133,3 +133,19 @@ def test_shapes_of_ci_and_bisect(tmp_path: Path) -> None:
                                   "why", "rollback", "resume", "ci", "bisect"])
 def test_every_shape_is_recorded(name: str) -> None:
     assert isinstance(json.loads(GOLDEN.read_text()).get(name), dict)
+
+
+def test_shape_of_verify_with_a_damaged_snapshot(tmp_path: Path) -> None:
+    """`verify --json` with a stored file an edit in place damaged (so that the damage list
+    has its item shape), and the shape is recorded."""
+    h = make_host(tmp_path, "2.0.0", "good")
+    try:
+        r = str(h.recipe)
+        _json(h.rewheel("snapshot", r, "--json"), 0)
+        core = next(h.prefix.glob("lib/python3*/site-packages/toypkg/core.py"))
+        with open(core, "a") as f:
+            f.write("# edited in place\n")
+        check("verify", _json(h.rewheel("verify", r, "--json"), 3))
+    finally:
+        h._index.stop()  # type: ignore[attr-defined]
+    assert isinstance(json.loads(GOLDEN.read_text()).get("verify"), dict)

@@ -73,6 +73,15 @@ def needed_by_restore(entries: list[list]) -> list:
     return next(e for e in entries if e[2] == "f" and e[7] == "link" and e[1].endswith("/toypkg/__init__.py"))
 
 
+def no_byte_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An empty uv cache (and no index: a `--python` target names none), so that a rollback
+    cannot recover a damaged stored file's bytes and must refuse (tests/test_snapshot_safety.py
+    shows the recovery)."""
+    empty = tmp_path / "empty-uv-cache"
+    empty.mkdir(exist_ok=True)
+    monkeypatch.setenv("UV_CACHE_DIR", str(empty))
+
+
 def block_network(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*a, **k):
         raise AssertionError("restore tried to use the network")
@@ -253,7 +262,9 @@ def test_a_version_1_manifest_still_restores_byte_for_byte(lanes: int, venv: Pat
 
 
 @pytest.mark.parametrize("kind", ["missing", "changed-copy", "changed-shared"])
-def test_damaged_store_is_refused_before_anything_changes(lanes: int, venv: Path, wheelhouse: Path, kind: str) -> None:
+def test_damaged_store_is_refused_before_anything_changes(lanes: int, venv: Path, wheelhouse: Path, kind: str,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When no source holds the bytes (`no_byte_sources`)."""
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
     files = [e for e in manifest_entries(snap.path) if e[2] == "f"]
@@ -269,11 +280,12 @@ def test_damaged_store_is_refused_before_anything_changes(lanes: int, venv: Path
         p.write_bytes(bytes(data))
         os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # a careful tamperer keeps the mtime
     else:
-        victim = next(e for e in files if e[7] == "link")
+        victim = needed_by_restore(files)  # one `damage` changes: the environment no longer has its bytes
         with open(snap.path / "tree" / "0" / victim[1], "ab") as f:  # in-place edit: shared inode
             f.write(b"# edited in place\n")
     damage(venv, wheelhouse)
     damaged = tree_state(venv.parent.parent)
+    no_byte_sources(monkeypatch, tmp_path)
     with pytest.raises(SnapshotDamaged) as err:
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert err.value.exit_code == 3
@@ -488,9 +500,11 @@ def test_rollback_through_the_symlink_the_recipe_names(lanes: int, tmp_path: Pat
     assert snapmod.verify(Environment.inspect(via_link), snap) > 0
 
 
-def test_refused_restore_leaves_no_interrupted_run(venv: Path, wheelhouse: Path) -> None:
+def test_refused_restore_leaves_no_interrupted_run(venv: Path, wheelhouse: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from rewheel import journal
 
+    no_byte_sources(monkeypatch, tmp_path)
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
     victim = needed_by_restore(manifest_entries(snap.path))
@@ -550,12 +564,13 @@ def shared_file_in_lane(venv: Path, snap: snapmod.SnapshotMeta, lane: int, *unde
 
 @pytest.mark.parametrize("lane", [0, 1])
 def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv: Path, wheelhouse: Path,
-                                                                          lane: int,
+                                                                          lane: int, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Two lanes (processes) restore their own folders; a stored file one of them needs is
     damaged: neither commits, the environment is as the damage left it, neither leaves a
     staging folder, and the second process is gone."""
     monkeypatch.setattr(restore_mod, "auto_lanes", lambda snap: 2)
+    no_byte_sources(monkeypatch, tmp_path)
     prefix = venv.parent.parent
     snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
     # damage() reinstalls toypkg and toyhelper: the restore needs every stored file of theirs.

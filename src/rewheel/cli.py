@@ -517,6 +517,27 @@ def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Th
     raise typer.Exit(result.exit_code)
 
 
+@app.command()
+@handles_errors
+def verify(target: TargetArg = None,
+           snapshot_id: Annotated[str | None, typer.Argument(metavar="[SNAPSHOT]", help="Snapshot id, unique prefix or label (default: every snapshot).")] = None,
+           python: PythonOpt = None,
+           full: Annotated[bool, typer.Option("--full", help="Hash every stored file against the manifest's sha256 (reads every byte).")] = False,
+           json_out: JsonOpt = False) -> None:
+    """Check snapshots' stored files against their manifests, like git fsck (exit 3 if damaged)."""
+    from rewheel.errors import EXIT_UNRESTORED
+    from rewheel.snapshot import verify_store
+
+    if python and target is not None and snapshot_id is None:
+        target, snapshot_id = None, target
+    _refuse_empty_ref("SNAPSHOT", snapshot_id)
+    t = _target(target, python)
+    out, err = consoles(json_out)
+    with err.status("checking stored files…"):
+        result = verify_store(t.store, snapshot_id, full=full, target=t.cli_ref)
+    show(out, json_out, result, report.render_verify)
+    if not result.ok:
+        raise typer.Exit(EXIT_UNRESTORED)
 # ---- global options: `--plain`, `--version` ----
 def _plain_first(args: list[str]) -> list[str]:
     """`--plain` is a global option (`rewheel --plain history X`); it is accepted after the
@@ -563,6 +584,7 @@ _SHORT_HELP = {
     "patches": "Installed files edited since their wheel installed them.",
     "ci": "Qualify the newest nightly in a throwaway environment.",
     "bisect": "Find the first bad nightly between a good and a bad one.",
+    "verify": "Check snapshots' stored files against their manifests.",
 }
 for _info in app.registered_commands:
     _name = _info.name or (_info.callback.__name__ if _info.callback else "")

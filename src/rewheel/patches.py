@@ -88,6 +88,9 @@ class Patch:
     pristine_note: str | None = None  # why there is no pristine copy / where it came from
     shares_uv_cache_inode: bool = False
     uv_cache_path: str | None = None
+    # Snapshots whose stored copy is this very inode (a hard link): the patch, written in
+    # place, changed them too (`rewheel verify` flags them; a rollback recovers the bytes).
+    shares_snapshot_inode: list[str] = field(default_factory=list)
     # Bytes kept for reapplying after the reinstall (not serialised).
     patched_bytes: bytes | None = field(default=None, repr=False)
     pristine_bytes: bytes | None = field(default=None, repr=False)
@@ -105,7 +108,7 @@ class Patch:
                 "binary": self.binary, "pristine_source": self.pristine_source,
                 "pristine_note": self.pristine_note,
                 "shares_uv_cache_inode": self.shares_uv_cache_inode,
-                "uv_cache_path": self.uv_cache_path}
+                "uv_cache_path": self.uv_cache_path, "shares_snapshot_inode": self.shares_snapshot_inode}
 
 
 @dataclass
@@ -119,6 +122,8 @@ class PatchScan:
     # Files whose bytes match no RECORD but are exactly what their wheel ships (the wheel's
     # RECORD is wrong): {"path", "distribution", "reason"}. Not patches, never reapplied.
     record_inconsistent: list[dict[str, str]] = field(default_factory=list)
+    # Snapshots an edit in place has damaged: {"id", "files"} (the fast check, `patches` only).
+    damaged_snapshots: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def modified(self) -> list[Patch]:
@@ -132,7 +137,8 @@ class PatchScan:
         return {"patches": [p.to_json() for p in self.patches], "missing": self.missing,
                 "skipped": self.skipped, "hazard_packages": sorted(hazard_packages(self)),
                 "record_inconsistent": self.record_inconsistent,
-                "sources": self.sources, "stats": self.stats, "prefix": self.prefix}
+                "sources": self.sources, "stats": self.stats, "prefix": self.prefix,
+                "damaged_snapshots": self.damaged_snapshots}
 
 
 # --------------------------------------------------------------------------------------
@@ -1015,10 +1021,58 @@ def scan_target(t: Any, *, dists: Iterable[str] | None = None, offline: bool = F
     snapshots, uv's cache, and (unless offline) its recipe's indexes through uv."""
     fetcher = None if offline else UvIndexFetcher.for_recipe(t.recipe)
     try:
-        return scan(t.env, dists=dists, store=t.store, fetcher=fetcher, thorough=thorough)
+        result = scan(t.env, dists=dists, store=t.store, fetcher=fetcher, thorough=thorough)
     finally:
         if fetcher is not None:
             fetcher.close()
+    flag_snapshot_sharing(result, t.store)
+    return result
+
+
+def flag_snapshot_sharing(result: PatchScan, store: Store) -> None:
+    """Which snapshots each patched file shares its inode with (a hard link: the patch,
+    written in place, changed the snapshot's copy too), and which snapshots an edit has
+    damaged (the fast check of `rewheel verify`: a stat per stored file)."""
+    from rewheel.snapshot import verify_snapshot
+
+    metas = store.list()
+    memo: dict[Any, Any] = {}
+    for m in metas:
+        n = len(verify_snapshot(m, shared_inodes=memo).damaged)
+        if n:
+            result.damaged_snapshots.append({"id": m.id, "files": n, "label": m.label})
+    linked: dict[str, tuple[Patch, os.stat_result]] = {}
+    for p in result.patches:
+        try:
+            st = os.lstat(p.abs_path)
+        except OSError:
+            continue
+        if st.st_nlink > 1:
+            linked[os.path.realpath(p.abs_path)] = (p, st)
+    if not linked:
+        return
+    for m in metas:
+        try:
+            man = Manifest.load(m, validate=False)
+        except SnapshotDamaged:
+            continue
+        real = man.real_roots or [os.path.realpath(r.path) for r in man.roots]
+        for path, (p, st) in linked.items():
+            for ri, root in enumerate(real):
+                base = root.rstrip("/") + "/"
+                if not path.startswith(base):
+                    continue
+                folder, _, name = path[len(base):].rpartition("/")
+                f = man.folders.get((ri, folder))
+                i = f.index.get(name) if f is not None else None
+                if f is None or i is None or f.stored[i] != "L":
+                    continue
+                try:
+                    sst = os.lstat(f"{m.path}/tree/{ri}/{path[len(base):]}")
+                except OSError:
+                    continue
+                if (sst.st_dev, sst.st_ino) == (st.st_dev, st.st_ino) and m.id not in p.shares_snapshot_inode:
+                    p.shares_snapshot_inode.append(m.id)
 
 
 # --------------------------------------------------------------------------------------

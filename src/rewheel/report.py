@@ -99,7 +99,9 @@ def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommand
 def render_history(console: Console, hist) -> None:  # runner.History
     """Snapshots and runs: a table when it fits the terminal whole, a stacked list when it
     does not, one line per snapshot or run when plain. Ids and versions are never cut."""
-    snaps = [(s.id, s.created_iso, s.status, s.label,
+    snaps = [(s.id, s.created_iso,
+              s.status + (f" damaged: {hist.damaged_files[s.id]} file(s)" if hist.damaged_files.get(s.id) else ""),
+              s.label,
               [f"{n} {s.versions[n]}" for n in hist.key_packages if n in s.versions][:3]
               or [f"{len(s.versions)} distributions"],
               f"{human_bytes(s.bytes_total)} ({human_bytes(s.bytes_copied)})") for s in hist.snapshots]
@@ -118,6 +120,11 @@ def render_history(console: Console, hist) -> None:  # runner.History
     for bad in hist.damaged:
         console.print(f"[yellow]snapshot {escape(bad)} is damaged (unreadable meta.json) and cannot be restored; "
                       f"inspect or delete its folder in the store[/]")
+    edited = [i for i, n in hist.damaged_files.items() if n]
+    if edited:
+        console.print(f"[yellow]snapshot(s) {escape(', '.join(edited))}: stored files were changed after the "
+                      f"snapshot (edited in place through a hard link); `rewheel verify {escape(hist.target)}` "
+                      f"names them, and a rollback recovers their bytes first or refuses (exit 3)[/]")
     if hist.runs:
         rows = [(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "",
                  _run_versions(r.summary(), hist.key_packages).replace(", ", "\n"))
@@ -489,6 +496,15 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                 console.print(Syntax(clean(p.diff), "diff", theme="ansi_dark", word_wrap=True))
             elif p.pristine_note:
                 console.print(f"  [yellow]{escape(p.pristine_note)}[/]")
+    for p in scan.patches:
+        if p.shares_snapshot_inode:
+            console.print(f"[bold red]warning:[/] {escape(p.path)} shares its inode with snapshot(s) "
+                          f"{escape(', '.join(p.shares_snapshot_inode))} (a hard link): the patch, written in "
+                          f"place, changed the snapshot's copy too")
+    for d in scan.damaged_snapshots:
+        console.print(f"[yellow]snapshot {escape(d['id'])}: {d['files']} stored file(s) were changed after the "
+                      f"snapshot (edited in place); `rewheel verify` names them, a rollback recovers their bytes "
+                      f"first or refuses (exit 3)[/]")
     hazard = sorted({p.distribution for p in scan.patches if p.shares_uv_cache_inode})
     if hazard:
         console.print(f"[bold red]warning:[/] patched in place into files uv hard-linked from its cache "
@@ -662,3 +678,32 @@ def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows
             for k, line in enumerate(str(row[j]).split("\n")):
                 if line:
                     _plain(console, f"    {columns[j] + ':' if k == 0 else '':<{len(columns[j]) + 1}} {line}")
+
+
+# ---- verify (rewheel.snapshot.integrity) ----
+def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
+    how = "every stored file hashed" if res.full else "size and mtime of every stored file"
+    if not res.results:
+        console.print(f"no snapshots of {escape(res.target)} to verify")
+    for r in res.results:
+        if r.manifest_error is not None:
+            console.print(f"[bold red]snapshot {escape(r.snapshot_id)}: damaged[/]: {escape(r.manifest_error)}")
+            continue
+        if r.ok:
+            extra = f", {human_bytes(r.bytes_hashed)} hashed" if r.full else ""
+            console.print(f"[green]snapshot {escape(r.snapshot_id)}: ok[/] ({r.files_checked:,} files, {how}{extra}, "
+                          f"{r.seconds:.2f}s)")
+            continue
+        console.print(f"[bold red]snapshot {escape(r.snapshot_id)}: {len(r.damaged)} of {r.files_checked:,} "
+                      f"stored files damaged[/] ({how})")
+        for d in r.damaged[:20]:
+            why = {"changed": "changed after the snapshot (size or mtime)",
+                   "sha256 differs": "bytes differ from the recorded sha256"}.get(d.problem, d.problem)
+            shared = " — a hard link shared with the environment: edited in place?" if d.shared else ""
+            console.print(f"  {escape(r.display(d))}: {escape(why)}{shared}")
+        if len(r.damaged) > 20:
+            console.print(f"  … and {len(r.damaged) - 20} more (`--json` lists them all)")
+    if not res.ok:
+        console.print("a rollback to a damaged snapshot recovers the files' bytes from the environment, uv's "
+                      "cache or the recipe's index before it stops anything, and refuses (exit 3) when none "
+                      "has them")

@@ -141,13 +141,17 @@ class History:
     runs: list[RunJournal]
     key_packages: list[str] = field(default_factory=list)
     damaged: list[str] = field(default_factory=list)
+    # Stored files an edit in place changed, by snapshot id (the fast check: one stat each).
+    damaged_files: dict[str, int] = field(default_factory=dict)
 
     @property
     def interrupted(self) -> RunJournal | None:
         return next((r for r in self.runs if not r.finished), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "snapshots": [s.to_json() for s in self.snapshots],
+        return {"target": self.target,
+                "snapshots": [{**s.to_json(), "damaged_files": self.damaged_files.get(s.id, 0)}
+                              for s in self.snapshots],
                 "runs": [r.summary() for r in self.runs],
                 "interrupted_run": self.interrupted.id if self.interrupted else None,
                 "damaged_snapshots": self.damaged}
@@ -156,8 +160,19 @@ class History:
 def history(t: Target) -> History:
     names = t.recipe.install.names
     names += [k for k in KEY_PACKAGES if k not in names]
-    return History(t.cli_ref, t.store.list(), journal.list_runs(t.store.env_dir), names,
-                   t.store.damaged())
+    metas = t.store.list()
+    return History(t.cli_ref, metas, journal.list_runs(t.store.env_dir), names,
+                   t.store.damaged(), damaged_files(metas))
+
+
+def damaged_files(metas: list[SnapshotMeta]) -> dict[str, int]:
+    """Snapshot id -> how many of its stored files an edit has changed (0: whole), by the
+    fast check (a stat per stored file; a folder of hard links several snapshots share is
+    stat'ed once)."""
+    from rewheel.snapshot import verify_snapshot
+
+    memo: dict[Any, Any] = {}
+    return {m.id: len(verify_snapshot(m, shared_inodes=memo).damaged) for m in metas}
 
 
 # --------------------------------------------------------------------------------------
@@ -197,13 +212,15 @@ class RollbackResult:
     # Processes an interrupted rewheel had started (uv, the smoke test) that were still running
     # and were stopped before anything was restored.
     stopped_processes: list[StoppedChild] = field(default_factory=list)
+    # Stored files an edit in place had damaged, recovered before the restore (None: none were).
+    recovered: Any = None  # recovery.Recovery
 
     def to_json(self) -> dict[str, Any]:
         return {"status": "restored", "snapshot_id": self.snapshot.id, "run_id": self.run_id,
                 "restore": self.restore.to_json(), "service": _to_json(self.service),
                 "versions": self.snapshot.versions, "finished_interrupted_run": self.finished_run,
                 "steps": [s.to_json() for s in self.steps],
-                "stopped_processes": _to_json(self.stopped_processes)}
+                "stopped_processes": _to_json(self.stopped_processes), "recovered": _to_json(self.recovered)}
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
@@ -278,6 +295,9 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         # putting things back (`--no-revert`, a revert that could not verify, a restart
         # after an aborted run that failed).
         left_down = next((r for r in journal.list_runs(t.store.env_dir)[:1] if _left_down(r)), interrupted)
+        # With a service: before it is stopped. Without one the restore itself checks every
+        # stored file it needs before it changes anything, at no extra cost (see below).
+        recovery = _recover_stored_bytes(t, snap, say) if t.recipe.service is not None else None
         j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label)
         steps: list[StepRecord] = []
         svc = ServiceSteps(t, j, steps, say) if t.recipe.service is not None else None
@@ -308,7 +328,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
             # What the restore moved out (a failed build's new folders) is deleted once the
             # service is back up: the environment is restored and synced already. Without a
             # service, both lanes delete their own at once, inside the restore.
-            res = restore_snapshot(t.env, snap, progress=progress, defer_removal=svc is not None)
+            res, recovery = _restore_recovering(t, snap, say, recovery, progress, svc is not None)
         except (SnapshotError, SnapshotDamaged):
             # Refused before anything changed (wrong environment, damaged store): this
             # rollback is over — leaving it unfinished would block every later command with
@@ -342,7 +362,37 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
             interrupted.append("finished", status="rolled-back", by_run=j.id)
         j.append("finished", status="restored", snapshot_id=snap.id)
         return RollbackResult(snap, res, j.id, service_state,
-                              interrupted.id if interrupted else None, steps, lk.stopped)
+                              interrupted.id if interrupted else None, steps, lk.stopped, recovery)
+
+
+def _restore_recovering(t: Target, snap: SnapshotMeta, say: Say, recovery: Any, progress: Progress | None,
+                        defer_removal: bool) -> tuple[RestoreResult, Any]:
+    """`restore_snapshot`; when it refuses a stored file an edit damaged (it checks each it
+    needs before changing anything) and no check ran before (no service to stop first), the
+    bytes are recovered and the restore runs again. A rollback of an intact snapshot pays
+    nothing for it."""
+    try:
+        return restore_snapshot(t.env, snap, progress=progress, defer_removal=defer_removal), recovery
+    except SnapshotDamaged:
+        if recovery is not None or t.recipe.service is not None:
+            raise
+        again = _recover_stored_bytes(t, snap, say)  # raises the refusal when no source has the bytes
+        if again is None or not again.recovered:
+            raise
+    return restore_snapshot(t.env, snap, progress=progress, defer_removal=defer_removal), again
+
+
+def _recover_stored_bytes(t: Target, snap: SnapshotMeta, say: Say) -> Any:  # recovery.Recovery | None
+    """Stored files an edit in place damaged (one stat each): their bytes found in the
+    environment, uv's cache or the recipe's index and put back into the snapshot, or the
+    rollback refused (exit 3) — before the service is stopped or a file changes."""
+    from rewheel.recovery import recover_before_restore
+
+    inst = t.recipe.install
+    # Only an index the recipe names: a bare `--python` rollback never reaches for the network.
+    named = bool(inst.index_url or inst.extra_index_urls or inst.find_links)
+    return recover_before_restore(t.env, snap, cli_ref=t.cli_ref,
+                                  fetcher=(lambda: t.host.fetcher(t.recipe)) if named else None, say=say)
 
 
 class ServiceSteps:

@@ -27,6 +27,7 @@ The package, by idea (each module imports only those above it):
 - `lanes`    — the second restore lane: forked peer, pipes, messages
 - `restore`  — `restore_snapshot`, `verify`, `remove_displaced`, the damage checks
 - `cleanup`  — `[cleanup]` stashing and unstashing, and what it may never touch
+- `integrity` — `verify_snapshot`: stored bytes against the manifest (fast: stat; full: sha256)
 
 This module re-exports the public API; other modules import from `rewheel.snapshot`.
 """
@@ -41,6 +42,7 @@ from rewheel.snapshot.lanes import LANES_MIN_FILES, restore_lanes_setting
 from rewheel.snapshot.manifest import MANIFEST_VERSION, Entry, Folder, Manifest, ManifestDamaged, match_roots
 from rewheel.snapshot.restore import RestoreResult, remove_displaced, restore_snapshot, share_folders, verify
 from rewheel.snapshot.store import ALIASES, SnapshotMeta, Store
+from rewheel.snapshot.integrity import Damage, StoreVerify, VerifyResult, verify_snapshot, verify_store
 from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, exclusion, hash_file, kind_of, nested_prefix,
                                    provably_pristine, record_index, scope_of, walk)
 
@@ -51,4 +53,5 @@ __all__ = [
     "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix", "pending_cleanup",
     "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting", "restore_snapshot",
     "scope_of", "share_folders", "stash_cleanup", "take_snapshot", "unstash_cleanup", "verify", "walk",
+    "Damage", "StoreVerify", "VerifyResult", "verify_snapshot", "verify_store",
 ]
