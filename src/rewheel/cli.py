@@ -260,7 +260,9 @@ def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOp
 @handles_errors
 def rollback(target: TargetArg = None,
              snapshot_id: Annotated[str | None, typer.Argument(metavar="[SNAPSHOT]", help="Snapshot id (default: the newest taken before an upgrade).")] = None,
-             python: PythonOpt = None, yes: YesOpt = False, json_out: JsonOpt = False) -> None:
+             python: PythonOpt = None, yes: YesOpt = False,
+             force: Annotated[bool, typer.Option("--force", help="Restore a snapshot of a failed build (refused without it).")] = False,
+             json_out: JsonOpt = False) -> None:
     """Restore a snapshot (stops and starts the service when given a recipe)."""
     from rewheel import runner
 
@@ -271,13 +273,19 @@ def rollback(target: TargetArg = None,
     runner.refuse_system_interpreter(t)  # before a question or a snapshot lookup
     out, err = consoles(json_out)
     snap = t.store.get(snapshot_id) if snapshot_id is not None else runner.default_rollback_snapshot(t.store)
+    runner.refuse_failed_build(snap, force, t.cli_ref)  # exit 2 before the question
     confirm(report.clean(f"Restore {t.env.prefix} to snapshot {snap.id} ({snap.label or snap.status}, "
                          f"{snap.created_iso})?", lines=False), yes)
     cb, status = _progress(err)
     with status:
-        result = runner.rollback(t, snap.id, say=_streams(err)[0],
+        result = runner.rollback(t, snap.id, force=force, say=_streams(err)[0],
                                  progress=cb)
     show(out, json_out, result, report.render_rollback)
+    if not json_out:
+        report.render_rollback_more(out, result)
+    if result.error:
+        report.print_error(err, runner.rollback_error(result))
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()

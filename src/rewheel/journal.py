@@ -396,7 +396,10 @@ def list_runs(env_dir: Path) -> list[RunJournal]:
     runs_dir = env_dir / "runs"
     if not runs_dir.is_dir():
         return []
-    return [RunJournal.load(d) for d in sorted(runs_dir.iterdir(), reverse=True) if d.is_dir()]
+    runs = [RunJournal.load(d) for d in runs_dir.iterdir() if d.is_dir()]
+    # Newest first by when each started: ids made within one second differ only in their
+    # random part, so their names alone do not order them.
+    return sorted(runs, key=lambda j: ((j.records[0].get("time") or 0) if j.records else 0, j.id), reverse=True)
 
 
 def interrupted_run(env_dir: Path) -> RunJournal | None:

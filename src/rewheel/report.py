@@ -504,3 +504,22 @@ def render_bisect(console: Console, res) -> None:  # bisection.BisectResult
     fb = res.first_bad_verdict
     if fb and fb.root_cause:
         render_root_cause(console, fb.root_cause)
+
+
+def render_rollback_more(console: Console, result) -> None:  # runner.RollbackResult
+    """What a rollback adds to the restore: how to undo it, what retention pruned, and why a
+    service that did not come back failed."""
+    if result.undo_snapshot_id:
+        console.print(f"  the state it replaced is snapshot {escape(result.undo_snapshot_id)}: "
+                      f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}` "
+                      "undoes this rollback")
+    elif result.undo_snapshot_error:
+        console.print(f"  [yellow]the state it replaced could not be snapshotted "
+                      f"({escape(result.undo_snapshot_error)}): this rollback cannot be undone[/]")
+    if result.superseded_runs:
+        console.print(f"  closed interrupted runs it superseded: {escape(', '.join(result.superseded_runs))}")
+    if result.pruned:
+        console.print(f"  pruned old snapshots: {escape(', '.join(result.pruned))}")
+    if result.status != "restored":
+        console.print("[bold red]the service did not come back healthy[/]")
+        render_root_cause(console, result.root_cause)
