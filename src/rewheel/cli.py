@@ -253,6 +253,8 @@ def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOp
     result = runner.history(t)
     out, err = consoles(json_out)
     show(out, json_out, result, report.render_history)
+    if not json_out:
+        report.render_history_marks(out, result)
     _exit_if_interrupted(t, err)
 
 
@@ -501,3 +503,59 @@ def bisect(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Th
                               say=say, on_output=on_output)
     show(out, json_out, result, report.render_bisect)
     raise typer.Exit(result.exit_code)
+
+
+# ---- pin, unpin, forget: one snapshot by id (git-like verbs; `forget` as restic names it) ----
+def _target_and_ref(target: str | None, ref: str | None, python: str | None) -> tuple[str | None, str]:
+    """With --python the one positional argument is the snapshot."""
+    from rewheel.errors import UsageError
+
+    if python and target is not None and ref is None:
+        target, ref = None, target
+    if ref is None:
+        raise UsageError("missing SNAPSHOT", hint="`rewheel history TARGET` lists the snapshots")
+    _refuse_empty_ref("SNAPSHOT", ref)
+    return target, ref
+
+
+@app.command()
+@handles_errors
+def pin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
+        python: PythonOpt = None, json_out: JsonOpt = False) -> None:
+    """Pin a snapshot: never pruned by `[snapshots] keep`, never forgotten until unpinned."""
+    from rewheel import runner
+
+    target, ref = _target_and_ref(target, snapshot_id, python)
+    result = runner.set_pinned(_target(target, python), ref, True)
+    out, _ = consoles(json_out)
+    show(out, json_out, result, report.render_pin)
+
+
+@app.command()
+@handles_errors
+def unpin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
+          python: PythonOpt = None, json_out: JsonOpt = False) -> None:
+    """Unpin a snapshot: `[snapshots] keep` may prune it again."""
+    from rewheel import runner
+
+    target, ref = _target_and_ref(target, snapshot_id, python)
+    result = runner.set_pinned(_target(target, python), ref, False)
+    out, _ = consoles(json_out)
+    show(out, json_out, result, report.render_pin)
+
+
+@app.command()
+@handles_errors
+def forget(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
+           python: PythonOpt = None, yes: YesOpt = False, json_out: JsonOpt = False) -> None:
+    """Remove one snapshot from the store (not a pinned one, nor one an interrupted run needs)."""
+    from rewheel import runner
+
+    target, ref = _target_and_ref(target, snapshot_id, python)
+    t = _target(target, python)
+    snap = runner.forget_target(t, ref)  # refused (exit 2) before the question
+    confirm(report.clean(f"Remove snapshot {snap.id} ({snap.label or snap.status}, {snap.created_iso}) "
+                         f"of {t.env.prefix}? It cannot be restored afterwards", lines=False), yes)
+    result = runner.forget(t, snap.id)
+    out, _ = consoles(json_out)
+    show(out, json_out, result, report.render_forget)

@@ -523,3 +523,27 @@ def render_rollback_more(console: Console, result) -> None:  # runner.RollbackRe
     if result.status != "restored":
         console.print("[bold red]the service did not come back healthy[/]")
         render_root_cause(console, result.root_cause)
+
+
+def render_pin(console: Console, result) -> None:  # runner.PinResult
+    s = result.snapshot
+    what = "pinned" if result.pinned else "unpinned"
+    console.print(f"snapshot {escape(s.id)} ({escape(s.label or s.status)}) "
+                  + (f"is now {what}" if result.changed else f"was already {what}")
+                  + (": `[snapshots] keep` never prunes it" if result.pinned else ""))
+
+
+def render_forget(console: Console, result) -> None:  # runner.ForgetResult
+    s = result.snapshot
+    console.print(f"removed snapshot {escape(s.id)} ({escape(s.label or s.status)}, {s.created_iso}); "
+                  f"{human_bytes(s.bytes_copied)} of copies freed (shared files stay where they are linked)")
+
+
+def render_history_marks(console: Console, hist) -> None:  # runner.History
+    """Below the history's tables: which snapshots are pinned, which hold failed builds."""
+    pinned = [s.id for s in hist.snapshots if s.pinned]
+    failed = [s.id for s in hist.snapshots if s.failed_build]
+    if pinned:
+        console.print(f"pinned (never pruned): {escape(', '.join(pinned))}")
+    if failed:
+        console.print(f"failed builds (restored only with `rollback --force`): {escape(', '.join(failed))}")

@@ -112,6 +112,16 @@ class SnapshotCommandResult:
         return {**self.result.to_json(), "pruned": self.pruned}
 
 
+def pruned_text(store: Store, ids: list[str]) -> str:
+    """`3f2a9c1e (before run …), 8d0b7e44 (failed upgrade of run …, a failed build)`."""
+    def one(i: str) -> str:
+        m = store.pruned_meta.get(i)
+        if m is None:
+            return i
+        return f"{i} ({m.label or m.status}" + (", a failed build)" if m.failed_build else ")")
+    return ", ".join(one(i) for i in ids)
+
+
 def snapshot_now(t: Target, *, label: str = "", progress: Progress | None = None) -> SnapshotCommandResult:
     with EnvLock(t.store.env_dir, "snapshot", prefix=t.env.prefix):
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
@@ -235,7 +245,7 @@ def is_failed_build(snap: SnapshotMeta) -> bool:
     """Whether a snapshot holds a build that failed (or never passed) its checks: the state
     a revert kept (`failed-upgrade`), or the state a rollback replaced while it was such a
     build (`extra.failed_build`)."""
-    return snap.status == FAILED_BUILD or bool(snap.extra.get("failed_build"))
+    return snap.failed_build
 
 
 def refuse_failed_build(snap: SnapshotMeta, force: bool, cli_ref: str) -> None:
@@ -440,7 +450,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, say: Say
         keep = protected_snapshots(t.store) | {snap.id} | ({undo_id} if undo_id else set())
         result.pruned = t.store.prune(t.recipe.keep, keep)
         if result.pruned:
-            say("pruned old snapshots: " + ", ".join(result.pruned))
+            say("pruned old snapshots ([snapshots] keep): " + pruned_text(t.store, result.pruned))
         return result
 
 
@@ -697,6 +707,8 @@ class RunReport:
     # ("systemd" | "pid" | "health"); None without a [service].
     service_before: str | None = None
     service_judged_by: str | None = None
+    # Snapshots `[snapshots] keep` removed when the upgrade was kept.
+    pruned: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -946,8 +958,9 @@ class _Cycle:
             self.snap.save()
             self.report.status = "upgraded"
             pruned = self.t.store.prune(self.t.recipe.keep, protected_snapshots(self.t.store) | {self.snap.id})
+            self.report.pruned = pruned
             if pruned:
-                self.say("pruned old snapshots: " + ", ".join(pruned))
+                self.say("pruned old snapshots ([snapshots] keep): " + pruned_text(self.t.store, pruned))
 
     def record_failure(self, exc: Exception) -> str:
         """Put the failure into the report (at the step the journal last announced); returns
@@ -1256,3 +1269,72 @@ def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet) -> Smok
             result = getattr(exc, "result", None)  # HealthCheckFailed carries what it saw
             rep.health = result.to_json() if result is not None else None
     return rep
+
+
+# --------------------------------------------------------------------------------------
+# pin, unpin, forget: one snapshot by id
+# --------------------------------------------------------------------------------------
+@dataclass
+class PinResult:
+    """`pin`/`unpin`: the snapshot, whether it is pinned now, whether that changed."""
+
+    snapshot: SnapshotMeta
+    pinned: bool
+    changed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"snapshot_id": self.snapshot.id, "label": self.snapshot.label, "status": self.snapshot.status,
+                "pinned": self.pinned, "changed": self.changed}
+
+
+def set_pinned(t: Target, ref: str, pinned: bool) -> PinResult:
+    """Pin (or unpin) one snapshot: a pinned one is never pruned by `[snapshots] keep` and
+    never forgotten until unpinned. Only its meta.json changes (atomically, under the
+    environment's lock, so that no prune runs meanwhile); allowed while a run is
+    interrupted, since protecting a snapshot is what an operator may want first."""
+    with EnvLock(t.store.env_dir, "unpin" if not pinned else "pin", prefix=t.env.prefix):
+        snap = t.store.get(ref)
+        changed = snap.pinned != pinned
+        if changed:
+            if pinned:
+                snap.extra["pinned"] = True
+            else:
+                snap.extra.pop("pinned", None)
+            snap.save()
+    return PinResult(snap, pinned, changed)
+
+
+@dataclass
+class ForgetResult:
+    """`forget`: the snapshot removed, and the disk it alone held (its copied bytes)."""
+
+    snapshot: SnapshotMeta
+
+    def to_json(self) -> dict[str, Any]:
+        return {"removed": self.snapshot.id, "label": self.snapshot.label, "status": self.snapshot.status,
+                "versions": self.snapshot.versions, "bytes_copied": self.snapshot.bytes_copied}
+
+
+def forget_target(t: Target, ref: str) -> SnapshotMeta:
+    """The snapshot `forget` would remove, refused (exit 2, SnapshotError) when it is pinned
+    or an unfinished run still needs it: for the question, before anything is deleted."""
+    snap = t.store.get(ref)
+    if snap.pinned:
+        raise SnapshotError(f"snapshot {snap.id} ({snap.label or snap.status}) is pinned: not removed",
+                            hint=f"`rewheel unpin {t.cli_ref} {snap.id}` first; nothing was changed")
+    needed = {j.snapshot_id for j in journal.list_runs(t.store.env_dir) if not j.finished and j.snapshot_id}
+    if snap.id in needed:
+        raise SnapshotError(f"snapshot {snap.id} ({snap.label or snap.status}) is the one an interrupted run "
+                            "restores: not removed",
+                            hint=f"`rewheel resume {t.cli_ref}` or `rewheel rollback {t.cli_ref}` first; "
+                                 "nothing was changed")
+    return snap
+
+
+def forget(t: Target, ref: str) -> ForgetResult:
+    """Remove one snapshot from the store (an atomic rename, then the delete): its shared
+    files stay in the environment and in the other snapshots that link them."""
+    with EnvLock(t.store.env_dir, "forget", prefix=t.env.prefix):
+        snap = forget_target(t, ref)
+        t.store.delete(snap.id)
+    return ForgetResult(snap)
