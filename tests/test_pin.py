@@ -16,6 +16,7 @@ import pytest
 
 from rewheel import runner
 from support_env import make_venv, uv_install
+from test_json_shapes import check as check_shape
 from test_cycle_unit import World, world  # noqa: F401 - `world` is a fixture
 
 Pair = tuple[World, runner.Target]
@@ -45,6 +46,7 @@ def test_pin_unpin_forget_through_the_cli(venv: Path) -> None:
 
     pinned = doc(rewheel("pin", "--python", py, "keep me", "--json"), 0)
     assert pinned == {"snapshot_id": a, "label": "keep me", "status": "manual", "pinned": True, "changed": True}
+    check_shape("pin", pinned)
     again = rewheel("pin", "--python", py, a)
     assert again.returncode == 0 and "already pinned" in again.stdout
     hist = doc(rewheel("history", "--python", py, "--json"), 0)
@@ -58,6 +60,7 @@ def test_pin_unpin_forget_through_the_cli(venv: Path) -> None:
     assert rewheel("forget", "--python", py, b).returncode == 2
     gone = doc(rewheel("forget", "--python", py, b, "--yes", "--json"), 0)
     assert gone["removed"] == b and gone["status"] == "manual"
+    check_shape("forget", gone)
     ids = [s["id"] for s in doc(rewheel("history", "--python", py, "--json"), 0)["snapshots"]]
     assert ids == [a]
     assert doc(rewheel("unpin", "--python", py, a, "--json"), 0)["pinned"] is False

@@ -559,3 +559,16 @@ def forget(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Ar
     result = runner.forget(t, snap.id)
     out, _ = consoles(json_out)
     show(out, json_out, result, report.render_forget)
+
+
+@app.command()
+@handles_errors
+def status(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOpt = False) -> None:
+    """Where the environment stands: key versions, the snapshot it equals, runs, the service."""
+    from rewheel import status as statusmod
+
+    t = _target(target, python)
+    result = statusmod.status(t)
+    out, err = consoles(json_out)
+    show(out, json_out, result, report.render_status)
+    _exit_if_interrupted(t, err)

@@ -547,3 +547,45 @@ def render_history_marks(console: Console, hist) -> None:  # runner.History
         console.print(f"pinned (never pruned): {escape(', '.join(pinned))}")
     if failed:
         console.print(f"failed builds (restored only with `rollback --force`): {escape(', '.join(failed))}")
+
+
+def render_status(console: Console, st) -> None:  # status.Status
+    """`rewheel status`: one fact a line, the most urgent first."""
+    console.print(f"[bold]{escape(st.target)}[/]: {escape(st.prefix)}")
+    if st.running:
+        console.print(f"[yellow]running now: rewheel {escape(str(st.running.get('purpose')))} "
+                      f"(pid {st.running.get('pid')})[/]")
+    if st.interrupted:
+        r = st.interrupted
+        console.print(f"[bold red]interrupted {escape(r['kind'])} {escape(r['id'])}[/] (last step: "
+                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume` or `rewheel rollback` first")
+    shown = ", ".join(f"{n} {v or 'not installed'}" for n, v in st.key_packages.items())
+    console.print(f"  versions: {escape(shown) or 'no key packages installed'}")
+    if st.equals is not None:
+        e = st.equals
+        console.print(f"  equals snapshot {escape(e.id)} ({escape(e.label or e.status)}, {e.created_iso})"
+                      + (f"; also {escape(', '.join(st.also_equal))}" if st.also_equal else ""))
+    elif st.newest is not None:
+        n = st.newest
+        console.print(f"  equals no snapshot; {len(st.differs_from_newest)} distribution(s) differ from the "
+                      f"newest, {escape(n.id)} ({escape(n.label or n.status)}):")
+        for c in st.differs_from_newest[:10]:
+            console.print(f"    {escape(c.name)} {escape(c.old or '-')} → {escape(c.new or '-')} ({c.change})")
+        if len(st.differs_from_newest) > 10:
+            console.print(f"    … and {len(st.differs_from_newest) - 10} more (`rewheel diff` shows all)")
+    else:
+        console.print("  no snapshots yet (`rewheel snapshot TARGET` takes one)")
+    if st.last_run:
+        r = st.last_run
+        console.print(f"  last command: {escape(r['kind'])} {escape(r['id'])}: {escape(r['status'])}")
+    if st.service is not None:
+        s = st.service
+        h = s.get("health")
+        health = "" if h is None else (", healthy" if h["ok"] else f", [red]not healthy[/] ({escape(h['detail'])})")
+        console.print(f"  service: {escape(s['describe'])} is {escape(s['state'])}{health}"
+                      + (f" ({escape(s['error'])})" if s.get("error") else ""))
+    console.print(f"  snapshots: {st.snapshots}"
+                  + (f"; pinned: {escape(', '.join(st.pinned))}" if st.pinned else "")
+                  + (f"; failed builds: {escape(', '.join(st.failed_builds))}" if st.failed_builds else ""))
+    if st.damaged:
+        console.print(f"  [bold red]damaged snapshots: {escape(', '.join(st.damaged))}[/]")
