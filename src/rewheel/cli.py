@@ -14,6 +14,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
+import click
 import typer
 from rich.console import Console
 
@@ -90,6 +91,10 @@ def handles_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except RewheelError as exc:
             failure = exc
+        except (typer.Exit, typer.Abort, click.exceptions.ClickException):
+            raise  # typer's own ways out (an exit code, a prompt's abort, a usage error)
+        except Exception as exc:  # noqa: BLE001 - a bug: no traceback on the terminal
+            failure = internal_error(exc)
         except KeyboardInterrupt as exc:
             # Ctrl-C, SIGTERM or SIGHUP (see `Terminated`): the child being waited on (uv, the
             # smoke test) has had its whole process group killed on the way here. Say what
@@ -107,6 +112,39 @@ def handles_errors(fn: F) -> F:
         raise typer.Exit(failure.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def internal_error(exc: BaseException) -> RewheelError:
+    """An exception no error class describes — a bug in rewheel, not the user's mistake: its
+    traceback is written to a private file under the state home (else the temporary folder),
+    and the error that is printed names that file (exit 5)."""
+    import os
+    import tempfile
+    import time
+    import traceback
+
+    from rewheel.errors import InternalError
+    from rewheel.paths import state_home
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = f"rewheel {' '.join(sys.argv[1:])}\n{time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n\n{text}"
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    where: str | None = None
+    for folder in (state_home() / "crashes", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = folder / (name if folder.name == "crashes" else f"rewheel-crash-{name}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            where = str(path)
+            break
+        except OSError:
+            continue
+    what = f"{type(exc).__name__}: {exc}"
+    return InternalError(f"internal error (a bug in rewheel): {what}",
+                         hint=(f"the traceback is in {where}; " if where else "the traceback could not be written; ")
+                         + "please report it with that file", traceback_file=where)
 
 
 class Terminated(KeyboardInterrupt):

@@ -314,9 +314,11 @@ class RunJournal:
         if path.exists():
             for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
-                    j.records.append(json.loads(line))
+                    rec = json.loads(line)
                 except ValueError:
                     break  # a torn last write: everything before it stands
+                if isinstance(rec, dict) and isinstance(rec.get("event"), str):
+                    j.records.append(rec)  # anything else is not a record rewheel wrote
         return j
 
     def append(self, event: str, **data: Any) -> dict[str, Any]:
