@@ -492,6 +492,7 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
        lockfiles: Annotated[str, typer.Option("--lockfiles", metavar="DIR", help="Where qualified locks live.")] = "lockfiles",
        venv_python: Annotated[str | None, typer.Option("--venv-python", metavar="PATH|VERSION", help="Interpreter for the throwaway environment (default: the recipe's).")] = None,
        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
+       packages_only: Annotated[bool, typer.Option("--packages-only", help="Start from the recipe's packages alone, not from the target environment's pinned set.")] = False,
        json_out: JsonOpt = False) -> None:
     """Qualify the newest nightly in a throwaway environment; report for CI; promote its lock."""
     from pathlib import Path
@@ -505,10 +506,12 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
     say, on_output = _streams(err, quiet)
 
     result = qualify.qualify(rec, lockfiles=Path(lockfiles), promote=promote, interpreter=venv_python,
-                             say=say, on_output=on_output)
+                             say=say, on_output=on_output, from_target=not packages_only)
     qualify.write_reports(result, junit=Path(junit) if junit else None,
                           summary=Path(summary) if summary else None)
     show(out, json_out, result, report.render_ci)
+    if not json_out:
+        report.render_ci_base(out, result)
     raise typer.Exit(result.exit_code)
 
 

@@ -589,3 +589,15 @@ def render_status(console: Console, st) -> None:  # status.Status
                   + (f"; failed builds: {escape(', '.join(st.failed_builds))}" if st.failed_builds else ""))
     if st.damaged:
         console.print(f"  [bold red]damaged snapshots: {escape(', '.join(st.damaged))}[/]")
+
+
+def render_ci_base(console: Console, rep) -> None:  # qualify.CiReport
+    """What `ci` started the throwaway environment from."""
+    b = rep.base or {}
+    if b.get("from"):
+        console.print(f"  started from {escape(b['from'])}: {b.get('pinned', 0)} distribution(s) at their "
+                      f"versions ({escape(b.get('pins') or '')}), then the recipe's upgrade")
+        if b.get("left_out"):
+            console.print(f"  left out (no index gives them back): {escape(', '.join(b['left_out']))}")
+    elif b.get("reason"):
+        console.print(f"  started from the recipe's packages alone: {escape(b['reason'])}")
