@@ -5,7 +5,8 @@ server under the `command` manager, `rewheel` run as a user runs it.
 - with --force, a failed build whose service cannot start: exit 3, the root cause read from
   the service's log, no interrupted run left behind, and the rollback undone from the
   snapshot it took;
-- roll forward to an upgraded build after its nightly left the index.
+- roll forward to an upgraded build after its nightly left the index;
+- under systemd (the stand-in systemctl and journalctl), the cause read from the unit's journal.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from support_run import Host, make_host
+from test_run_systemd import systemd_host  # noqa: F401 - a fixture: the toy server as a systemd unit
 
 
 @pytest.fixture
@@ -95,3 +97,25 @@ def test_roll_forward_after_the_nightly_left_the_index(host_factory) -> None:
     code, doc, err = rollback(h, doc["undo_snapshot_id"])
     assert code == 0, err
     assert h.served_version() == "2.0.0" and h.state() == upgraded
+
+
+def test_under_systemd_the_cause_comes_from_the_units_journal(systemd_host, fake_host) -> None:
+    from support_standins import wait_for
+
+    h = systemd_host("4.0.0", "service-fails")
+    code, rep = h.run_json()
+    assert code == 1, rep["_stderr"]
+    bad = rep["revert"]["failed_snapshot_id"]
+    code, doc, err = rollback(h, bad, "--force")
+    assert code == 3, err
+    assert doc["status"] == "service-failed"
+    assert "no kernel image is available" in doc["root_cause"]["message"]
+    assert "vllm-toy" in doc["diagnosis"]["source"]  # the unit's journal was read
+    st = h.rewheel("status", str(h.recipe), "--json")
+    assert st.returncode == 0, st.stderr  # finished: no interrupted run
+    # The state the forced rollback replaced was the verified old build: not a failed one.
+    assert json.loads(st.stdout)["failed_builds"] == [bad]
+    code, doc, err = rollback(h, doc["undo_snapshot_id"])
+    assert code == 0, err
+    wait_for(lambda: h.served_version() == "1.0.0", timeout=20)
+    assert fake_host.unit_state("vllm-toy")["ActiveState"] == "active"
