@@ -48,7 +48,7 @@ def test_pin_unpin_forget_through_the_cli(venv: Path) -> None:
     assert pinned == {"snapshot_id": a, "label": "keep me", "status": "manual", "pinned": True, "changed": True}
     check_shape("pin", pinned)
     again = rewheel("pin", "--python", py, a)
-    assert again.returncode == 0 and "already pinned" in again.stdout
+    assert again.returncode == 0 and "already pinned: `[snapshots] keep` never prunes it" in " ".join(again.stdout.split())
     hist = doc(rewheel("history", "--python", py, "--json"), 0)
     assert {s["id"]: s.get("pinned", False) for s in hist["snapshots"]} == {a: True, b: False}
     assert f"pinned (never pruned): {a}" in rewheel("history", "--python", py).stdout
@@ -101,3 +101,17 @@ def test_failed_builds_are_pruned_last_and_named(world: Pair) -> None:
     manual = runner.snapshot_now(t)
     assert manual.pruned == [failed]
     assert "a failed build" in runner.pruned_text(t.store, manual.pruned)
+
+
+def test_a_kept_run_reports_what_it_pruned(tmp_path: Path) -> None:
+    from support_run import make_host
+
+    h = make_host(tmp_path, "2.0.0", "good")
+    try:
+        h.write_recipe(service=None, snapshots={"keep": 1})
+        first = doc(rewheel("snapshot", str(h.recipe), "--json"), 0)["id"]
+        cp = h.rewheel("run", str(h.recipe), "--yes")
+        assert cp.returncode == 0, cp.stderr
+        assert f"pruned old snapshots ([snapshots] keep): {first}" in " ".join(cp.stdout.split())
+    finally:
+        h._index.stop()  # type: ignore[attr-defined]

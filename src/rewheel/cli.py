@@ -363,6 +363,7 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
         if dry_run:
             report.render_plan(console, rep)
         report.render_run(console, rep)
+        report.render_pruned(console, rep.pruned)
 
     show(out, json_out, result, render)
     raise typer.Exit(result.exit_code)

@@ -530,7 +530,7 @@ def render_pin(console: Console, result) -> None:  # runner.PinResult
     what = "pinned" if result.pinned else "unpinned"
     console.print(f"snapshot {escape(s.id)} ({escape(s.label or s.status)}) "
                   + (f"is now {what}" if result.changed else f"was already {what}")
-                  + (": `[snapshots] keep` never prunes it" if result.pinned else ""))
+                  + (": `\\[snapshots] keep` never prunes it" if result.pinned else ""))
 
 
 def render_forget(console: Console, result) -> None:  # runner.ForgetResult
@@ -601,3 +601,9 @@ def render_ci_base(console: Console, rep) -> None:  # qualify.CiReport
             console.print(f"  left out (no index gives them back): {escape(', '.join(b['left_out']))}")
     elif b.get("reason"):
         console.print(f"  started from the recipe's packages alone: {escape(b['reason'])}")
+
+
+def render_pruned(console: Console, pruned: list[str]) -> None:
+    """The snapshots `[snapshots] keep` removed (a kept run's report)."""
+    if pruned:
+        console.print(f"  pruned old snapshots (\\[snapshots] keep): {escape(', '.join(pruned))}")
