@@ -208,3 +208,20 @@ def test_the_report_says_how_to_undo_and_why_the_service_failed(world: Pair) -> 
     text = console.export_text()
     assert f"rewheel rollback {t.cli_ref} {res.undo_snapshot_id}" in text and "undoes this rollback" in text
     assert "did not come back healthy" in text and "RuntimeError" in text
+
+
+def test_a_rollback_whose_stop_fails_changes_nothing_and_finishes(world: Pair) -> None:
+    from rewheel.errors import ServiceError
+
+    w, t = world
+    assert runner.run(t).status == "upgraded"
+    w.manager.fail = {"stop"}
+    w.manager.calls.clear()
+    n = len(t.store.list())
+    with pytest.raises(ServiceError, match="did not stop"):
+        runner.rollback(t)
+    assert version(t) == "2.0.0" and len(t.store.list()) == n  # no file changed, no snapshot taken
+    assert w.manager.up and w.manager.calls == ["stop"]  # still up: nothing to start again
+    assert journal.interrupted_run(t.store.env_dir) is None and last_run(t).status == "failed"
+    w.manager.fail = set()
+    assert runner.rollback(t).exit_code == 0 and version(t) == "1.0.0" and w.manager.up

@@ -385,7 +385,20 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, say: Say
                 say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
             else:
                 stopped = True
-                svc.stop()
+                try:
+                    svc.stop()
+                except Exception as exc:
+                    # Nothing was changed: put the service back as it was (as a run does) and
+                    # finish, so that no stale record blocks the next command with exit 4.
+                    try:
+                        if was_up and not svc.was_active():
+                            svc.start_and_verify()
+                    except Exception as again:  # noqa: BLE001 - the stop's failure is reported
+                        j.append("note", restart_after_abort_failed=str(again))
+                    finally:
+                        j.append("finished", status="failed", snapshot_id=snap.id,
+                                 error=getattr(exc, "message", None) or str(exc))
+                    raise
         undo_id = undo_error = None
         if not unchanged and not suspect:
             undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
