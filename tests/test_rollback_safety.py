@@ -225,3 +225,17 @@ def test_a_rollback_whose_stop_fails_changes_nothing_and_finishes(world: Pair) -
     assert journal.interrupted_run(t.store.env_dir) is None and last_run(t).status == "failed"
     w.manager.fail = set()
     assert runner.rollback(t).exit_code == 0 and version(t) == "1.0.0" and w.manager.up
+
+
+def test_a_second_plain_rollback_does_not_undo_the_first(world: Pair) -> None:
+    w, t = world
+    manual = runner.snapshot_now(t, label="by hand").result.meta  # no pre-upgrade snapshot at all
+    from test_cycle_unit import install_toypkg
+
+    install_toypkg(w.site, "2.0.0")  # upgraded by hand
+    first = runner.rollback(t)
+    assert first.snapshot.id == manual.id and version(t) == "1.0.0" and first.undo_snapshot_id
+    # The undo point is newer, but the default stays the manual snapshot (a no-op now).
+    assert runner.default_rollback_snapshot(t.store).id == manual.id
+    second = runner.rollback(t)
+    assert second.snapshot.id == manual.id and version(t) == "1.0.0"

@@ -266,7 +266,8 @@ def refuse_failed_build(snap: SnapshotMeta, force: bool, cli_ref: str) -> None:
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     """The snapshot an interrupted run began from; else the newest snapshot taken before an
     upgrade; else the newest snapshot at all — never a failed build (those need to be named,
-    with --force)."""
+    with --force), and an undo point (`pre-rollback`) only when nothing else is left: a
+    second plain `rollback` must not undo the first."""
     interrupted = journal.interrupted_run(store.env_dir)
     if interrupted and interrupted.snapshot_id:
         snap = store.get(interrupted.snapshot_id)
@@ -280,6 +281,7 @@ def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     if pre:
         return pre[0]
     usable = [m for m in metas if not is_failed_build(m)]
+    usable = [m for m in usable if m.status != PRE_ROLLBACK] or usable
     if not usable:
         raise SnapshotError(f"every snapshot of this environment is a failed build ({', '.join(m.id for m in metas)}): "
                             "there is no default rollback target",
