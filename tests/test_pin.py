@@ -68,6 +68,8 @@ def test_pin_unpin_forget_through_the_cli(venv: Path) -> None:
     missing = doc(rewheel("forget", "--python", py, a, "--yes", "--json"), 2)
     assert missing["error"] == "SnapshotError" and a in missing["message"]
     assert doc(rewheel("pin", "--python", py, "--json"), 2)["error"] == "UsageError"  # no SNAPSHOT
+    empty = doc(rewheel("forget", "--python", py, "", "--yes", "--json"), 2)  # an unset shell variable
+    assert empty["error"] == "UsageError" and "empty snapshot reference" in empty["message"]
 
 
 def test_keep_never_prunes_a_pinned_snapshot_and_says_what_it_removed(venv: Path, tmp_path: Path) -> None:

@@ -554,9 +554,11 @@ def _target_and_ref(target: str | None, ref: str | None, python: str | None) -> 
 
     if python and target is not None and ref is None:
         target, ref = None, target
-    if ref is None:
-        raise UsageError("missing SNAPSHOT", hint="`rewheel history TARGET` lists the snapshots")
-    _refuse_empty_ref("SNAPSHOT", ref)
+    if ref is None or not ref.strip():
+        # Never a default here: an unset shell variable must not pick a snapshot.
+        raise UsageError("missing SNAPSHOT" if ref is None else f"SNAPSHOT: empty snapshot reference {ref!r}",
+                         hint="give a snapshot id, a unique prefix of one or an exact label "
+                              "(`rewheel history TARGET` lists them)")
     return target, ref
 
 
@@ -564,7 +566,7 @@ def _target_and_ref(target: str | None, ref: str | None, python: str | None) -> 
 @handles_errors
 def pin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
         python: PythonOpt = None, json_out: JsonOpt = False) -> None:
-    """Pin a snapshot: never pruned by `[snapshots] keep`, never forgotten until unpinned."""
+    """Pin a snapshot: retention (the recipe's snapshots.keep) never prunes it, forget refuses it."""
     from rewheel import runner
 
     target, ref = _target_and_ref(target, snapshot_id, python)
@@ -577,7 +579,7 @@ def pin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argum
 @handles_errors
 def unpin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
           python: PythonOpt = None, json_out: JsonOpt = False) -> None:
-    """Unpin a snapshot: `[snapshots] keep` may prune it again."""
+    """Unpin a snapshot: retention (snapshots.keep) may prune it again."""
     from rewheel import runner
 
     target, ref = _target_and_ref(target, snapshot_id, python)
