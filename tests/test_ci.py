@@ -46,7 +46,7 @@ def cases(junit: Path) -> dict[str, ET.Element]:
 
 def test_qualifies_reports_and_promotes_a_lock_that_installs_the_same(ci_index) -> None:
     recipe, wheels, tmp = ci_index
-    cp = rewheel("ci", str(recipe), "--promote", "--junit", str(tmp / "junit.xml"),
+    cp = rewheel("ci", str(recipe), "--packages-only", "--promote", "--junit", str(tmp / "junit.xml"),
                  "--summary", str(tmp / "summary.md"), "--lockfiles", str(tmp / "lockfiles"),
                  "--json", "-q")
     doc = json_of(cp)
@@ -91,12 +91,12 @@ def test_qualifies_reports_and_promotes_a_lock_that_installs_the_same(ci_index) 
 def test_a_breaking_nightly_fails_with_its_root_cause_and_is_not_promoted(ci_index) -> None:
     recipe, wheels, tmp = ci_index
     lockdir = tmp / "lockfiles"
-    first = rewheel("ci", str(recipe), "--promote", "--lockfiles", str(lockdir), "--json", "-q")
+    first = rewheel("ci", str(recipe), "--packages-only", "--promote", "--lockfiles", str(lockdir), "--json", "-q")
     assert first.returncode == 0, first.stderr
     promoted = (lockdir / "pylock.toy.toml").read_text()
 
     build_toypkg(wheels, BAD, bad=True, helper=True)  # tonight's nightly breaks model init
-    cp = rewheel("ci", str(recipe), "--promote", "--lockfiles", str(lockdir),
+    cp = rewheel("ci", str(recipe), "--packages-only", "--promote", "--lockfiles", str(lockdir),
                  "--junit", str(tmp / "junit.xml"), "--summary", str(tmp / "summary.md"), "--json", "-q")
     doc = json_of(cp)
     assert cp.returncode == 1, cp.stderr
@@ -126,14 +126,14 @@ def test_recipe_without_smoke_is_a_usage_error(ci_index) -> None:
     recipe, _, tmp = ci_index
     text = recipe.read_text()
     recipe.write_text(text[: text.index("[smoke]")])
-    cp = rewheel("ci", str(recipe), "--json")
+    cp = rewheel("ci", str(recipe), "--packages-only", "--json")
     assert cp.returncode == 2
     assert "[smoke]" in json_of(cp)["message"]
 
 
 def test_throwaway_environment_is_removed_and_live_python_untouched(ci_index) -> None:
     recipe, _, tmp = ci_index
-    cp = rewheel("ci", str(recipe), "--json", "-q")
+    cp = rewheel("ci", str(recipe), "--packages-only", "--json", "-q")
     doc = json_of(cp)
     assert cp.returncode == 0, cp.stderr
     assert not (Path(doc["run_dir"]) / "env").exists()

@@ -378,7 +378,7 @@ def test_rollback_restarts_the_service(world: tuple[World, runner.Target]) -> No
     res = runner.rollback(t)
     assert version(t) == "1.0.0" and res.service is not None and res.service.ok
     assert w.manager.calls == ["stop", "start"]
-    assert [s.name for s in res.steps] == ["stop", "restore", "start"]
+    assert [s.name for s in res.steps] == ["stop", "snapshot", "restore", "start"]  # the state it replaced is kept first
 
 
 def test_the_unit_layer_is_fast(world: tuple[World, runner.Target]) -> None:

@@ -326,7 +326,7 @@ def _candidates(b: _Bisection, res: BisectResult, good: str, bad: str, *, repo: 
                       nightly.commit_index(base, x["commit"]) if base and x.get("commit") else None)
                 for x in rec["builds"]], rec["mode"], rec.get("source")
     gi, bi = vers.parse(good), vers.parse(bad)
-    _, offered = nightly.offered_versions(b.recipe, b.name, b.client)
+    listed_by, offered = nightly.offered_versions(b.recipe, b.name, b.client)
     builds: list[Build] | None = None
     mode, source = "versions", None
     if base and gi.sha and bi.sha:
@@ -348,7 +348,10 @@ def _candidates(b: _Bisection, res: BisectResult, good: str, bad: str, *, repo: 
             builds = _commit_builds(rng, base, offered, good, bad)
             mode, source = "commits", rng.source
     if builds is None:
-        between = sorted({v for v in offered if Version(good) < v < Version(bad)})
+        refuse_unlisted(b.recipe, b.name, listed_by, offered, good, bad)
+        # Prereleases (rc, dev: nightlies) are candidates only when the recipe allows them.
+        allowed = [v for v in offered if b.recipe.install.prerelease or not v.is_prerelease]
+        between = sorted({v for v in allowed if Version(good) < v < Version(bad)})
         builds = [Build(good), *[Build(str(v)) for v in between], Build(bad)]
         if not between:
             res.message = ("the index offers no builds between good and bad"
@@ -359,6 +362,39 @@ def _candidates(b: _Bisection, res: BisectResult, good: str, bad: str, *, repo: 
     b.say(f"{len(builds)} builds from {good} to {bad} ({mode}"
           + (f", commits from {source}" if source else "") + ")")
     return builds, mode, source
+
+
+def refuse_unlisted(recipe: Recipe, name: str, index: str | None, offered: list[Version],
+                    good: str, bad: str) -> None:
+    """A bisection by versions knows the builds between good and bad only from an index that
+    lists them — both ends included. Without one (the default index, which is not asked; an
+    index without the package; one that does not list good or bad: the nightlies live
+    elsewhere) "nothing between" would be a guess that names bad as the first bad build with
+    confidence: refused (UsageError, exit 2) before anything is tested. So are good and bad
+    that are prereleases when the recipe does not allow them."""
+    hint = ("name the index that holds the builds in the recipe ([install] index_url or "
+            "extra_index_urls), or bisect by commits (--commit-index-base URL with --repo PATH or "
+            "--github OWNER/REPO); nothing was tested")
+    gv, bv = Version(good), Version(bad)
+    pre = [v for v in (good, bad) if Version(v).is_prerelease]
+    if pre and not recipe.install.prerelease:
+        raise UsageError(f"--good/--bad {', '.join(pre)}: a prerelease, but {recipe.source} does not allow "
+                         "prereleases ([install] prerelease is not true)",
+                         hint="set prerelease = true under [install] to bisect nightlies; nothing was tested")
+    if index is None:
+        asked = [u for u in (*recipe.install.extra_index_urls, *([recipe.install.index_url] if recipe.install.index_url else []))
+                 if u.startswith(("http://", "https://"))]
+        why = (f"none of the recipe's indexes ({', '.join(redact(u) for u in asked)}) has {name}" if asked
+               else "the recipe names no index (the default index is not asked: it cannot be told apart "
+                    "from where the nightlies live)")
+        raise UsageError(f"cannot bisect {name} from {good} to {bad}: no index lists its builds — {why}; "
+                         "the builds between them are unknown, and any first bad build would be a guess",
+                         hint=hint)
+    missing = [v for v, want in ((good, gv), (bad, bv)) if want not in offered]
+    if missing:
+        raise UsageError(f"cannot bisect {name} from {good} to {bad}: index {redact(index)} does not list "
+                         f"{' or '.join(missing)}, so it cannot list the builds between them (the builds "
+                         "live elsewhere)", hint=hint)
 
 
 def _commit_builds(rng: nightly.CommitRange, base: str, offered: list[Version], good: str,

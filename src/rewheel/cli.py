@@ -14,6 +14,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
+import click
 import typer
 
 from rewheel import report
@@ -105,6 +106,10 @@ def handles_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except RewheelError as exc:
             failure = exc
+        except (typer.Exit, typer.Abort, click.exceptions.ClickException):
+            raise  # typer's own ways out (an exit code, a prompt's abort, a usage error)
+        except Exception as exc:  # noqa: BLE001 - a bug: no traceback on the terminal
+            failure = internal_error(exc)
         except KeyboardInterrupt as exc:
             # Ctrl-C, SIGTERM or SIGHUP (see `Terminated`): the child being waited on (uv, the
             # smoke test) has had its whole process group killed on the way here. Say what
@@ -122,6 +127,39 @@ def handles_errors(fn: F) -> F:
         raise typer.Exit(failure.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def internal_error(exc: BaseException) -> RewheelError:
+    """An exception no error class describes — a bug in rewheel, not the user's mistake: its
+    traceback is written to a private file under the state home (else the temporary folder),
+    and the error that is printed names that file (exit 5)."""
+    import os
+    import tempfile
+    import time
+    import traceback
+
+    from rewheel.errors import InternalError
+    from rewheel.paths import state_home
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = f"rewheel {' '.join(sys.argv[1:])}\n{time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n\n{text}"
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    where: str | None = None
+    for folder in (state_home() / "crashes", Path(tempfile.gettempdir())):
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path = folder / (name if folder.name == "crashes" else f"rewheel-crash-{name}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            where = str(path)
+            break
+        except OSError:
+            continue
+    what = f"{type(exc).__name__}: {exc}"
+    return InternalError(f"internal error (a bug in rewheel): {what}",
+                         hint=(f"the traceback is in {where}; " if where else "the traceback could not be written; ")
+                         + "please report it with that file", traceback_file=where)
 
 
 class Terminated(KeyboardInterrupt):
@@ -275,6 +313,8 @@ def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOp
     result = runner.history(t)
     out, err = consoles(json_out)
     show(out, json_out, result, report.render_history)
+    if not json_out:
+        report.render_history_marks(out, result)
     _exit_if_interrupted(t, err)
 
 
@@ -282,7 +322,9 @@ def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOp
 @handles_errors
 def rollback(target: TargetArg = None,
              snapshot_id: Annotated[str | None, typer.Argument(metavar="[SNAPSHOT]", help="Snapshot id (default: the newest taken before an upgrade).")] = None,
-             python: PythonOpt = None, yes: YesOpt = False, json_out: JsonOpt = False) -> None:
+             python: PythonOpt = None, yes: YesOpt = False,
+             force: Annotated[bool, typer.Option("--force", help="Restore a snapshot of a failed build (refused without it).")] = False,
+             json_out: JsonOpt = False) -> None:
     """Restore a snapshot (stops and starts the service when given a recipe)."""
     from rewheel import runner
 
@@ -293,13 +335,19 @@ def rollback(target: TargetArg = None,
     runner.refuse_system_interpreter(t)  # before a question or a snapshot lookup
     out, err = consoles(json_out)
     snap = t.store.get(snapshot_id) if snapshot_id is not None else runner.default_rollback_snapshot(t.store)
+    runner.refuse_failed_build(snap, force, t.cli_ref)  # exit 2 before the question
     confirm(report.clean(f"Restore {t.env.prefix} to snapshot {snap.id} ({snap.label or snap.status}, "
                          f"{snap.created_iso})?", lines=False), yes)
     cb, status = _progress(err)
     with status:
-        result = runner.rollback(t, snap.id, say=_streams(err)[0],
+        result = runner.rollback(t, snap.id, force=force, say=_streams(err)[0],
                                  progress=cb)
     show(out, json_out, result, report.render_rollback)
+    if not json_out:
+        report.render_rollback_more(out, result)
+    if result.error:
+        report.print_error(err, runner.rollback_error(result))
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()
@@ -337,6 +385,7 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
         if dry_run:
             report.render_plan(console, rep, verbose=verbose)
         report.render_run(console, rep, verbose=verbose)
+        report.render_pruned(console, rep.pruned)
 
     show(out, json_out, result, render)
     raise typer.Exit(result.exit_code)
@@ -466,6 +515,7 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
        lockfiles: Annotated[str, typer.Option("--lockfiles", metavar="DIR", help="Where qualified locks live.")] = "lockfiles",
        venv_python: Annotated[str | None, typer.Option("--venv-python", metavar="PATH|VERSION", help="Interpreter for the throwaway environment (default: the recipe's).")] = None,
        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
+       packages_only: Annotated[bool, typer.Option("--packages-only", help="Start from the recipe's packages alone, not from the target environment's pinned set.")] = False,
        json_out: JsonOpt = False) -> None:
     """Qualify the newest nightly in a throwaway environment; report for CI; promote its lock."""
     from pathlib import Path
@@ -479,10 +529,12 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
     say, on_output = _streams(err, quiet)
 
     result = qualify.qualify(rec, lockfiles=Path(lockfiles), promote=promote, interpreter=venv_python,
-                             say=say, on_output=on_output)
+                             say=say, on_output=on_output, from_target=not packages_only)
     qualify.write_reports(result, junit=Path(junit) if junit else None,
                           summary=Path(summary) if summary else None)
     show(out, json_out, result, report.render_ci)
+    if not json_out:
+        report.render_ci_base(out, result)
     raise typer.Exit(result.exit_code)
 
 
@@ -538,6 +590,79 @@ def verify(target: TargetArg = None,
     show(out, json_out, result, report.render_verify)
     if not result.ok:
         raise typer.Exit(EXIT_UNRESTORED)
+
+
+# ---- pin, unpin, forget: one snapshot by id (git-like verbs; `forget` as restic names it) ----
+def _target_and_ref(target: str | None, ref: str | None, python: str | None) -> tuple[str | None, str]:
+    """With --python the one positional argument is the snapshot."""
+    from rewheel.errors import UsageError
+
+    if python and target is not None and ref is None:
+        target, ref = None, target
+    if ref is None or not ref.strip():
+        # Never a default here: an unset shell variable must not pick a snapshot.
+        raise UsageError("missing SNAPSHOT" if ref is None else f"SNAPSHOT: empty snapshot reference {ref!r}",
+                         hint="give a snapshot id, a unique prefix of one or an exact label "
+                              "(`rewheel history TARGET` lists them)")
+    return target, ref
+
+
+@app.command()
+@handles_errors
+def pin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
+        python: PythonOpt = None, json_out: JsonOpt = False) -> None:
+    """Pin a snapshot: retention (the recipe's snapshots.keep) never prunes it, forget refuses it."""
+    from rewheel import runner
+
+    target, ref = _target_and_ref(target, snapshot_id, python)
+    result = runner.set_pinned(_target(target, python), ref, True)
+    out, _ = consoles(json_out)
+    show(out, json_out, result, report.render_pin)
+
+
+@app.command()
+@handles_errors
+def unpin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
+          python: PythonOpt = None, json_out: JsonOpt = False) -> None:
+    """Unpin a snapshot: retention (snapshots.keep) may prune it again."""
+    from rewheel import runner
+
+    target, ref = _target_and_ref(target, snapshot_id, python)
+    result = runner.set_pinned(_target(target, python), ref, False)
+    out, _ = consoles(json_out)
+    show(out, json_out, result, report.render_pin)
+
+
+@app.command()
+@handles_errors
+def forget(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
+           python: PythonOpt = None, yes: YesOpt = False, json_out: JsonOpt = False) -> None:
+    """Remove one snapshot from the store (not a pinned one, nor one an interrupted run needs)."""
+    from rewheel import runner
+
+    target, ref = _target_and_ref(target, snapshot_id, python)
+    t = _target(target, python)
+    snap = runner.forget_target(t, ref)  # refused (exit 2) before the question
+    confirm(report.clean(f"Remove snapshot {snap.id} ({snap.label or snap.status}, {snap.created_iso}) "
+                         f"of {t.env.prefix}? It cannot be restored afterwards", lines=False), yes)
+    result = runner.forget(t, snap.id)
+    out, _ = consoles(json_out)
+    show(out, json_out, result, report.render_forget)
+
+
+@app.command()
+@handles_errors
+def status(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOpt = False) -> None:
+    """Where the environment stands: key versions, the snapshot it equals, runs, the service."""
+    from rewheel import status as statusmod
+
+    t = _target(target, python)
+    result = statusmod.status(t)
+    out, err = consoles(json_out)
+    show(out, json_out, result, report.render_status)
+    _exit_if_interrupted(t, err)
+
+
 # ---- global options: `--plain`, `--version` ----
 def _plain_first(args: list[str]) -> list[str]:
     """`--plain` is a global option (`rewheel --plain history X`); it is accepted after the
@@ -585,6 +710,10 @@ _SHORT_HELP = {
     "ci": "Qualify the newest nightly in a throwaway environment.",
     "bisect": "Find the first bad nightly between a good and a bad one.",
     "verify": "Check snapshots' stored files against their manifests.",
+    "status": "Where the environment stands: versions, snapshot, runs, service.",
+    "pin": "Keep a snapshot from retention.",
+    "unpin": "Let retention prune a pinned snapshot again.",
+    "forget": "Remove one snapshot from the store.",
 }
 for _info in app.registered_commands:
     _name = _info.name or (_info.callback.__name__ if _info.callback else "")

@@ -13,6 +13,10 @@ EXIT_REVERTED = 1
 EXIT_USAGE = 2
 EXIT_UNRESTORED = 3
 EXIT_BUSY = 4
+# A bug in rewheel (an exception no error class describes): the traceback goes to a file the
+# message names, never to the terminal. Not 1, which Python itself uses for a crash and
+# rewheel for "reverted".
+EXIT_INTERNAL = 5
 
 
 class RewheelError(Exception):
@@ -59,6 +63,19 @@ class CommandNotFound(RewheelError):
 
 class PreflightError(RewheelError):
     """A precondition of a run does not hold; nothing was changed."""
+
+
+class InternalError(RewheelError):
+    """An unexpected exception: a bug in rewheel. `traceback_file` holds its traceback."""
+
+    exit_code = EXIT_INTERNAL
+
+    def __init__(self, message: str, *, hint: str | None = None, traceback_file: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.traceback_file = traceback_file
+
+    def to_json(self) -> dict[str, object]:
+        return {**super().to_json(), "traceback_file": self.traceback_file}
 
 
 class ConfirmationRequired(RewheelError):

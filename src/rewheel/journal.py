@@ -315,9 +315,11 @@ class RunJournal:
         if path.exists():
             for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
                 try:
-                    j.records.append(json.loads(line))
+                    rec = json.loads(line)
                 except ValueError:
                     break  # a torn last write: everything before it stands
+                if isinstance(rec, dict) and isinstance(rec.get("event"), str):
+                    j.records.append(rec)  # anything else is not a record rewheel wrote
         return j
 
     def append(self, event: str, **data: Any) -> dict[str, Any]:
@@ -397,7 +399,10 @@ def list_runs(env_dir: Path) -> list[RunJournal]:
     runs_dir = env_dir / "runs"
     if not runs_dir.is_dir():
         return []
-    return [RunJournal.load(d) for d in sorted(runs_dir.iterdir(), reverse=True) if d.is_dir()]
+    runs = [RunJournal.load(d) for d in runs_dir.iterdir() if d.is_dir()]
+    # Newest first by when each started: ids made within one second differ only in their
+    # random part, so their names alone do not order them.
+    return sorted(runs, key=lambda j: ((j.records[0].get("time") or 0) if j.records else 0, j.id), reverse=True)
 
 
 def interrupted_run(env_dir: Path) -> RunJournal | None:

@@ -342,14 +342,24 @@ def git_commits(repo: str | os.PathLike[str], base: str, head: str) -> CommitRan
 
 # --- locks ------------------------------------------------------------------------------------
 
-def compile_argv(recipe: Recipe, requirements: Path, output: Path, *, uv: str | None = None) -> list[str]:
+def compile_argv(recipe: Recipe, requirements: Path, output: Path, *, uv: str | None = None,
+                 upgrade_packages: Sequence[str] | None = None, fmt: str = "pylock.toml") -> list[str]:
     """`uv pip compile` writing a PEP 751 lock (wheel URLs and sha256 hashes from the index) for
-    the recipe's packages at their newest versions, for the recipe's interpreter."""
+    the recipe's packages at their newest versions, for the recipe's interpreter.
+
+    `upgrade_packages`: only these go to their newest versions (`--upgrade-package`); every
+    other package keeps the version `output` already pins, where it can (uv's preferences).
+    `fmt`: `pylock.toml` or `requirements.txt`."""
     from rewheel.installer import _index_args
 
     spec = recipe.install
     argv = [uv or find_uv(), "pip", "compile", "--python", str(recipe.python), "--no-progress",
-            "--color", "never", "--quiet", "--format", "pylock.toml", "-o", str(output), "--upgrade"]
+            "--color", "never", "--quiet", "--format", fmt, "-o", str(output)]
+    if upgrade_packages is None:
+        argv.append("--upgrade")
+    else:
+        for name in upgrade_packages:
+            argv += ["--upgrade-package", name]
     if spec.prerelease and "--prerelease" not in " ".join(spec.uv_args):
         argv += ["--prerelease", "allow"]
     argv += _index_args(recipe)

@@ -150,5 +150,27 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
 
 
 def check_recipe(path: str) -> CheckResult:
-    """`rewheel check`: load and validate (RecipeError → exit 2), then every precondition."""
-    return run_checks(load_recipe(path))
+    """`rewheel check`: load and validate (RecipeError → exit 2), then every precondition,
+    then resolve the recipe's packages against its indexes (uv's dry run, as `run --dry-run`
+    plans): a misspelled package, a version no index has, a missing `prerelease = true` fail
+    here. (`run` makes the same plan itself after these checks, so it is not asked twice.)"""
+    recipe = load_recipe(path)
+    result = run_checks(recipe)
+    usable = {c.name for c in result.checks if c.ok}
+    if recipe.install.packages and {"interpreter", "uv"} <= usable and "indexes" in usable:
+        _run_check(result, "resolve", lambda: _resolve(recipe))
+    return result
+
+
+def _resolve(recipe: Recipe) -> str:
+    """What uv would install into the recipe's environment; PreflightError with uv's own
+    error lines when it cannot resolve."""
+    from rewheel import installer
+
+    plan = installer.plan(recipe)
+    changes = [f"{c.name} {c.old or '-'} → {c.new or '-'}" for c in plan.changes]
+    resolved = f"{plan.resolved} package(s) resolve" if plan.resolved is not None else "the packages resolve"
+    if not changes:
+        return f"{resolved}; nothing would change"
+    return (f"{resolved}; {len(changes)} would change: " + ", ".join(changes[:5])
+            + (f", … {len(changes) - 5} more" if len(changes) > 5 else ""))

@@ -101,6 +101,10 @@ class CiReport:
     started: float = field(default_factory=time.time)
     junit: str | None = None
     summary: str | None = None
+    # What the throwaway environment starts from: the target environment's pinned set
+    # ({"from", "pinned", "pins", "left_out"}), or why only the recipe's packages
+    # ({"from": null, "reason"}).
+    base: dict[str, Any] | None = None
 
     @property
     def exit_code(self) -> int:
@@ -122,7 +126,7 @@ class CiReport:
                 "failure": self.failure.to_json() if self.failure else None,
                 "promoted": self.promoted, "steps": [s.to_json() for s in self.steps],
                 "logs": self.logs, "run_dir": self.run_dir, "junit": self.junit,
-                "summary": self.summary, "exit_code": self.exit_code}
+                "summary": self.summary, "base": self.base, "exit_code": self.exit_code}
 
 
 class _StepFailed(Exception):
@@ -134,11 +138,16 @@ class _StepFailed(Exception):
 
 def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: bool = False,
             interpreter: str | None = None, package: str | None = None, say: Say = _quiet,
-            on_output: Say = _quiet, work_dir: Path | None = None) -> CiReport:
+            on_output: Say = _quiet, work_dir: Path | None = None, from_target: bool = True) -> CiReport:
     """Install the newest nightly per `recipe` into a throwaway environment, smoke-test it, diff
     it against the last qualified lock in `lockfiles`, and promote it there when asked and
     everything passed. A failing nightly is a result (status "failed"), not an exception;
-    usage and setup problems raise RewheelError (exit 2)."""
+    usage and setup problems raise RewheelError (exit 2).
+
+    `from_target`: when the recipe's environment exists here, the throwaway environment
+    starts from its pinned set (every distribution at the version it has, exported as
+    `target-pins.txt`) and the recipe's upgrade is applied on top: the smoke test sees the
+    neighbours the host has, not only `[install] packages`."""
     if recipe.smoke is None:
         raise UsageError(f"{recipe.source}: no [smoke] section; `rewheel ci` qualifies a nightly by "
                          "its smoke test", hint="add [smoke] command = [...] to the recipe")
@@ -154,6 +163,11 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
     baseline = lockfiles / nightly.lock_name(recipe)
     pending = list(STEPS if promote else STEPS[:-1])
     env_root = run_dir / "env"
+    pins = export_target(recipe, run_dir, rep) if from_target else None
+    if not from_target:
+        rep.base = {"from": None, "reason": "--packages-only: the recipe's packages alone"}
+    if rep.base and rep.base.get("from"):
+        say(f"starting from {rep.base['from']}: {rep.base['pinned']} distribution(s) at their versions")
 
     def run_step(step: str, fn: Callable[[], str | None]) -> None:
         pending.remove(step)
@@ -172,7 +186,7 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
         scoped = nightly.scoped_recipe(recipe, env_root / "bin" / "python")
         lock = run_dir / "pylock.toml"
         rep.lock = str(lock)
-        run_step("resolve", lambda: _resolve(scoped, lock, run_dir, rep, on_output))
+        run_step("resolve", lambda: _resolve(scoped, lock, run_dir, rep, on_output, pins))
         run_step("install", lambda: _install(scoped, lock, run_dir, rep, on_output))
         run_step("diff", lambda: _diff(scoped, baseline, rep))
         run_step("smoke", lambda: _smoke(scoped, name, run_dir, rep, on_output))
@@ -206,20 +220,76 @@ def _environment(recipe: Recipe, env_root: Path, interpreter: str | None, rep: C
     return f"Python {rep.python_version} at {env_root}"
 
 
-def _resolve(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say) -> str:
-    req = run_dir / "requirements.in"
-    req.write_text("".join(p + "\n" for p in scoped.install.packages), encoding="utf-8")
-    argv = nightly.compile_argv(scoped, req, lock)
-    log = run_dir / "resolve.log"
-    rep.logs["resolve"] = str(log)
+def export_target(recipe: Recipe, run_dir: Path, rep: CiReport) -> Path | None:
+    """The target environment's pinned set, exported as `target-pins.txt` (`name==version`,
+    one a line) in the run folder: every distribution but the recipe's own packages (the
+    upgrade picks those), editable installs and ones installed from a URL or a path (no index
+    can give them back; listed in `left_out`). None, with the reason in `rep.base`, when the
+    recipe's environment is not on this machine or is a system interpreter's."""
+    from rewheel.environment import Environment
+
+    if not Path(recipe.python).exists():
+        rep.base = {"from": None, "reason": f"{recipe.python} is not on this machine: the recipe's packages alone"}
+        return None
+    try:
+        env = Environment.inspect(recipe.python)
+    except RewheelError as exc:
+        rep.base = {"from": None, "reason": f"{recipe.python} cannot be inspected ({exc.message}): "
+                                            "the recipe's packages alone"}
+        return None
+    if env.kind == "system":
+        rep.base = {"from": None, "reason": f"{recipe.python} is a system interpreter, not a service's "
+                                            "environment: the recipe's packages alone"}
+        return None
+    upgraded = {canonicalize_name(r.name) for r in recipe.install.requirements}
+    pins, left_out = [], []
+    for d in env.distributions():
+        doc = d.to_json()
+        if canonicalize_name(d.name) in upgraded:
+            continue
+        if doc["editable"] or doc["url"]:
+            left_out.append(f"{d.name} {d.version_text} ({'editable' if doc['editable'] else doc['url']})")
+            continue
+        pins.append(f"{canonicalize_name(d.name)}=={d.version_text}")
+    path = run_dir / "target-pins.txt"
+    path.write_text("".join(p + "\n" for p in sorted(pins)), encoding="utf-8")
+    rep.base = {"from": str(env.prefix), "pinned": len(pins), "pins": str(path), "left_out": left_out}
+    return path if pins else None
+
+
+def _compile(scoped: Recipe, argv: list[str], log: Path, on_output: Say) -> proc.Completed:
     with open(log, "a", encoding="utf-8") as f:
         f.write(f"[rewheel] $ {' '.join(redact_argv(argv))}\n")
     from rewheel.installer import uv_environment
 
     env = uv_environment(scoped)  # the indexes' credentials: never on uv's command line
     env.setdefault("UV_PREVIEW_FEATURES", "pylock")
-    cp = proc.stream(argv, on_line=on_output, timeout=nightly.COMPILE_TIMEOUT_S, env=env,
-                     log_path=log, redact=redact)
+    return proc.stream(argv, on_line=on_output, timeout=nightly.COMPILE_TIMEOUT_S, env=env,
+                       log_path=log, redact=redact)
+
+
+def _resolve(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say,
+             pins: Path | None = None) -> str:
+    req = run_dir / "requirements.in"
+    log = run_dir / "resolve.log"
+    rep.logs["resolve"] = str(log)
+    if pins is not None:
+        # The target's set first: its names as requirements, its versions as uv's preferences
+        # (the output it starts from), only the recipe's packages upgraded. A neighbour moves
+        # only where the upgrade needs it to, as on the host.
+        names = [line.split("==", 1)[0] for line in pins.read_text().split()]
+        req.write_text("".join(p + "\n" for p in [*scoped.install.packages, *names]), encoding="utf-8")
+        resolved = run_dir / "resolved.txt"
+        shutil.copyfile(pins, resolved)
+        upgrade = [r.name for r in scoped.install.requirements]
+        cp = _compile(scoped, nightly.compile_argv(scoped, req, resolved, upgrade_packages=upgrade,
+                                                   fmt="requirements.txt"), log, on_output)
+        if cp.returncode == 0 and not cp.timed_out:
+            # Every version is pinned now: the lock only adds the wheels' URLs and hashes.
+            cp = _compile(scoped, nightly.compile_argv(scoped, resolved, lock, upgrade_packages=[]), log, on_output)
+    else:
+        req.write_text("".join(p + "\n" for p in scoped.install.packages), encoding="utf-8")
+        cp = _compile(scoped, nightly.compile_argv(scoped, req, lock), log, on_output)
     lines = cp.stdout.splitlines()
     if cp.timed_out:
         raise _StepFailed(f"uv could not resolve the nightly within {nightly.COMPILE_TIMEOUT_S:g}s",

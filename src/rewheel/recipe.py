@@ -114,7 +114,11 @@ class Recipe:
         if not p.exists():
             raise RecipeError("--python", None, f"interpreter {p} does not exist", hint=hint)
         if p.is_dir():
-            raise RecipeError("--python", None, f"{p} is a folder, not an interpreter", hint=hint)
+            found = interpreter_of(p)
+            if found is None:
+                raise RecipeError("--python", None, f"{p} is a folder, but not a Python environment's "
+                                                    "(no bin/python in it)", hint=hint)
+            p = found
         if not os.access(p, os.X_OK):
             raise RecipeError("--python", None, f"{p} is not an executable interpreter", hint=hint)
         return cls(name=p.parent.parent.name or "env", python=p)
@@ -229,8 +233,16 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
     python = _resolve_path(base, data["environment"]["python"])
     if check_interpreter and not python.exists():
         raise RecipeError(path, "environment.python", f"interpreter {python} does not exist")
-    if check_interpreter and python.is_dir():
-        raise RecipeError(path, "environment.python", f"{python} is a folder, not an interpreter")
+    if python.is_dir():
+        # An environment's folder stands for its interpreter, as with `--python`.
+        found = interpreter_of(python)
+        if found is not None:
+            python = found
+        elif check_interpreter:
+            raise RecipeError(path, "environment.python", f"{python} is a folder, but not a Python "
+                              "environment's (no bin/python in it)",
+                              hint='give the interpreter, e.g. python = "/opt/vllm-env/bin/python", '
+                                   "or the environment's folder")
     if check_interpreter and not os.access(python, os.X_OK):
         raise RecipeError(path, "environment.python", f"interpreter {python} is not executable")
 
@@ -321,6 +333,17 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
         cleanup_paths=tuple(_resolve_glob(base, p) for p in data.get("cleanup", {}).get("paths", ())),
         keep=keep, store=store, snapshot_exclude=exclude,
         system=data["environment"].get("system", False))
+
+
+def interpreter_of(folder: Path) -> Path | None:
+    """The interpreter of an environment given by its folder (a venv's or conda env's
+    prefix): `bin/python`, else `bin/python3`, when executable. The path is kept as the
+    environment has it (not resolved: a venv's python is a link to its base interpreter)."""
+    for name in ("python", "python3"):
+        cand = folder / "bin" / name
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
 
 
 def load_recipe(path: str | os.PathLike[str], *, check_interpreter: bool = True) -> Recipe:

@@ -707,3 +707,106 @@ def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
         console.print("a rollback to a damaged snapshot recovers the files' bytes from the environment, uv's "
                       "cache or the recipe's index before it stops anything, and refuses (exit 3) when none "
                       "has them")
+
+
+def render_rollback_more(console: Console, result) -> None:  # runner.RollbackResult
+    """What a rollback adds to the restore: how to undo it, what retention pruned, and why a
+    service that did not come back failed."""
+    if result.undo_snapshot_id:
+        console.print(f"  the state it replaced is snapshot {escape(result.undo_snapshot_id)}: "
+                      f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}` "
+                      "undoes this rollback")
+    elif result.undo_snapshot_error:
+        console.print(f"  [yellow]the state it replaced could not be snapshotted "
+                      f"({escape(result.undo_snapshot_error)}): this rollback cannot be undone[/]")
+    if result.superseded_runs:
+        console.print(f"  closed interrupted runs it superseded: {escape(', '.join(result.superseded_runs))}")
+    if result.pruned:
+        console.print(f"  pruned old snapshots: {escape(', '.join(result.pruned))}")
+    if result.status != "restored":
+        console.print("[bold red]the service did not come back healthy[/]")
+        render_root_cause(console, result.root_cause)
+
+
+def render_pin(console: Console, result) -> None:  # runner.PinResult
+    s = result.snapshot
+    what = "pinned" if result.pinned else "unpinned"
+    console.print(f"snapshot {escape(s.id)} ({escape(s.label or s.status)}) "
+                  + (f"is now {what}" if result.changed else f"was already {what}")
+                  + (": `\\[snapshots] keep` never prunes it" if result.pinned else ""))
+
+
+def render_forget(console: Console, result) -> None:  # runner.ForgetResult
+    s = result.snapshot
+    console.print(f"removed snapshot {escape(s.id)} ({escape(s.label or s.status)}, {s.created_iso}); "
+                  f"{human_bytes(s.bytes_copied)} of copies freed (shared files stay where they are linked)")
+
+
+def render_history_marks(console: Console, hist) -> None:  # runner.History
+    """Below the history's tables: which snapshots are pinned, which hold failed builds."""
+    pinned = [s.id for s in hist.snapshots if s.pinned]
+    failed = [s.id for s in hist.snapshots if s.failed_build]
+    if pinned:
+        console.print(f"pinned (never pruned): {escape(', '.join(pinned))}")
+    if failed:
+        console.print(f"failed builds (restored only with `rollback --force`): {escape(', '.join(failed))}")
+
+
+def render_status(console: Console, st) -> None:  # status.Status
+    """`rewheel status`: one fact a line, the most urgent first."""
+    console.print(f"[bold]{escape(st.target)}[/]: {escape(st.prefix)}")
+    if st.running:
+        console.print(f"[yellow]running now: rewheel {escape(str(st.running.get('purpose')))} "
+                      f"(pid {st.running.get('pid')})[/]")
+    if st.interrupted:
+        r = st.interrupted
+        console.print(f"[bold red]interrupted {escape(r['kind'])} {escape(r['id'])}[/] (last step: "
+                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume` or `rewheel rollback` first")
+    shown = ", ".join(f"{n} {v or 'not installed'}" for n, v in st.key_packages.items())
+    console.print(f"  versions: {escape(shown) or 'no key packages installed'}")
+    if st.equals is not None:
+        e = st.equals
+        console.print(f"  equals snapshot {escape(e.id)} ({escape(e.label or e.status)}, {e.created_iso})"
+                      + (f"; also {escape(', '.join(st.also_equal))}" if st.also_equal else ""))
+    elif st.newest is not None:
+        n = st.newest
+        console.print(f"  equals no snapshot; {len(st.differs_from_newest)} distribution(s) differ from the "
+                      f"newest, {escape(n.id)} ({escape(n.label or n.status)}):")
+        for c in st.differs_from_newest[:10]:
+            console.print(f"    {escape(c.name)} {escape(c.old or '-')} → {escape(c.new or '-')} ({c.change})")
+        if len(st.differs_from_newest) > 10:
+            console.print(f"    … and {len(st.differs_from_newest) - 10} more (`rewheel diff` shows all)")
+    else:
+        console.print("  no snapshots yet (`rewheel snapshot TARGET` takes one)")
+    if st.last_run:
+        r = st.last_run
+        console.print(f"  last command: {escape(r['kind'])} {escape(r['id'])}: {escape(r['status'])}")
+    if st.service is not None:
+        s = st.service
+        h = s.get("health")
+        health = "" if h is None else (", healthy" if h["ok"] else f", [red]not healthy[/] ({escape(h['detail'])})")
+        console.print(f"  service: {escape(s['describe'])} is {escape(s['state'])}{health}"
+                      + (f" ({escape(s['error'])})" if s.get("error") else ""))
+    console.print(f"  snapshots: {st.snapshots}"
+                  + (f"; pinned: {escape(', '.join(st.pinned))}" if st.pinned else "")
+                  + (f"; failed builds: {escape(', '.join(st.failed_builds))}" if st.failed_builds else ""))
+    if st.damaged:
+        console.print(f"  [bold red]damaged snapshots: {escape(', '.join(st.damaged))}[/]")
+
+
+def render_ci_base(console: Console, rep) -> None:  # qualify.CiReport
+    """What `ci` started the throwaway environment from."""
+    b = rep.base or {}
+    if b.get("from"):
+        console.print(f"  started from {escape(b['from'])}: {b.get('pinned', 0)} distribution(s) at their "
+                      f"versions ({escape(b.get('pins') or '')}), then the recipe's upgrade")
+        if b.get("left_out"):
+            console.print(f"  left out (no index gives them back): {escape(', '.join(b['left_out']))}")
+    elif b.get("reason"):
+        console.print(f"  started from the recipe's packages alone: {escape(b['reason'])}")
+
+
+def render_pruned(console: Console, pruned: list[str]) -> None:
+    """The snapshots `[snapshots] keep` removed (a kept run's report)."""
+    if pruned:
+        console.print(f"  pruned old snapshots (\\[snapshots] keep): {escape(', '.join(pruned))}")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rewheel import journal
 from rewheel.environment import Environment
-from rewheel.errors import SnapshotDamaged, SnapshotError
+from rewheel.errors import ServiceError, SnapshotDamaged, SnapshotError
 from rewheel.host import Host
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
@@ -119,6 +119,16 @@ class SnapshotCommandResult:
         return {**self.result.to_json(), "pruned": self.pruned}
 
 
+def pruned_text(store: Store, ids: list[str]) -> str:
+    """`3f2a9c1e (before run …), 8d0b7e44 (failed upgrade of run …, a failed build)`."""
+    def one(i: str) -> str:
+        m = store.pruned_meta.get(i)
+        if m is None:
+            return i
+        return f"{i} ({m.label or m.status}" + (", a failed build)" if m.failed_build else ")")
+    return ", ".join(one(i) for i in ids)
+
+
 def snapshot_now(t: Target, *, label: str = "", progress: Progress | None = None) -> SnapshotCommandResult:
     with EnvLock(t.store.env_dir, "snapshot", prefix=t.env.prefix):
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
@@ -212,28 +222,96 @@ class RollbackResult:
     # Processes an interrupted rewheel had started (uv, the smoke test) that were still running
     # and were stopped before anything was restored.
     stopped_processes: list[StoppedChild] = field(default_factory=list)
+    # The snapshot of the state this rollback replaced (None when no byte changed, or when
+    # it could not be taken: `undo_snapshot_error` says why); restoring it rolls forward.
+    undo_snapshot_id: str | None = None
+    undo_snapshot_error: str | None = None
+    pruned: list[str] = field(default_factory=list)
+    # "restored", or "service-failed": the files are the snapshot's, verified, but the
+    # service did not come back healthy (exit 3); `root_cause` is read from its log.
+    status: str = "restored"
+    error: str | None = None
+    hint: str | None = None
+    root_cause: RootCause | None = None
+    diagnosis: DiagnosisRecord | None = None
+    # Journals of earlier commands this rollback closed: interrupted ones left below the
+    # newest (a stack of killed rollbacks), finished as superseded by this one.
+    superseded_runs: list[str] = field(default_factory=list)
+    target: str = ""  # how the CLI names the target (for the commands the report suggests)
     # Stored files an edit in place had damaged, recovered before the restore (None: none were).
     recovered: Any = None  # recovery.Recovery
 
+    @property
+    def exit_code(self) -> int:
+        from rewheel.errors import EXIT_OK, EXIT_UNRESTORED
+
+        return EXIT_OK if self.status == "restored" else EXIT_UNRESTORED
+
     def to_json(self) -> dict[str, Any]:
-        return {"status": "restored", "snapshot_id": self.snapshot.id, "run_id": self.run_id,
+        return {"status": self.status, "snapshot_id": self.snapshot.id, "run_id": self.run_id,
                 "restore": self.restore.to_json(), "service": _to_json(self.service),
                 "versions": self.snapshot.versions, "finished_interrupted_run": self.finished_run,
-                "steps": [s.to_json() for s in self.steps],
-                "stopped_processes": _to_json(self.stopped_processes), "recovered": _to_json(self.recovered)}
+                "steps": [s.to_json() for s in self.steps], "stopped_processes": _to_json(self.stopped_processes),
+                "recovered": _to_json(self.recovered),
+                "undo_snapshot_id": self.undo_snapshot_id, "undo_snapshot_error": self.undo_snapshot_error,
+                "pruned": self.pruned, "error": self.error, "hint": self.hint,
+                "root_cause": _to_json(self.root_cause), "diagnosis": _to_json(self.diagnosis),
+                "superseded_runs": self.superseded_runs, "exit_code": self.exit_code}
+
+
+# A build that failed its checks, kept for inspection: never a default rollback target,
+# restored only with `--force`.
+FAILED_BUILD = "failed-upgrade"
+# The state a rollback replaced, snapshotted first so that the rollback can be undone.
+PRE_ROLLBACK = "pre-rollback"
+
+
+def is_failed_build(snap: SnapshotMeta) -> bool:
+    """Whether a snapshot holds a build that failed (or never passed) its checks: the state
+    a revert kept (`failed-upgrade`), or the state a rollback replaced while it was such a
+    build (`extra.failed_build`)."""
+    return snap.failed_build
+
+
+def refuse_failed_build(snap: SnapshotMeta, force: bool, cli_ref: str) -> None:
+    """Restoring a failed build puts back what its checks rejected: only with --force.
+    Exit 2 (SnapshotError) naming the snapshot and its label, before anything is asked,
+    stopped or changed."""
+    if force or not is_failed_build(snap):
+        return
+    what = snap.label or snap.status
+    raise SnapshotError(
+        f"snapshot {snap.id} ({what}) is a failed build: restoring it puts back a build that "
+        "failed its checks",
+        hint=f"to restore it anyway (to debug it), add --force: `rewheel rollback {cli_ref} {snap.id} "
+             f"--force`; without a SNAPSHOT, rollback picks the newest snapshot taken before an "
+             f"upgrade (`rewheel history {cli_ref}` lists them); nothing was changed")
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
-    """The newest snapshot taken before an upgrade; else the newest snapshot at all."""
+    """The snapshot an interrupted run began from; else the newest snapshot taken before an
+    upgrade; else the newest snapshot at all — never a failed build (those need to be named,
+    with --force), and an undo point (`pre-rollback`) only when nothing else is left: a
+    second plain `rollback` must not undo the first."""
     interrupted = journal.interrupted_run(store.env_dir)
     if interrupted and interrupted.snapshot_id:
-        return store.get(interrupted.snapshot_id)
+        snap = store.get(interrupted.snapshot_id)
+        if not is_failed_build(snap):
+            return snap
     metas = store.list()
     if not metas:
         raise SnapshotError("no snapshots exist for this environment",
                             hint="`rewheel snapshot TARGET` takes one")
     pre = [m for m in metas if m.status == "pre-upgrade"]
-    return pre[0] if pre else metas[0]
+    if pre:
+        return pre[0]
+    usable = [m for m in metas if not is_failed_build(m)]
+    usable = [m for m in usable if m.status != PRE_ROLLBACK] or usable
+    if not usable:
+        raise SnapshotError(f"every snapshot of this environment is a failed build ({', '.join(m.id for m in metas)}): "
+                            "there is no default rollback target",
+                            hint="name one and add --force to restore a failed build anyway; nothing was changed")
+    return usable[0]
 
 
 def _env_matches(t: Target, snap: SnapshotMeta) -> bool:
@@ -278,39 +356,56 @@ def _left_down(j: RunJournal) -> bool:
     return "error" not in fin or any("restart_after_abort_failed" in r for r in j.records)
 
 
-def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
+def rollback(t: Target, ref: str | None = None, *, force: bool = False, say: Say = _quiet,
              progress: Progress | None = None) -> RollbackResult:
     """Restore a snapshot; with a recipe that has a service, stop it first and start and
     health-check it after — if it was running before (or before the interrupted run this
     rollback finishes). A service that was stopped stays stopped. When the environment
     already matches the snapshot, nothing is stopped or restarted (a running service is
-    only health-checked). Finishes an interrupted run as `rolled-back`."""
+    only health-checked). Finishes an interrupted run as `rolled-back`.
+
+    A failed build is restored only with `force`. The state the rollback replaces is
+    snapshotted first (`pre-rollback`), so the rollback can be undone by restoring that.
+    When the service then fails to come back, the result says so (status "service-failed",
+    exit 3) with the root cause read from the service's log, and the journal is finished:
+    the next command is not blocked by a stale interrupted record."""
     # An interrupted rewheel's uv or smoke test that still runs is stopped (and waited for)
     # when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
     with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
+        refuse_failed_build(snap, force, t.cli_ref)  # before a journal exists: nothing to close
         interrupted = journal.interrupted_run(t.store.env_dir)
+        runs = journal.list_runs(t.store.env_dir)
         # The last command, if it left the service stopped: interrupted, or failed without
         # putting things back (`--no-revert`, a revert that could not verify, a restart
         # after an aborted run that failed).
-        left_down = next((r for r in journal.list_runs(t.store.env_dir)[:1] if _left_down(r)), interrupted)
+        left_down = next((r for r in runs[:1] if _left_down(r)), interrupted)
+        replaces_failed = _live_is_failed_build(t, runs, interrupted)
         # With a service: before it is stopped. Without one the restore itself checks every
         # stored file it needs before it changes anything, at no extra cost (see below).
         recovery = _recover_stored_bytes(t, snap, say) if t.recipe.service is not None else None
-        j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label)
+        j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label,
+                              force=force)
         steps: list[StepRecord] = []
         svc = ServiceSteps(t, j, steps, say) if t.recipe.service is not None else None
-        was_up = up_now = unchanged = stopped = False
-        if svc:
+        was_up = up_now = unchanged = stopped = suspect = False
+        try:
+            st = svc.status() if svc else None
             try:
-                st = svc.status()
                 unchanged = _env_matches(t, snap)
-                if not unchanged:
-                    svc.check_stoppable(st)
-            except BaseException:
-                j.append("finished", status="refused", snapshot_id=snap.id)
-                raise
+            except (SnapshotDamaged, SnapshotError):
+                if svc:
+                    raise
+                # Nothing to stop: the restore's own checks refuse it below, with their
+                # precise message, before any file changes (and before an undo snapshot).
+                suspect = True
+            if svc and not unchanged:
+                svc.check_stoppable(st)
+        except BaseException:
+            j.append("finished", status="refused", snapshot_id=snap.id)
+            raise
+        if svc:
             up_now = st.up
             # Up now, or up before the run that stopped it and left it so.
             was_up = up_now or _noted_active(left_down)
@@ -320,7 +415,24 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
                 say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
             else:
                 stopped = True
-                svc.stop()
+                try:
+                    svc.stop()
+                except Exception as exc:
+                    # Nothing was changed: put the service back as it was (as a run does) and
+                    # finish, so that no stale record blocks the next command with exit 4.
+                    try:
+                        if was_up and not svc.was_active():
+                            svc.start_and_verify()
+                    except Exception as again:  # noqa: BLE001 - the stop's failure is reported
+                        j.append("note", restart_after_abort_failed=str(again))
+                    finally:
+                        j.append("finished", status="failed", snapshot_id=snap.id,
+                                 error=getattr(exc, "message", None) or str(exc))
+                    raise
+        undo_id = undo_error = None
+        if not unchanged and not suspect:
+            undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
+                                                           say=say, progress=progress)
         j.append("step", name="restore", snapshot_id=snap.id)
         say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
         t0 = time.monotonic()
@@ -342,6 +454,7 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
         res.cleanup_restored = unstash_cleanup(snap, t.recipe.cleanup_paths)
         steps.append(StepRecord.since("restore", True, t0))
         service_state = None
+        failed: Exception | None = None
         try:
             if svc:
                 if not stopped and _restore_changed(res):
@@ -350,19 +463,38 @@ def rollback(t: Target, ref: str | None = None, *, say: Say = _quiet,
                     j.append("note", unchanged_but_restored=True)
                     stopped = True
                     svc.stop()
-                if not was_up:
-                    svc.skip_start("the service was not running before: it stays stopped")
-                elif not stopped and up_now:
-                    service_state = svc.verify_running("no byte changed: the service was not restarted")
-                else:
-                    service_state = svc.start_and_verify()
+                try:
+                    if not was_up:
+                        svc.skip_start("the service was not running before: it stays stopped")
+                    elif not stopped and up_now:
+                        service_state = svc.verify_running("no byte changed: the service was not restarted")
+                    else:
+                        service_state = svc.start_and_verify()
+                except ServiceError as exc:
+                    failed = exc
         finally:
             remove_displaced(res)
         if interrupted is not None:
+            # The files are the snapshot's now, whether or not the service came back.
             interrupted.append("finished", status="rolled-back", by_run=j.id)
+        superseded = close_superseded(t.store.env_dir, j, skip={interrupted.id} if interrupted else set())
+        result = RollbackResult(snap, res, j.id, service_state, interrupted.id if interrupted else None, steps,
+                                lk.stopped, undo_snapshot_id=undo_id, undo_snapshot_error=undo_error,
+                                superseded_runs=superseded, target=t.cli_ref, recovered=recovery)
+        if failed is not None:
+            assert svc is not None
+            _service_failed_after_restore(t, svc, result, failed)
+            # Finished, not left interrupted: the files are restored and verified; what is
+            # wrong is the service, which the result names (no "error" key: see _left_down).
+            j.append("finished", status="failed", snapshot_id=snap.id, service_error=result.error,
+                     root_cause=_to_json(result.root_cause))
+            return result
         j.append("finished", status="restored", snapshot_id=snap.id)
-        return RollbackResult(snap, res, j.id, service_state,
-                              interrupted.id if interrupted else None, steps, lk.stopped, recovery)
+        keep = protected_snapshots(t.store) | {snap.id} | ({undo_id} if undo_id else set())
+        result.pruned = t.store.prune(t.recipe.keep, keep)
+        if result.pruned:
+            say("pruned old snapshots ([snapshots] keep): " + pruned_text(t.store, result.pruned))
+        return result
 
 
 def _restore_recovering(t: Target, snap: SnapshotMeta, say: Say, recovery: Any, progress: Progress | None,
@@ -393,6 +525,112 @@ def _recover_stored_bytes(t: Target, snap: SnapshotMeta, say: Say) -> Any:  # re
     named = bool(inst.index_url or inst.extra_index_urls or inst.find_links)
     return recover_before_restore(t.env, snap, cli_ref=t.cli_ref,
                                   fetcher=(lambda: t.host.fetcher(t.recipe)) if named else None, say=say)
+
+
+def _live_is_failed_build(t: Target, runs: list[RunJournal], interrupted: RunJournal | None) -> bool:
+    """Whether the live environment holds a build that failed or never passed its checks:
+    an upgrade interrupted after its reinstall began, one that failed and was left in place
+    (`--no-revert`), or a failed build restored with --force."""
+    if interrupted is not None and interrupted.kind == "run":
+        return any(r.get("name") == "reinstall" for r in interrupted.records if r["event"] == "step")
+    newest = next((r for r in runs if r.finished), None)
+    if newest is None:
+        return False
+    fin = newest.last("finished") or {}
+    if newest.kind == "run":
+        return newest.status == "failed" and bool(fin.get("kept_failed_state"))
+    if newest.kind == "rollback" and newest.status in ("restored", "failed") and newest.snapshot_id:
+        try:
+            return is_failed_build(t.store.get(newest.snapshot_id))
+        except SnapshotError:
+            return False
+    return False
+
+
+def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, steps: list[StepRecord], *,
+                             failed_build: bool, say: Say, progress: Progress | None) -> tuple[str | None, str | None]:
+    """Snapshot the state a rollback is about to replace, so that restoring it undoes the
+    rollback (rolls forward to an upgraded build even once its nightly left the index).
+    As cheap as any snapshot: files their RECORD proves are shared by links. A rollback is
+    often urgent: when the snapshot cannot be taken (a full disk), the rollback goes ahead,
+    and the result says it cannot be undone. Returns (snapshot id, error)."""
+    t0 = time.monotonic()
+    j.append("step", name="snapshot", purpose="undo")
+    try:
+        res = take_snapshot(t.env, t.store, label=f"before rollback {j.id} to {target.id}", status=PRE_ROLLBACK,
+                            run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude)
+    except Exception as exc:  # noqa: BLE001 - any failure: reported, the restore still goes ahead
+        msg = getattr(exc, "message", None) or str(exc)
+        j.append("note", undo_snapshot_error=msg)
+        steps.append(StepRecord.since("snapshot", False, t0))
+        say(f"could not snapshot the state this rollback replaces ({msg}): going ahead; it cannot be undone")
+        return None, msg
+    if failed_build:
+        res.meta.extra["failed_build"] = True  # never a default target, restored only with --force
+        res.meta.save()
+    j.append("note", undo_snapshot_id=res.meta.id)
+    steps.append(StepRecord.since("snapshot", True, t0))
+    say(f"snapshot {res.meta.id} holds the state this rollback replaces "
+        f"(`rewheel rollback {t.cli_ref} {res.meta.id}` undoes it)")
+    return res.meta.id, None
+
+
+def service_root_cause(svc: ServiceSteps, package: str | None) -> tuple[RootCause | None, DiagnosisRecord]:
+    """The root cause of a service's failed start, from its log or journal since it was
+    started (as `run` diagnoses a failed upgrade): (root_cause, diagnosis). Never raises:
+    a diagnosis that fails must not mask the failure itself."""
+    from rewheel import diagnose
+
+    try:
+        d = diagnose.analyse_lines(svc.log_lines(), package=package)
+    except Exception as exc:  # noqa: BLE001
+        return None, DiagnosisRecord(error=str(exc))
+    return d.root, DiagnosisRecord(svc.manager.log_location(svc.started_at or 0), d.summary())
+
+
+def cause_text(rc: RootCause | None) -> str:
+    """`: RuntimeError: CUDA error … in Worker_TP4`, or "" without a root cause."""
+    if not rc:
+        return ""
+    where = f" in {rc.rank}" if rc.rank else ""
+    return f": {rc.type}: {rc.message}{where}"
+
+
+def _service_failed_after_restore(t: Target, svc: ServiceSteps, result: RollbackResult, exc: Exception) -> None:
+    """Fill a rollback's result for a service that did not come back healthy: the root cause
+    from its log, what failed, and what a person can do (exit 3)."""
+    rc, diag = service_root_cause(svc, t.env.import_name(t.recipe.install.names))
+    result.status = "service-failed"
+    result.root_cause, result.diagnosis = rc, diag
+    msg = getattr(exc, "message", None) or str(exc)
+    result.error = (f"restored snapshot {result.snapshot.id} into {t.env.prefix} (verified), but "
+                    f"{svc.manager.describe()} did not come back healthy: {msg}"
+                    + (f"; its log says{cause_text(rc)}" if rc else ""))
+    undo = (f"; `rewheel rollback {t.cli_ref} {result.undo_snapshot_id} --yes` puts back the state "
+            "this rollback replaced") if result.undo_snapshot_id else ""
+    result.hint = (f"the service's log: {diag.source or svc.manager.log_location(0)}; fix the cause, then "
+                   f"start the service (or `rewheel rollback {t.cli_ref} --yes` once more){undo}")
+
+
+def rollback_error(result: RollbackResult) -> Exception:
+    """A failed rollback's outcome as the error the CLI prints (exit 3)."""
+    from rewheel.errors import RestoreError
+
+    return RestoreError(result.error or "rollback failed", hint=result.hint)
+
+
+def close_superseded(env_dir: Path, by: RunJournal, *, skip: set[str] = frozenset()) -> list[str]:
+    """Finish, as `superseded`, every journal left unfinished below the one `by` just
+    settled (rollbacks killed one after another each leave one): the environment is now
+    what `by` made it, so none of them needs resuming, and none may block the next command
+    with exit 4 or need a rollback of its own. Returns their ids."""
+    closed = []
+    for r in journal.list_runs(env_dir):
+        if r.id == by.id or r.id in skip or r.finished or not r.records:
+            continue
+        r.append("finished", status="superseded", by_run=by.id)
+        closed.append(r.id)
+    return closed
 
 
 class ServiceSteps:
@@ -498,6 +736,8 @@ class RevertRecord:
     service_skipped: str | None = None
     error: str | None = None
     hint: str | None = None
+    # Why the service did not come back after the restore, read from its log.
+    root_cause: RootCause | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Not asdict: it would deep-copy the restore result (with its displaced folders).
@@ -612,6 +852,8 @@ class RunReport:
     # ("systemd" | "pid" | "health"); None without a [service].
     service_before: str | None = None
     service_judged_by: str | None = None
+    # Snapshots `[snapshots] keep` removed when the upgrade was kept.
+    pruned: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -863,8 +1105,9 @@ class _Cycle:
             self.snap.save()
             self.report.status = "upgraded"
             pruned = self.t.store.prune(self.t.recipe.keep, protected_snapshots(self.t.store) | {self.snap.id})
+            self.report.pruned = pruned
             if pruned:
-                self.say("pruned old snapshots: " + ", ".join(pruned))
+                self.say("pruned old snapshots ([snapshots] keep): " + pruned_text(self.t.store, pruned))
 
     def record_failure(self, exc: Exception) -> str:
         """Put the failure into the report (at the step the journal last announced); returns
@@ -949,7 +1192,15 @@ class _Cycle:
             self.report.after = self.t.env.versions()
             try:
                 if self.svc is not None and self.was_active:
-                    revert.service = self.svc.start_and_verify()
+                    try:
+                        revert.service = self.svc.start_and_verify()
+                    except ServiceError:
+                        # Name the cause from the service's log, as for a failed upgrade; a
+                        # resume has no upgrade cause of its own, so this is the report's.
+                        revert.root_cause, diag = service_root_cause(self.svc, self._package())
+                        if self.report.root_cause is None:
+                            self.report.root_cause, self.report.diagnosis = revert.root_cause, diag
+                        raise
                     self.say("the old service is healthy again")
                 elif self.svc is not None:
                     revert.service_skipped = "the service was not running before the run: left stopped"
@@ -960,7 +1211,8 @@ class _Cycle:
             revert.error = str(exc)
             self.report.steps.append(StepRecord.since("revert", False, t0))
             self.report.status = "failed"
-            raise RestoreError(f"revert failed: {exc.message}",
+            cause = f"; its log says{cause_text(revert.root_cause)}" if revert.root_cause else ""
+            raise RestoreError(f"revert failed: {exc.message}{cause}",
                                hint=(exc.hint or "") + f"\nthe pre-upgrade snapshot is {self.snap.id if self.snap else '?'}; "
                                f"run `rewheel rollback {self.t.cli_ref} {self.snap.id if self.snap else ''} --yes` "
                                "once the cause is fixed") from exc
@@ -1081,6 +1333,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
             cyc.snap.extra["upgraded_to"] = cyc.report.after
             cyc.snap.save()
             j.append("finished", status="upgraded", resumed=True, after=cyc.report.after)
+            close_superseded(t.store.env_dir, j)
             cyc.report.status = "upgraded"
             return ResumeResult("upgraded", j.id, "finished recording a verified upgrade", cyc.report,
                                 stopped_processes=lk.stopped)
@@ -1088,9 +1341,20 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
         if cyc.snap is None:
             # Interrupted before the snapshot existed: the environment was not touched.
             j.append("step", name="abort", resumed=True)
-            if cyc.svc is not None and cyc.was_active and not cyc.svc.was_active():
-                cyc.report.service = cyc.svc.start_and_verify()
+            try:
+                if cyc.svc is not None and cyc.was_active and not cyc.svc.was_active():
+                    cyc.report.service = cyc.svc.start_and_verify()
+            except ServiceError as exc:
+                # Finished all the same (nothing had been changed): a stale record would
+                # block every later command with exit 4. The cause comes from its log.
+                cyc.report.root_cause, cyc.report.diagnosis = service_root_cause(cyc.svc, cyc._package())
+                j.append("finished", status="failed", resumed=True, service_error=exc.message,
+                         root_cause=_to_json(cyc.report.root_cause))
+                close_superseded(t.store.env_dir, j)
+                exc.message += f"; its log says{cause_text(cyc.report.root_cause)}" if cyc.report.root_cause else ""
+                raise
             j.append("finished", status="aborted", resumed=True)
+            close_superseded(t.store.env_dir, j)
             cyc.report.status = "failed"
             return ResumeResult("aborted", j.id, "nothing had been changed; service restored as it was", cyc.report,
                                 stopped_processes=lk.stopped)
@@ -1098,7 +1362,10 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
         try:
             cyc.revert(f"resuming interrupted {j.kind} {j.id} (last step: {j.last_step})")
         finally:
-            j.append("finished", status=cyc.report.status, resumed=True, after=cyc.report.after)
+            j.append("finished", status=cyc.report.status, resumed=True, after=cyc.report.after,
+                     root_cause=_to_json(cyc.report.root_cause))
+            # Older interrupted journals below this one describe states already overwritten.
+            close_superseded(t.store.env_dir, j)
         return ResumeResult("reverted", j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report,
                             stopped_processes=lk.stopped)
 
@@ -1145,3 +1412,72 @@ def smoke_only(t: Target, *, on_output: Say = _quiet, say: Say = _quiet) -> Smok
             result = getattr(exc, "result", None)  # HealthCheckFailed carries what it saw
             rep.health = result
     return rep
+
+
+# --------------------------------------------------------------------------------------
+# pin, unpin, forget: one snapshot by id
+# --------------------------------------------------------------------------------------
+@dataclass
+class PinResult:
+    """`pin`/`unpin`: the snapshot, whether it is pinned now, whether that changed."""
+
+    snapshot: SnapshotMeta
+    pinned: bool
+    changed: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"snapshot_id": self.snapshot.id, "label": self.snapshot.label, "status": self.snapshot.status,
+                "pinned": self.pinned, "changed": self.changed}
+
+
+def set_pinned(t: Target, ref: str, pinned: bool) -> PinResult:
+    """Pin (or unpin) one snapshot: a pinned one is never pruned by `[snapshots] keep` and
+    never forgotten until unpinned. Only its meta.json changes (atomically, under the
+    environment's lock, so that no prune runs meanwhile); allowed while a run is
+    interrupted, since protecting a snapshot is what an operator may want first."""
+    with EnvLock(t.store.env_dir, "unpin" if not pinned else "pin", prefix=t.env.prefix):
+        snap = t.store.get(ref)
+        changed = snap.pinned != pinned
+        if changed:
+            if pinned:
+                snap.extra["pinned"] = True
+            else:
+                snap.extra.pop("pinned", None)
+            snap.save()
+    return PinResult(snap, pinned, changed)
+
+
+@dataclass
+class ForgetResult:
+    """`forget`: the snapshot removed, and the disk it alone held (its copied bytes)."""
+
+    snapshot: SnapshotMeta
+
+    def to_json(self) -> dict[str, Any]:
+        return {"removed": self.snapshot.id, "label": self.snapshot.label, "status": self.snapshot.status,
+                "versions": self.snapshot.versions, "bytes_copied": self.snapshot.bytes_copied}
+
+
+def forget_target(t: Target, ref: str) -> SnapshotMeta:
+    """The snapshot `forget` would remove, refused (exit 2, SnapshotError) when it is pinned
+    or an unfinished run still needs it: for the question, before anything is deleted."""
+    snap = t.store.get(ref)
+    if snap.pinned:
+        raise SnapshotError(f"snapshot {snap.id} ({snap.label or snap.status}) is pinned: not removed",
+                            hint=f"`rewheel unpin {t.cli_ref} {snap.id}` first; nothing was changed")
+    needed = {j.snapshot_id for j in journal.list_runs(t.store.env_dir) if not j.finished and j.snapshot_id}
+    if snap.id in needed:
+        raise SnapshotError(f"snapshot {snap.id} ({snap.label or snap.status}) is the one an interrupted run "
+                            "restores: not removed",
+                            hint=f"`rewheel resume {t.cli_ref}` or `rewheel rollback {t.cli_ref}` first; "
+                                 "nothing was changed")
+    return snap
+
+
+def forget(t: Target, ref: str) -> ForgetResult:
+    """Remove one snapshot from the store (an atomic rename, then the delete): its shared
+    files stay in the environment and in the other snapshots that link them."""
+    with EnvLock(t.store.env_dir, "forget", prefix=t.env.prefix):
+        snap = forget_target(t, ref)
+        t.store.delete(snap.id)
+    return ForgetResult(snap)

@@ -47,6 +47,18 @@ class SnapshotMeta:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def pinned(self) -> bool:
+        """Pinned by `rewheel pin`: never pruned by `[snapshots] keep`, never forgotten
+        until unpinned."""
+        return bool(self.extra.get("pinned"))
+
+    @property
+    def failed_build(self) -> bool:
+        """A build that failed (or never passed) its checks: the failed state a revert kept,
+        or a rollback's snapshot of such a state. Pruned last; restored only with --force."""
+        return self.status == "failed-upgrade" or bool(self.extra.get("failed_build"))
+
+    @property
     def created_iso(self) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.created))
 
@@ -83,6 +95,8 @@ class Store:
         self.env_dir = env_dir(self.home, prefix)
         self.snapshots_dir = self.env_dir / "snapshots"
         self.snapshots_dir.mkdir(exist_ok=True, mode=0o700)
+        # What `prune` removed, by id: so that a report can say what each one was.
+        self.pruned_meta: dict[str, SnapshotMeta] = {}
 
     def list(self) -> list[SnapshotMeta]:
         metas = []
@@ -137,22 +151,27 @@ class Store:
         shutil.rmtree(trash, ignore_errors=True)
 
     def prune(self, keep: int, protect: set[str] = frozenset()) -> list[str]:
-        """Keep the newest `keep` snapshots; never delete a protected one. Oldest go first.
-        Called under the environment's lock, it also clears what killed snapshots and
-        deletions left behind (`.tmp-*`, `.deleting-*`)."""
+        """Keep the newest `keep` snapshots; never delete a protected or a pinned one
+        (pinned ones do not count towards `keep` either). Oldest go first, and failed builds
+        (kept to be inspected) only once no other snapshot can go. Returns the ids removed,
+        which every caller reports. Called under the environment's lock, it also clears
+        what killed snapshots and deletions left behind (`.tmp-*`, `.deleting-*`)."""
         for leftover in self.snapshots_dir.iterdir():
             if leftover.name.startswith((".tmp-", ".deleting-")):
                 shutil.rmtree(leftover, ignore_errors=True)
         removed = []
-        metas = self.list()
+        metas = [m for m in self.list() if not m.pinned]
         surplus = len(metas) - keep
-        for m in reversed(metas):
+        oldest_first = list(reversed(metas))
+        order = [m for m in oldest_first if not m.failed_build] + [m for m in oldest_first if m.failed_build]
+        for m in order:
             if surplus <= 0:
                 break
             if m.id in protect:
                 continue
             self.delete(m.id)
             removed.append(m.id)
+            self.pruned_meta[m.id] = m
             surplus -= 1
         return removed
 

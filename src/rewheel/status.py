@@ -1,0 +1,158 @@
+"""`rewheel status`: where an environment stands, cheaply, without changing anything.
+
+Owns the status report: the live versions of the key packages, which snapshot the live
+environment equals (by every distribution's version and wheel hash, as `diff` compares
+them — no file of the environment is read or hashed) or how far it is from the newest
+snapshot, a command running now (the environment's lock) or an interrupted one (its
+journal), the service's state and one health request (with a recipe), and the pinned,
+failed-build and damaged snapshots. It takes no lock: a run may start meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rewheel import journal
+
+if TYPE_CHECKING:
+    from rewheel.diff import PackageChange
+    from rewheel.runner import Target
+    from rewheel.snapshot import SnapshotMeta
+
+HEALTH_TIMEOUT_S = 3.0  # one request, not a readiness wait: status must answer at once
+
+
+def _brief(m: SnapshotMeta | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {"id": m.id, "label": m.label, "status": m.status, "created": m.created_iso}
+
+
+@dataclass
+class Status:
+    target: str
+    prefix: str
+    python: str
+    key_packages: dict[str, str | None]
+    # The newest snapshot whose distributions equal the live ones, and any older equal ones.
+    equals: SnapshotMeta | None
+    also_equal: list[str]
+    newest: SnapshotMeta | None
+    # What differs between the newest snapshot and the live environment (when it equals none).
+    differs_from_newest: list[PackageChange]
+    running: dict[str, Any] | None
+    interrupted: dict[str, Any] | None
+    last_run: dict[str, Any] | None
+    service: dict[str, Any] | None
+    pinned: list[str] = field(default_factory=list)
+    failed_builds: list[str] = field(default_factory=list)
+    # Snapshots whose stored bytes are damaged: filled by `damaged_snapshots`.
+    damaged: list[str] = field(default_factory=list)
+    snapshots: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "prefix": self.prefix, "python": self.python,
+                "key_packages": self.key_packages, "equals": _brief(self.equals), "also_equal": self.also_equal,
+                "newest": _brief(self.newest),
+                "differs_from_newest": [c.to_json() for c in self.differs_from_newest],
+                "running": self.running, "interrupted": self.interrupted, "last_run": self.last_run,
+                "service": self.service, "pinned": self.pinned, "failed_builds": self.failed_builds,
+                "damaged": self.damaged, "snapshots": self.snapshots}
+
+
+def damaged_snapshots(t: Target, snaps: list[SnapshotMeta]) -> list[str]:
+    """Snapshots `status` flags as damaged: those whose meta.json cannot be read, and those
+    whose stored bytes an edit in place changed (the fast check of `verify`: a stat per
+    stored file, as `history` does; no byte read)."""
+    from rewheel.runner import damaged_files
+
+    edited = damaged_files(snaps)
+    return t.store.damaged() + [m.id for m in snaps if edited.get(m.id)]
+
+
+def _running(t: Target) -> dict[str, Any] | None:
+    """The rewheel command holding the environment's lock now, read from the lock file without
+    taking the lock (a status must never make a run wait)."""
+    from rewheel.journal import EnvLock
+    from rewheel.paths import lock_dir
+
+    try:
+        st = os.stat(t.env.prefix)
+        path = lock_dir(st.st_uid) / f"env-{st.st_dev:x}-{st.st_ino}.lock"
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None  # no lock file: nobody holds it
+    records = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            records.append(rec)
+    holder = EnvLock._holder(records)
+    if holder is None or not EnvLock._holder_alive(holder):
+        return None
+    return {"pid": holder.get("pid"), "purpose": holder.get("purpose")}
+
+
+def _service(t: Target) -> dict[str, Any] | None:
+    """The service's state (its manager's view) and one request to its health URL."""
+    import httpx
+
+    spec = t.recipe.service
+    if spec is None:
+        return None
+    mgr = t.host.manager(spec, t.store.env_dir, t.recipe.python)
+    doc: dict[str, Any] = {"describe": mgr.describe()}
+    try:
+        st = mgr.status()
+        doc.update(state=st.state, up=st.up, judged_by=st.judged_by, main_pid=st.main_pid,
+                   n_restarts=st.n_restarts)
+    except Exception as exc:  # noqa: BLE001 - systemctl missing or failing: say so, go on
+        doc.update(state="unknown", up=None, error=getattr(exc, "message", None) or str(exc))
+    health: dict[str, Any] | None = None
+    if spec.health_url:
+        try:
+            client = t.host.client or httpx
+            r = client.get(spec.health_url, timeout=HEALTH_TIMEOUT_S)
+            health = {"url": spec.health_url, "ok": r.status_code == 200, "detail": f"HTTP {r.status_code}"}
+        except httpx.HTTPError as exc:
+            health = {"url": spec.health_url, "ok": False, "detail": f"{type(exc).__name__}: {exc}"}
+    doc["health"] = health
+    return doc
+
+
+def status(t: Target) -> Status:
+    """Where the target's environment stands; reads metadata only (dist-info, meta.json,
+    journals, the lock file), plus the service's state and one health request."""
+    from packaging.utils import canonicalize_name
+
+    from rewheel import diff as diffmod
+    from rewheel.runner import KEY_PACKAGES
+
+    dists = [d.to_json() for d in t.env.distributions()]
+    live = {canonicalize_name(d["name"]): d["version"] for d in dists}
+    wanted = t.recipe.install.names
+    names = wanted + [k for k in KEY_PACKAGES if k not in wanted]
+    # The recipe's packages always (null: not installed); the usual key packages when present.
+    key = {n: live.get(n) for n in names if n in live or n in wanted}
+    snaps = t.store.list()
+    equal = [m for m in snaps if not diffmod.diff_versions(m.distributions, dists)]
+    newest = snaps[0] if snaps else None
+    # How far from the newest snapshot, when it equals none.
+    differs = [] if newest is None or equal else diffmod.diff_versions(newest.distributions, dists)
+    runs = journal.list_runs(t.store.env_dir)
+    interrupted = next((r for r in runs if not r.finished and r.records), None)
+    last = next((r for r in runs if r.finished), None)
+    return Status(
+        target=t.cli_ref, prefix=str(t.env.prefix), python=str(t.env.python), key_packages=key,
+        equals=equal[0] if equal else None, also_equal=[m.id for m in equal[1:]], newest=newest,
+        differs_from_newest=differs, running=_running(t),
+        interrupted=interrupted.summary() if interrupted else None,
+        last_run=last.summary() if last else None, service=_service(t),
+        pinned=[m.id for m in snaps if m.pinned], failed_builds=[m.id for m in snaps if m.failed_build],
+        damaged=damaged_snapshots(t, snaps), snapshots=len(snaps))

@@ -1,0 +1,106 @@
+"""`rewheel status` on a real venv, a real local index and the real toy model server: the key
+versions, the snapshot the live environment equals or what differs from the newest, a
+command holding the lock, an interrupted run (exit 4 after the report), the service's state
+and health, pinned and failed-build snapshots — without reading the environment's files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rewheel.journal import EnvLock
+from rewheel.recipe import load_recipe
+from rewheel.runner import open_target
+from support_run import Host, make_host
+from test_json_shapes import check as check_shape
+
+
+@pytest.fixture
+def host(tmp_path: Path):
+    h = make_host(tmp_path, "2.0.0", "good")
+    h.start_service()
+    yield h
+    h.stop_service()
+    h._index.stop()  # type: ignore[attr-defined]
+
+
+def status(h: Host, code: int = 0) -> dict:
+    cp = h.rewheel("status", str(h.recipe), "--json")
+    assert cp.returncode == code, cp.stdout + cp.stderr
+    return json.loads(cp.stdout)
+
+
+def test_status_follows_an_upgrade_a_rollback_and_a_pin(host: Host) -> None:
+    h = host
+    st = status(h)
+    assert st["key_packages"] == {"toypkg": "1.0.0"}
+    assert st["equals"] is None and st["newest"] is None and st["snapshots"] == 0
+    assert st["service"]["state"] == "active" and st["service"]["up"] is True
+    assert st["service"]["health"]["ok"] is True
+    assert st["interrupted"] is None and st["running"] is None and st["damaged"] == []
+
+    code, rep = h.run_json()
+    assert code == 0, rep["_stderr"]
+    st = status(h)
+    assert st["key_packages"] == {"toypkg": "2.0.0"}
+    check_shape("status-differs", st)
+    # The only snapshot is the pre-upgrade one: the live environment is 1 package from it.
+    assert st["equals"] is None and st["newest"]["id"] == rep["snapshot_id"]
+    assert [(c["name"], c["old"], c["new"], c["change"]) for c in st["differs_from_newest"]] == [
+        ("toypkg", "1.0.0", "2.0.0", "upgraded")]
+    assert st["last_run"]["kind"] == "run" and st["last_run"]["status"] == "upgraded"
+
+    rb = h.rewheel("rollback", str(h.recipe), "--yes", "--json")
+    assert rb.returncode == 0, rb.stderr
+    undo = json.loads(rb.stdout)["undo_snapshot_id"]
+    assert h.rewheel("pin", str(h.recipe), undo).returncode == 0
+    st = status(h)
+    assert st["key_packages"] == {"toypkg": "1.0.0"}
+    assert st["equals"]["id"] == rep["snapshot_id"] and st["newest"]["id"] == undo
+    assert st["differs_from_newest"] == [] and st["pinned"] == [undo]
+    check_shape("status", st)
+    human = h.rewheel("status", str(h.recipe))
+    assert human.returncode == 0
+    text = " ".join(human.stdout.split())  # as wrapped for 80 columns, joined again
+    assert f"equals snapshot {rep['snapshot_id']}" in text and f"pinned: {undo}" in text
+    assert "toypkg 1.0.0" in text and "is active, healthy" in text
+
+
+def test_status_reads_no_file_of_the_environment(host: Host) -> None:
+    h = host
+    payload = next(h.prefix.glob("lib/python3*/site-packages/toypkg/core.py"))
+    saved = payload.read_bytes()
+    # A FIFO in place of a payload file: reading (hashing) it would block until the timeout.
+    payload.unlink()
+    os.mkfifo(payload)
+    try:
+        cp = h.rewheel("status", str(h.recipe), "--json", timeout=60)
+        assert cp.returncode == 0, cp.stderr
+        assert json.loads(cp.stdout)["key_packages"] == {"toypkg": "1.0.0"}
+    finally:
+        payload.unlink()
+        payload.write_bytes(saved)
+
+
+def test_status_names_the_holder_and_an_interrupted_run(host: Host) -> None:
+    h = host
+    t = open_target(load_recipe(h.recipe))
+    with EnvLock(t.store.env_dir, "run", prefix=t.env.prefix):
+        st = status(h)
+    assert st["running"] == {"pid": os.getpid(), "purpose": "run"}
+
+    cp = h.rewheel("run", str(h.recipe), "--yes", "--quiet", env={"REWHEEL_FAULT_AT": "step:smoke"})
+    assert cp.returncode == -9, cp.stderr
+    st = status(h, code=4)  # reported in full, then exit 4 like every read-only command
+    assert st["interrupted"]["kind"] == "run" and st["interrupted"]["last_step"] == "smoke"
+    assert st["running"] is None
+    assert st["service"]["up"] is False and st["service"]["health"]["ok"] is False
+    human = h.rewheel("status", str(h.recipe))
+    assert human.returncode == 4 and "interrupted run" in " ".join(human.stdout.split())
+    assert h.rewheel("resume", str(h.recipe), "--yes").returncode == 0
+    st = status(h)
+    assert st["interrupted"] is None and st["service"]["health"]["ok"] is True
+    assert st["key_packages"] == {"toypkg": "1.0.0"}
