@@ -129,8 +129,8 @@ def test_a_rollback_whose_service_fails_names_the_cause_and_leaves_no_interrupte
     res = runner.rollback(t)
     assert (res.status, res.exit_code) == ("service-failed", EXIT_UNRESTORED)
     assert version(t) == "1.0.0"  # the files are restored all the same
-    assert res.root_cause is not None and res.root_cause["type"] == "RuntimeError"
-    assert "no kernel image" in res.error and res.diagnosis["source"] == "fake log"
+    assert res.root_cause is not None and res.root_cause.type == "RuntimeError"
+    assert "no kernel image" in res.error and res.diagnosis.source == "fake log"
     assert res.undo_snapshot_id and f"rollback {t.cli_ref} {res.undo_snapshot_id}" in res.hint
     doc = res.to_json()
     assert doc["status"] == "service-failed" and doc["exit_code"] == EXIT_UNRESTORED and doc["root_cause"]
@@ -140,7 +140,7 @@ def test_a_rollback_whose_service_fails_names_the_cause_and_leaves_no_interrupte
     # Undo it: the service, running before the failed rollback, is started again.
     back = runner.rollback(t, res.undo_snapshot_id)
     assert back.exit_code == 0 and version(t) == "2.0.0" and w.manager.up
-    assert back.service is not None and back.service["ok"]
+    assert back.service is not None and back.service.ok
 
 
 def test_a_resume_whose_service_fails_names_the_cause_and_finishes(world: Pair) -> None:
