@@ -82,7 +82,8 @@ def test_json_shape_is_exact() -> None:
     assert set(doc) == {"root_cause"}
     rc = doc["root_cause"]
     assert set(rc) == {"type", "message", "rank", "frame", "log_line", "kind", "count", "restarts", "secondary",
-                       "pid", "node"}
+                       "pid", "node", "suspects"}
+    assert rc["suspects"] == []  # `why` on a log alone: no upgrade to compare the frames with
     assert (rc["pid"], rc["node"]) == (216070, "llm-two")  # Worker_TP4's pid, the journal's host
     assert set(rc["frame"]) == {"file", "line", "function", "source"}
     assert rc["secondary"] and all(s["relation"] == "cascade" for s in rc["secondary"])

@@ -61,6 +61,9 @@ def test_breaking_smoke_reverts_byte_exact_and_names_the_root_cause(host_factory
     assert rc["type"] == "ValueError"
     assert rc["message"] == "q_lora_rank 1536 must divide num_heads 7 on rank 4"
     assert rc["frame"]["file"].endswith("toypkg/layers.py")
+    # layers.py did not change; the upgraded core.py, which now calls into it, is the suspect
+    assert [(x["path"], x["change"], x["distance_lines"]) for x in rc["suspects"]] == [("toypkg/core.py", "changed", 0)]
+    assert "+    return [build_attention(r) for r in range(8)]" in rc["suspects"][0]["hunks"][0]["text"]
     assert [s["name"] for s in rep["steps"] if not s["ok"]] == ["smoke"]
     assert rep["revert"]["restore"]["verified"] > 0
     assert rep["revert"]["restore"]["lanes"] == lanes

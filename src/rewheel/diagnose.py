@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import deque
 import os
 import re
 import sys
@@ -56,6 +57,7 @@ from rewheel.errors import CommandNotFound, UsageError
 MAX_MESSAGE_LINES = 40          # continuation lines of one exception message
 MAX_MESSAGE_CHARS = 8000
 MAX_CHAIN = 8                   # exceptions in one chain
+MAX_FRAMES_KEPT = 64            # innermost frames kept of one exception (for the suspects)
 MAX_STREAMS = 512               # concurrent in-flight tracebacks
 MAX_EPOCH_OCCURRENCES = 400     # occurrences kept for one crash
 MAX_SIGNATURES = 5000
@@ -243,13 +245,19 @@ class RootCause:
     # host, a pod or container from a collector's wrapper); None where the log has none.
     pid: int | None = None
     node: str | None = None
+    # The root exception's frames, innermost first (bounded); not serialised: the frame
+    # above is the one reported, these feed the suspects.
+    frames: list[Frame] = field(default_factory=list, repr=False)
+    # Which changes of an upgrade the crash points at (`rewheel.suspects`), when known.
+    suspects: list[Any] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "message": self.message, "rank": self.rank,
                 "frame": self.frame.to_json() if self.frame else None, "log_line": self.log_line,
                 "kind": self.kind, "count": self.count, "restarts": self.restarts,
                 "secondary": [s.to_json() for s in self.secondary],
-                "pid": self.pid, "node": self.node}
+                "pid": self.pid, "node": self.node,
+                "suspects": [s.to_json() if hasattr(s, "to_json") else s for s in self.suspects]}
 
 
 @dataclass
@@ -310,6 +318,7 @@ class _Exc:
     last_pkg_frame: Frame | None = None
     chars: int = 0
     shutdown: bool = False            # a frame of a shutdown / clean-up path
+    frame_list: deque[Frame] = field(default_factory=lambda: deque(maxlen=MAX_FRAMES_KEPT))
     wrapper: bool = False             # Ray's RayTaskError line: the remote frames follow
 
     @property
@@ -354,6 +363,7 @@ class _Occ:
     cascade: bool
     pid: int | None = None
     node: str | None = None
+    frames: list[Frame] = field(default_factory=list)
 
 
 # Categories, in order of preference for the root.
@@ -604,7 +614,8 @@ class _Analyser:
         epochs = self.sig_epochs.get(occ.sig, set())
         rc = RootCause(type=occ.type, message=occ.message, rank=occ.rank, frame=occ.frame,
                        log_line=mapping.get(occ.pos), kind=occ.kind, count=max(1, len(procs)),
-                       restarts=max(1, len(epochs)), secondary=secondary, pid=occ.pid, node=occ.node)
+                       restarts=max(1, len(epochs)), secondary=secondary, pid=occ.pid, node=occ.node,
+                       frames=occ.frames)
         return Diagnosis(rc, source, lines, self.tracebacks)
 
     # -- tracebacks -------------------------------------------------------------------
@@ -744,6 +755,7 @@ class _Analyser:
     def _add_frame(self, st: _Stream, exc: _Exc, fr: Frame) -> None:
         exc.frames += 1
         exc.last_frame = fr
+        exc.frame_list.append(fr)
         if _in_package(fr.file, self.package):
             exc.last_pkg_frame = fr
         if fr.function in SHUTDOWN_FUNCS:
@@ -872,8 +884,10 @@ class _Analyser:
         if st.remote is not None:
             rank = f"{st.remote[0]} pid={st.remote[1]}"
             pid, node = st.remote[1], st.remote[2] or node
+        frames = list(reversed(exc.frame_list)) or next(
+            (list(reversed(e.frame_list)) for e in reversed(chain) if e.frame_list), [])
         occ = _Occ("traceback", category, exc.type, message, _norm_sig(exc.type, message),
-                   rank, chain[0].pos, frame, others, cascade, pid, node)
+                   rank, chain[0].pos, frame, others, cascade, pid, node, frames)
         self._register(occ, st.jpid, st.ident, st.label, st.pid)
 
     # -- error lines ----------------------------------------------------------------

@@ -755,6 +755,7 @@ class _Cycle:
         except Exception as exc:  # diagnosis must never mask the failure itself
             self.report.diagnosis = {"error": str(exc)}
             return
+        self._suspects(d)
         self.report.root_cause = d.to_json()["root_cause"]
         self.report.diagnosis = {"source": str(log), "summary": d.summary()}
 
@@ -768,9 +769,28 @@ class _Cycle:
         except Exception as exc:
             self.report.diagnosis = {"error": str(exc)}
             return
+        self._suspects(d)
         self.report.root_cause = d.to_json()["root_cause"]
         self.report.diagnosis = {"source": self.svc.manager.log_location(self.svc.started_at or 0),
                                  "summary": d.summary()}
+
+    def _suspects(self, d: Any) -> None:
+        """The changes of this upgrade that the root cause's frames point at (see
+        `rewheel.suspects`): set on the diagnosis' root cause before it is reported."""
+        from rewheel import diff as diffmod
+        from rewheel import suspects as suspectsmod
+
+        root = getattr(d, "root", None)
+        if root is None or not root.frames or not self.report.files or self.snap is None:
+            return
+        try:
+            removed = [] if self.t.recipe.patch_policy == "reapply" else self.report.patches
+            root.suspects = suspectsmod.find_suspects(
+                root.frames, self.report.files, diffmod.change_texts(self.snap), patches=removed,
+                patch_files=self.report.patch_files,
+                compare_urls={c.name: c.compare_url for c in self.report.changes if c.compare_url})
+        except Exception as exc:  # the suspects inform; they never mask the failure itself
+            self.say(f"(suspects not computed: {exc})")
 
     def _cause_suffix(self) -> str:
         rc = self.report.root_cause
