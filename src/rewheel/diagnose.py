@@ -95,7 +95,14 @@ WRAPPER_RE = re.compile(
     r"|(?P<d_service>[A-Za-z0-9][\w.\-]*) +\|(?: |$)"
     # srun -l: the task number
     r"|(?P<task>\d{1,5}):(?: |$)")
-PROC_RE = re.compile(r"\((?P<label>[A-Za-z][^()]*?) pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]*)[^)]*)?\) ?")
+PROC_RE = re.compile(r"\((?:(?P<label>[A-Za-z][^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]*)[^)]*)?\) ?")
+# Ray's de-duplication of lines printed by many workers
+RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]$")
+# C++: std::terminate's report of an uncaught exception, and its what() on the next line
+TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+WHAT_RE = re.compile(r"\s*what\(\):\s+(?P<msg>.*)$")
+# pytest --tb=short: `path.py:LINE: in func` before each frame's source line
+PYTEST_SHORT_RE = re.compile(r"(?P<file>[^\s:][^:]*\.py):(?P<line>\d+): in (?P<func>[\w<>.]+)$")
 RANK_RE = re.compile(r"\[rank(?P<rank>\d+)\]: ?")
 # sglang's logger header: [2025-07-28 15:07:00 DP0 TP1] (ranks absent in the main process)
 SGLANG_RE = re.compile(r"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: (?:DP|TP|PP|EP|CP)\d+)*)\] ")
@@ -182,7 +189,9 @@ STRONG_LINE_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"no kernel image is available|is not compatible with the current PyTorch installation"
                 r"|cudaErrorNoKernelImageForDevice|unsupported GPU architecture|sm_\d+ is not supported", re.I),
      "unsupported GPU architecture"),
-    (re.compile(r"\bNCCL (?:WARN|error)|nccl\w*Error|ncclSystemError|NCCL_ERROR", re.I), "NCCL error"),
+    (re.compile(r"\bNCCL (?:WARN|error)|nccl\w*Error|ncclSystemError|NCCL_ERROR"
+                r"|Watchdog caught collective operation timeout|ProcessGroupNCCL.*terminated with exception", re.I),
+     "NCCL error"),
     (re.compile(r"CUDA error|illegal memory access|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|cudaError\w+", re.I), "CUDA error"),
     (re.compile(r"Segmentation fault|Fatal Python error|core dumped|code=dumped|status=\d+/(?:SEGV|ABRT|BUS|ILL|KILL)"
                 r"|Failed with result '(?:signal|core-dump)'|Bus error|Aborted \(core", re.I), "fatal signal"),
@@ -197,7 +206,7 @@ EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Inter
 PREFILTER_RE = re.compile(
     r"Traceback|File \"|rror|RROR|xception|CRITICAL|[Kk]illed|NCCL|out of memory|dumped|Abort"
     r"|fault|Failed|died unexpectedly|terminated|Interrupt|SystemExit|undefined symbol"
-    r"|not compatible|kernel image|oom|^E {3}|^\s*(?:async )?def \w")
+    r"|not compatible|kernel image|oom|^E {3}|^\s*(?:async )?def \w|terminate called|what\(\)|\.py:\d+: in ")
 
 
 # ---------------------------------------------------------------------------------------
@@ -419,6 +428,8 @@ class _Analyser:
         self.sig_first: dict[tuple, int] = {}
         self.bare: _Stream | None = None      # the traceback that began mid-line, if open
         self.last_def: str | None = None      # pytest: the last `def f(` shown
+        self.pytest_frames: deque[Frame] = deque(maxlen=MAX_FRAMES_KEPT)  # --tb=short locations
+        self.terminate: tuple[str, int] | None = None  # C++ terminate awaiting its what()
 
     # -- public --------------------------------------------------------------------
     @property
@@ -433,6 +444,8 @@ class _Analyser:
         line = raw.rstrip()
         if "\r" in line:
             line = _after_carriage(line)
+        if line.endswith("across cluster]"):
+            line = RAY_REPEAT_RE.sub("", line)
         if "\x1b" in line:
             line = ANSI_RE.sub("", line)
         if "m" in line and "[" in line:
@@ -469,7 +482,9 @@ class _Analyser:
             if line.startswith("("):
                 m = PROC_RE.match(line)
                 if m:
-                    label, pid = _rank_name(m.group("label").strip(), m.group("pid"), m.group("ip")), int(m.group("pid"))
+                    name = (m.group("label") or "").strip()
+                    label = _rank_name(name, m.group("pid"), m.group("ip")) if name else f"pid={m.group('pid')}"
+                    pid = int(m.group("pid"))
                     node = m.group("ip") or node
                     line = line[m.end():]
                     continue
@@ -567,6 +582,10 @@ class _Analyser:
             m = PYTEST_DEF_RE.match(line)
             if m:
                 self.last_def = m.group("name")
+        elif ": in " in line:
+            m = PYTEST_SHORT_RE.match(line)
+            if m:
+                self.pytest_frames.append(Frame(m.group("file"), int(m.group("line")), m.group("func")))
         if self.streams:
             self._expire()
         if self.error_lines:
@@ -793,6 +812,9 @@ class _Analyser:
         if m:
             text = m.group("text").rstrip()
             if st.state != "msg":
+                for fr in self.pytest_frames:   # --tb=short: the frames came before
+                    self._add_frame(st, exc, fr)
+                self.pytest_frames.clear()
                 em = EXC_RE.match(text)
                 exc.type = em.group("type") if em and "." not in text[:1] else None
                 first = (em.group("msg") or "") if exc.type and em else text
@@ -893,6 +915,22 @@ class _Analyser:
     # -- error lines ----------------------------------------------------------------
     def _error_line(self, line: str, pos: int, level: str | None, label: str | None,
                     pid: int | None, jpid: int | None, ident: str | None, node: str | None = None) -> None:
+        if self.terminate is not None:
+            # C++'s uncaught exception: "terminate called after throwing an instance of
+            # 'c10::DistBackendError'" and, next, "  what():  <its message>"
+            ttype, tpos = self.terminate
+            self.terminate = None
+            w = WHAT_RE.match(line)
+            if w:
+                msg = w.group("msg").strip()[:MAX_MESSAGE_CHARS]
+                self._register(_Occ("error-line", _LINE_EXC, ttype, msg, _norm_sig(ttype, msg), label, tpos, None,
+                                    [], False, pid if pid is not None else jpid, node), jpid, ident, label, pid)
+                return
+        if "terminate called" in line:
+            t = TERMINATE_RE.search(line)
+            if t:
+                self.terminate = (t.group("type"), pos)
+                return
         if level in ("INFO", "DEBUG") or not line or line[0] == " " and not level:
             return
         if not PREFILTER_RE.search(line):

@@ -328,5 +328,62 @@ def build_all() -> None:
         "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
 
 
+    # Ray tasks: `(pid=N)` prefixes without an actor name; lines de-duplicated across workers
+    p = "(pid=41877, ip=10.40.2.17) "
+    lines = ["(raylet) [2025-07-28 15:06:59,001 I 912 912] (raylet) Starting worker",
+             MARK + p + "Traceback (most recent call last):",
+             p + '  File "/work/preprocess.py", line 22, in tokenize_shard',
+             p + "    ids = tok(batch)[\"input_ids\"]",
+             p + "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte",
+             "(pid=41878, ip=10.40.2.18) UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff in position 0: "
+             "invalid start byte [repeated 7x across cluster]"]
+    write("ray_task_pid_prefix", lines, {
+        "type": "UnicodeDecodeError",
+        "message": "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte", "rank": "pid=41877",
+        "pid": 41877, "node": "10.40.2.17",
+        "frame": {"file": "/work/preprocess.py", "line": 22, "function": "tokenize_shard",
+                  "source": "ids = tok(batch)[\"input_ids\"]"},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+    # pytest --tb=short: the frames' locations come before the E lines
+    lines = ["=================================== FAILURES ===================================",
+             "__________________________________ test_load ___________________________________",
+             "tests/test_model.py:12: in test_load",
+             "    load_model('tiny')",
+             "src/models/registry.py:41: in load_model",
+             "    raise LookupError(f'unknown model {name!r}')",
+             MARK + "E   LookupError: unknown model 'tiny'",
+             "=========================== short test summary info ============================",
+             "FAILED tests/test_model.py::test_load - LookupError: unknown model 'tiny'"]
+    write("pytest_short_traceback", lines, {
+        "type": "LookupError", "message": "unknown model 'tiny'", "rank": None,
+        "frame": {"file": "src/models/registry.py", "line": 41, "function": "load_model", "source": None},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+    # an NCCL watchdog dump with no Python traceback: C++'s terminate and its what()
+    r = "[rank1]:"
+    lines = [r + "[E728 15:07:00.000 ProcessGroupNCCL.cpp:1316] [PG 0 Rank 1] Watchdog caught collective operation "
+                 "timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for "
+                 "600031 milliseconds before timing out.",
+             r + "[E728 15:07:00.000 ProcessGroupNCCL.cpp:583] [Rank 1] To avoid data inconsistency, we are taking "
+                 "the entire process down.",
+             "Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:565 "
+             "(most recent call first):",
+             "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x57 (0x7f3a in "
+             "/opt/venv/lib/python3.12/site-packages/torch/lib/libc10.so)",
+             MARK + "terminate called after throwing an instance of 'c10::DistBackendError'",
+             "  what():  [PG 0 Rank 1] Process group watchdog thread terminated with exception: [Rank 1] Watchdog "
+             "caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600031 milliseconds "
+             "before timing out.",
+             "Fatal Python error: Aborted"]
+    write("nccl_watchdog_terminate", lines, {
+        "type": "c10::DistBackendError",
+        "message": "[PG 0 Rank 1] Process group watchdog thread terminated with exception: [Rank 1] Watchdog caught "
+                   "collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600031 milliseconds "
+                   "before timing out.",
+        "rank": None, "frame": None, "kind": "error-line", "count": 1, "restarts": 1,
+        "secondary_types": ["NCCL error", "fatal signal"]})
+
+
 if __name__ == "__main__":
     build_all()
