@@ -1155,16 +1155,16 @@ def analyse_lines(lines: Iterable[str], *, package: str | None = None, source: s
 
 
 def _feed_prefiltered(an: _Analyser, line: str, n: int, *, early: bool,
-                      jpid: int | None = None, ident: str | None = None) -> None:
+                      jpid: int | None = None, ident: str | None = None, node: str | None = None) -> None:
     # Most lines of a healthy log are INFO chatter: skip them unless a traceback is open.
     # A few `in` tests settle the common case; the regex only sees the rest.
     if an.busy or early:
-        an.feed(line, n, jpid=jpid, ident=ident, early=early)
+        an.feed(line, n, jpid=jpid, ident=ident, early=early, node=node)
     elif "INFO" in line and "rror" not in line and "RROR" not in line and "Traceback" not in line \
             and "xception" not in line:
         return
     elif PREFILTER_RE.search(line):
-        an.feed(line, n, jpid=jpid, ident=ident, early=early)
+        an.feed(line, n, jpid=jpid, ident=ident, early=early, node=node)
 
 
 def analyse_file(path: str | os.PathLike[str], *, package: str | None = None) -> Diagnosis:
@@ -1309,9 +1309,11 @@ def analyse_journal(unit: str, since: str | None, *, package: str | None = None,
         except (TypeError, ValueError):
             jpid = None
         ident = entry.get("SYSLOG_IDENTIFIER")
+        host = entry.get("_HOSTNAME")
         n = counter[0]
         for part in msg.split("\n"):
-            _feed_prefiltered(an, part, n, early=n <= EARLY_LINES, jpid=jpid, ident=ident)
+            _feed_prefiltered(an, part, n, early=n <= EARLY_LINES, jpid=jpid, ident=ident,
+                              node=host if isinstance(host, str) else None)
 
     try:
         done = proc.stream(argv, on_line=on_line, timeout=timeout)
