@@ -131,7 +131,9 @@ PYTEST_E_RE = re.compile(r"E(?: {3,}|\t)(?P<text>.*)$")
 PYTEST_LOC_RE = re.compile(r"(?P<file>[^\s:][^:]*\.py):(?P<line>\d+): (?P<what>.*)$")
 PYTEST_DEF_RE = re.compile(r"\s*(?:async )?def (?P<name>\w+)\(")
 # torchrun's failure summary: the fields that name the failed process.
-ELASTIC_RE = re.compile(r"\s*(?P<key>host|rank|exitcode)\s*: (?P<value>.+)$")
+ELASTIC_RE = re.compile(r"\s+(?P<key>host|rank|exitcode|traceback)\s*: (?P<value>.+)$")
+ELASTIC_RANK_RE = re.compile(r"(\d+)")
+ELASTIC_PID_RE = re.compile(r"\(pid: (\d+)\)")
 # Functions of a shutdown or clean-up path: a traceback through them after a failure is its
 # consequence, not its cause.
 SHUTDOWN_FUNCS = {"shutdown", "_shutdown", "__del__", "cleanup", "_cleanup", "close_all", "atexit_handler",
@@ -147,6 +149,8 @@ RECORD_START_RE = re.compile(
     r"|Exception ignored in|Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
     # rewheel's own annotations in the logs it keeps (smoke.log: "[rewheel] smoke failed: ...")
     r"|\[rewheel\] "
+    # torchrun's failure summary, drawn between rules
+    r"|={20,}$"
     # the smoke runner's own status lines after the error it reports ("vllm_init: FAILED ...")
     r"|\w+: (?:FAILED\b|timings |OK: )"
     # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)
@@ -194,6 +198,7 @@ STRONG_LINE_PATTERNS: list[tuple[re.Pattern[str], str]] = [
      "NCCL error"),
     (re.compile(r"CUDA error|illegal memory access|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|cudaError\w+", re.I), "CUDA error"),
     (re.compile(r"Segmentation fault|Fatal Python error|core dumped|code=dumped|status=\d+/(?:SEGV|ABRT|BUS|ILL|KILL)"
+                r"|Signal \d+ \(SIG\w+\) received by PID"
                 r"|Failed with result '(?:signal|core-dump)'|Bus error|Aborted \(core", re.I), "fatal signal"),
 ]
 CASCADE_LINE_RE = re.compile(
@@ -206,7 +211,7 @@ EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Inter
 PREFILTER_RE = re.compile(
     r"Traceback|File \"|rror|RROR|xception|CRITICAL|[Kk]illed|NCCL|out of memory|dumped|Abort"
     r"|fault|Failed|died unexpectedly|terminated|Interrupt|SystemExit|undefined symbol"
-    r"|not compatible|kernel image|oom|^E {3}|^\s*(?:async )?def \w|terminate called|what\(\)|\.py:\d+: in ")
+    r"|not compatible|kernel image|oom|^\s+(?:host|rank|exitcode|traceback)\s+: |^E {3}|^\s*(?:async )?def \w|terminate called|what\(\)|\.py:\d+: in ")
 
 
 # ---------------------------------------------------------------------------------------
@@ -430,6 +435,7 @@ class _Analyser:
         self.last_def: str | None = None      # pytest: the last `def f(` shown
         self.pytest_frames: deque[Frame] = deque(maxlen=MAX_FRAMES_KEPT)  # --tb=short locations
         self.terminate: tuple[str, int] | None = None  # C++ terminate awaiting its what()
+        self.elastic: dict[str, str | None] = {}       # torchrun's summary fields so far
 
     # -- public --------------------------------------------------------------------
     @property
@@ -926,6 +932,11 @@ class _Analyser:
                 self._register(_Occ("error-line", _LINE_EXC, ttype, msg, _norm_sig(ttype, msg), label, tpos, None,
                                     [], False, pid if pid is not None else jpid, node), jpid, ident, label, pid)
                 return
+        if line[:2] == "  " and " : " in line:
+            el = ELASTIC_RE.match(line)
+            if el:
+                self._elastic_field(el.group("key"), el.group("value").strip(), pos, jpid, ident, node)
+                return
         if "terminate called" in line:
             t = TERMINATE_RE.search(line)
             if t:
@@ -968,6 +979,25 @@ class _Analyser:
         occ = _Occ("error-line", category, type_, text[:MAX_MESSAGE_CHARS], _norm_sig(type_, text),
                    label, pos, None, [], category == _LINE_CASCADE, pid if pid is not None else jpid, node)
         self._register(occ, jpid, ident, label, pid)
+
+    def _elastic_field(self, key: str, value: str, pos: int, jpid: int | None, ident: str | None,
+                       node: str | None) -> None:
+        """torchrun's summary of the first failed child: its host, rank and pid name the
+        process; a `traceback : Signal 9 (SIGKILL) received by PID N` is its error line."""
+        if key == "host":
+            self.elastic = {"host": value}
+        elif key == "rank":
+            m = ELASTIC_RANK_RE.match(value)
+            self.elastic["rank"] = f"rank{m.group(1)}" if m else value
+        elif key == "exitcode":
+            m = ELASTIC_PID_RE.search(value)
+            self.elastic["pid"] = m.group(1) if m else None
+        elif key == "traceback" and "received by PID" in value:
+            e, self.elastic = self.elastic, {}
+            label = e.get("rank")
+            pid = int(e["pid"]) if e.get("pid") else None
+            self._register(_Occ("error-line", _LINE_STRONG, "fatal signal", value, _norm_sig("fatal signal", value),
+                                label, pos, None, [], False, pid, e.get("host") or node), jpid, ident, label, pid)
 
     # -- crashes, aggregates ----------------------------------------------------------
     def _epoch_for(self, jpid: int | None, ident: str | None, label: str | None,

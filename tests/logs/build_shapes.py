@@ -385,5 +385,30 @@ def build_all() -> None:
         "secondary_types": ["NCCL error", "fatal signal"]})
 
 
+    # torchrun: a child killed by a signal has no traceback; the summary names it
+    lines = ["E0728 15:09:05.000000 140 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: -9) "
+             "local_rank: 1 (pid: 2231) of binary: /opt/venv/bin/python",
+             "Traceback (most recent call last):",
+             '  File "/opt/venv/bin/torchrun", line 8, in <module>',
+             "    sys.exit(main())",
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+             "============================================================",
+             "train.py FAILED",
+             "------------------------------------------------------------",
+             "Root Cause (first observed failure):",
+             "[0]:",
+             "  time      : 2025-07-28_15:09:05",
+             "  host      : gpu-03",
+             "  rank      : 1 (local_rank: 1)",
+             "  exitcode  : -9 (pid: 2231)",
+             "  error_file: <N/A>",
+             MARK + "  traceback : Signal 9 (SIGKILL) received by PID 2231",
+             "============================================================"]
+    write("torchrun_child_signal", lines, {
+        "type": "fatal signal", "message": "Signal 9 (SIGKILL) received by PID 2231", "rank": "rank1",
+        "pid": 2231, "node": "gpu-03", "frame": None, "kind": "error-line", "count": 1, "restarts": 1,
+        "secondary_types": ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError"]})
+
+
 if __name__ == "__main__":
     build_all()
