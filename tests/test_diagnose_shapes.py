@@ -54,6 +54,8 @@ def test_process_identity_is_kept(name: str) -> None:
     lambda ln: f"2025-07-28T15:07:00.9685040Z vllm-1  | {ln}",          # CI running docker compose
     lambda ln: f"\x1b[36mvllm-1  |\x1b[0m {ln}",                          # compose's colours
     lambda ln: f"Jul 28 15:07:00 gpu-07 vllm[4700]: {ln}",
+    lambda ln: f"Mon 2025-07-28 15:07:00 UTC gpu-07 vllm.service[4700]: {ln}",   # journalctl -o short-full
+    lambda ln: f"[pod/vllm-0/vllm] 2025-07-28T15:07:00.968504123Z {ln}",         # kubectl --prefix --timestamps
     lambda ln: f"{ln}" + " " * 90,
 ])
 @pytest.mark.parametrize("name", ["story_worker_crash_plain", "ray_nested_task_error", "sglang_scheduler_exception",

@@ -80,7 +80,8 @@ JOURNAL_RE = re.compile(
     r"(?:[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d(?:\.\d+)?"     # short, short-precise, syslog
     # short-iso(-precise): journald writes the offset (+0000); a bare Z is a CI runner's stamp
     r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:[+-]\d\d:?\d\d)?"
-    r"|\[ *\d+\.\d+\]|\d{9,11}\.\d+)"                        # short-monotonic, short-unix
+    r"|\[ *\d+\.\d+\]|\d{9,11}\.\d+"                         # short-monotonic, short-unix
+    r"|[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [A-Z][A-Za-z0-9+\-]{0,5})"  # short-full, with-unit
     r" (?P<host>[^\s:()\[\]]+) (?P<ident>[^\s\[\]:()]+)(?:\[(?P<pid>\d+)\])?: ?")
 # Collector wrappers: what a log collector puts before each line of a process's output.
 # Each is stripped (any mix, in any order) and what it names is kept as the line's node.
