@@ -212,7 +212,15 @@ EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Inter
 PREFILTER_RE = re.compile(
     r"Traceback|File \"|rror|RROR|xception|CRITICAL|[Kk]illed|NCCL|out of memory|dumped|Abort"
     r"|fault|Failed|died unexpectedly|terminated|Interrupt|SystemExit|undefined symbol"
-    r"|not compatible|kernel image|oom|^\s+(?:host|rank|exitcode|traceback)\s+: |^E {3}|^\s*(?:async )?def \w|terminate called|what\(\)|\.py:\d+: in ")
+    r"|not compatible|kernel image|oom|terminate called|what\(\)")
+
+
+def _prefilter(line: str) -> bool:
+    """Whether a line can matter outside a traceback: the regex above, or (cheap `in` tests
+    first) pytest's `E   ` lines, `def` lines and `path.py:N: in f` locations, and
+    torchrun's summary fields."""
+    return bool(PREFILTER_RE.search(line)) or line.startswith("E   ") or "def " in line \
+        or ": in " in line or " : " in line
 
 
 # ---------------------------------------------------------------------------------------
@@ -1194,7 +1202,7 @@ def _feed_prefiltered(an: _Analyser, line: str, n: int, *, early: bool,
     elif "INFO" in line and "rror" not in line and "RROR" not in line and "Traceback" not in line \
             and "xception" not in line:
         return
-    elif PREFILTER_RE.search(line):
+    elif _prefilter(line):
         an.feed(line, n, jpid=jpid, ident=ident, early=early, node=node)
 
 
