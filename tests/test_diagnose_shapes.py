@@ -22,7 +22,8 @@ SHAPES = ["wrap_docker_compose", "wrap_kubectl_prefix", "wrap_ci_timestamps", "j
           "nohup_progress_bars", "paste_damaged", "paste_chars_interleaved", "sglang_scheduler_exception",
           "ray_nested_task_error", "ipython_traceback", "pytest_failure", "torchrun_child_failed",
           "shutdown_cascade_after_nccl", "smoke_runner_lines_end_message", "ray_task_pid_prefix",
-          "pytest_short_traceback", "nccl_watchdog_terminate", "torchrun_child_signal"]
+          "pytest_short_traceback", "nccl_watchdog_terminate", "torchrun_child_signal",
+          "faulthandler_segfault"]
 
 
 def expected(name: str) -> dict:

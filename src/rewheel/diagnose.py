@@ -99,6 +99,10 @@ WRAPPER_RE = re.compile(
 PROC_RE = re.compile(r"\((?:(?P<label>[A-Za-z][^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]*)[^)]*)?\) ?")
 # Ray's de-duplication of lines printed by many workers
 RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]$")
+# faulthandler's dump after "Fatal Python error: ...": a thread header, then its frames
+# innermost first ("  File "x.py", line 12 in f")
+FAULT_THREAD_RE = re.compile(r"(?P<current>Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
+FAULT_FRAME_RE = re.compile(r'\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 # C++: std::terminate's report of an uncaught exception, and its what() on the next line
 TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
 WHAT_RE = re.compile(r"\s*what\(\):\s+(?P<msg>.*)$")
@@ -212,7 +216,7 @@ EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Inter
 PREFILTER_RE = re.compile(
     r"Traceback|File \"|rror|RROR|xception|CRITICAL|[Kk]illed|NCCL|out of memory|dumped|Abort"
     r"|fault|Failed|died unexpectedly|terminated|Interrupt|SystemExit|undefined symbol"
-    r"|not compatible|kernel image|oom|terminate called|what\(\)")
+    r"|not compatible|kernel image|oom|terminate called|what\(\)|Current thread|Thread 0x")
 
 
 def _prefilter(line: str) -> bool:
@@ -445,6 +449,9 @@ class _Analyser:
         self.pytest_frames: deque[Frame] = deque(maxlen=MAX_FRAMES_KEPT)  # --tb=short locations
         self.terminate: tuple[str, int] | None = None  # C++ terminate awaiting its what()
         self.elastic: dict[str, str | None] = {}       # torchrun's summary fields so far
+        self.fault: _Occ | None = None                  # a fatal error awaiting faulthandler's frames
+        self.fault_thread: str | None = None            # "current" | "other": the dump being read
+        self.fault_frames: dict[str | None, list[Frame]] = {}
 
     # -- public --------------------------------------------------------------------
     @property
@@ -941,6 +948,8 @@ class _Analyser:
                 self._register(_Occ("error-line", _LINE_EXC, ttype, msg, _norm_sig(ttype, msg), label, tpos, None,
                                     [], False, pid if pid is not None else jpid, node), jpid, ident, label, pid)
                 return
+        if self.fault is not None and self._fault_dump(line):
+            return
         if line[:2] == "  " and " : " in line:
             el = ELASTIC_RE.match(line)
             if el:
@@ -988,6 +997,34 @@ class _Analyser:
         occ = _Occ("error-line", category, type_, text[:MAX_MESSAGE_CHARS], _norm_sig(type_, text),
                    label, pos, None, [], category == _LINE_CASCADE, pid if pid is not None else jpid, node)
         self._register(occ, jpid, ident, label, pid)
+        if text.startswith("Fatal Python error"):
+            self.fault, self.fault_thread, self.fault_frames = occ, None, {}
+
+    def _fault_dump(self, line: str) -> bool:
+        """faulthandler's dump after a fatal error: the first frame of the current thread (else
+        of the first thread shown) is where the process died. True: the line was the dump's."""
+        occ = self.fault
+        assert occ is not None
+        t = FAULT_THREAD_RE.search(line)
+        if t:
+            if self.fault_thread != "current":
+                self.fault_thread = "current" if t.group("current").startswith("Current") else "other"
+            return True
+        if self.fault_thread is None:
+            return False
+        m = FAULT_FRAME_RE.match(line)
+        if not m:
+            if line.strip() and not line.startswith(" "):
+                self.fault = None
+            return False
+        fr = Frame(m.group("file"), int(m.group("line")), m.group("func"))
+        frames = self.fault_frames.setdefault(self.fault_thread, [])
+        if len(frames) < MAX_FRAMES_KEPT:
+            frames.append(fr)   # innermost first, as faulthandler prints them
+        best = self.fault_frames.get("current") or self.fault_frames.get("other") or []
+        occ.frames = list(best)
+        occ.frame = next((f for f in best if _in_package(f.file, self.package)), best[0] if best else None)
+        return True
 
     def _elastic_field(self, key: str, value: str, pos: int, jpid: int | None, ident: str | None,
                        node: str | None) -> None:

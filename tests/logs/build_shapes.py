@@ -410,5 +410,28 @@ def build_all() -> None:
         "secondary_types": ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError"]})
 
 
+    # a segfault: faulthandler's dump names where the current thread died (innermost first)
+    lines = ["INFO 07-28 15:07:00 [gpu_model_runner.py:1500] Loading model",
+             MARK + "Fatal Python error: Segmentation fault",
+             "",
+             "Thread 0x00007f3a2bfff640 (most recent call first):",
+             '  File "/usr/lib/python3.12/threading.py", line 355 in wait',
+             '  File "/usr/lib/python3.12/threading.py", line 1030 in _bootstrap',
+             "",
+             "Current thread 0x00007f3a9c1d2740 (most recent call first):",
+             f'  File "{SP}/flash_attn/flash_attn_interface.py", line 91 in _flash_attn_forward',
+             f'  File "{SP}/vllm/attention/backends/flash_attn.py", line 412 in forward',
+             f'  File "{SP}/torch/nn/modules/module.py", line 1762 in _call_impl',
+             "",
+             "Extension modules: numpy.core._multiarray_umath, torch._C (total: 42)",
+             "Segmentation fault (core dumped)"]
+    write("faulthandler_segfault", lines, {
+        "type": "fatal signal", "message": "Fatal Python error: Segmentation fault", "rank": None,
+        # the corpus is read with --package vllm: the innermost frame inside vllm
+        "frame": {"file": f"{SP}/vllm/attention/backends/flash_attn.py", "line": 412, "function": "forward",
+                  "source": None},
+        "kind": "error-line", "count": 1, "restarts": 1, "secondary_types": ["fatal signal"]})
+
+
 if __name__ == "__main__":
     build_all()
