@@ -130,3 +130,10 @@ def test_every_truncation_of_a_corpus_log_is_answered(name: str, tmp_path: Path)
         for piece in (data[:cut], data[cut:]):
             p.write_bytes(piece)
             _answers(p)
+
+
+def test_a_loggers_timestamped_line_is_not_a_journal_line() -> None:
+    # Python logging / Ray: "DATE TIME,ms LEVEL file:line -- message" has no host in it
+    rc = root_of_text("2025-08-12 07:37:57,002 ERROR worker.py:21 -- RuntimeError: CUDA error: unspecified launch failure")
+    assert rc["node"] is None and rc["pid"] is None
+    assert "RuntimeError: CUDA error: unspecified launch failure" in rc["message"]

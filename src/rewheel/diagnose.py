@@ -82,7 +82,9 @@ JOURNAL_RE = re.compile(
     r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:[+-]\d\d:?\d\d)?"
     r"|\[ *\d+\.\d+\]|\d{9,11}\.\d+"                         # short-monotonic, short-unix
     r"|[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [A-Z][A-Za-z0-9+\-]{0,5})"  # short-full, with-unit
-    r" (?P<host>[^\s:()\[\]]+) (?P<ident>[^\s\[\]:()]+)(?:\[(?P<pid>\d+)\])?: ?")
+    # (a host is never a log level: "2025-08-12 07:37:57,002 INFO x.py:21 -- ..." is a logger's line)
+    r" (?!(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b)(?P<host>[^\s:()\[\]]+)"
+    r" (?P<ident>[^\s\[\]:()]+)(?:\[(?P<pid>\d+)\])?: ?")
 # Collector wrappers: what a log collector puts before each line of a process's output.
 # Each is stripped (any mix, in any order) and what it names is kept as the line's node.
 WRAPPER_RE = re.compile(
