@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,22 @@ def test_a_loggers_timestamped_line_is_not_a_journal_line() -> None:
     rc = root_of_text("2025-08-12 07:37:57,002 ERROR worker.py:21 -- RuntimeError: CUDA error: unspecified launch failure")
     assert rc["node"] is None and rc["pid"] is None
     assert "RuntimeError: CUDA error: unspecified launch failure" in rc["message"]
+
+
+LEAD_RE = re.compile(r"^((?:\([^)]*\) )?(?:(?:INFO|WARNING|ERROR) \S+ \S+ \[[^\]]*\] )?)\s+")
+
+
+@pytest.mark.parametrize("name", ["story_worker_crash_plain", "chained_direct_cause", "kv_cache_too_small",
+                                  "ray_nested_task_error", "sglang_scheduler_exception", "cuda_oom_worker_journald",
+                                  "exception_group_taskgroup", "pytest_failure", "srun_ranks"])
+def test_a_paste_that_lost_its_indentation_gives_the_same_answer(name: str) -> None:
+    # frames, their (multi-line) source lines and carets at column 0, after any prefix
+    text = (LOGS / f"{name}.log").read_text()
+    flat = "\n".join(LEAD_RE.sub(r"\1", ln) for ln in text.splitlines())
+    assert flat != text
+    exp, got = expected(name), root_of_text(flat)
+    for key in ("type", "rank", "kind", "log_line"):
+        assert got[key] == exp[key], (key, got[key])
+    assert got["message"].split("\n")[0] == exp["message"].split("\n")[0]
+    fr, efr = got["frame"] or {}, exp["frame"] or {}
+    assert (fr.get("file"), fr.get("line"), fr.get("function")) == (efr.get("file"), efr.get("line"), efr.get("function"))

@@ -58,6 +58,7 @@ MAX_MESSAGE_LINES = 40          # continuation lines of one exception message
 MAX_MESSAGE_CHARS = 8000
 MAX_CHAIN = 8                   # exceptions in one chain
 MAX_FRAMES_KEPT = 64            # innermost frames kept of one exception (for the suspects)
+MAX_SOURCE_RUN = 20             # unindented lines read as one frame's source, at most
 MAX_STREAMS = 512               # concurrent in-flight tracebacks
 MAX_EPOCH_OCCURRENCES = 400     # occurrences kept for one crash
 MAX_SIGNATURES = 5000
@@ -117,7 +118,10 @@ HEADER_RE = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?"
     r" (?:\[[^\]]*\]|[\w.\-]+:\d+\]) ?")
 # A frame line; pastes that lost the quotes ("File /x.py, line 5, in f") are frames too.
-FRAME_RE = re.compile(r'\s+File (?:"(?P<file>[^"]+)"|(?P<bare>[^\s",][^",]*)), line (?P<line>\d+)(?:, in (?P<func>.+))?$')
+# (Pastes that lost their indentation have them at column 0: read there only inside a traceback.)
+FRAME_RE = re.compile(r'\s*File (?:"(?P<file>[^"]+)"|(?P<bare>[^\s",][^",]*)), line (?P<line>\d+)(?:, in (?P<func>.+))?$')
+# Statements that can be a frame's source line but look like a bare exception name
+NOT_EXCEPTIONS = {"return", "pass", "break", "continue", "raise", "yield", "else", "try", "finally"}
 TB_HEAD = "Traceback (most recent call last)"
 # Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
 RAY_WRAP_RE = re.compile(
@@ -376,6 +380,7 @@ class _Stream:
     ipython: bool = False             # IPython/Jupyter frames ("---> 15")
     pytest: bool = False              # pytest's `E   ` lines
     remote: tuple[str, int, str | None] | None = None  # Ray's remote process: name, pid, ip
+    source_run: int = 0               # unindented source lines in a row (a paste without indentation)
 
 
 @dataclass
@@ -772,6 +777,23 @@ class _Analyser:
             return True
         if IGNORABLE_IN_TB_RE.match(line):
             return True
+        if line.startswith("File "):
+            # a paste that lost its indentation: frames at column 0 ...
+            m = FRAME_RE.match(line)
+            if m:
+                self._add_frame(st, exc, Frame(m.group("file") or m.group("bare").strip(), int(m.group("line")),
+                                               _func(m.group("func"))))
+                return True
+        text = line.strip()
+        if _decoration(text):
+            return True
+        if (st.pending is not None or 0 < st.source_run < MAX_SOURCE_RUN) and not _exception_line(line):
+            # ... and so are their source lines (a statement may span several)
+            if st.pending is not None:
+                st.pending.source = text[:500]
+                st.pending = None
+            st.source_run += 1
+            return True
         ray = RAY_WRAP_RE.match(line) if "Ray" in line[:40] else None
         m = EXC_RE.match(line)
         if ray:
@@ -799,6 +821,7 @@ class _Analyser:
         exc.frames += 1
         exc.last_frame = fr
         exc.frame_list.append(fr)
+        st.source_run = 0
         if _in_package(fr.file, self.package):
             exc.last_pkg_frame = fr
         if fr.function in SHUTDOWN_FUNCS:
@@ -1170,6 +1193,16 @@ def _ungroup(line: str) -> tuple[str, str | None]:
     if EG_END_RE.match(line):
         return line, "end"
     return line, None
+
+
+def _exception_line(line: str) -> bool:
+    """Whether an unindented line inside a traceback is its exception line rather than a
+    frame's source line that lost its indentation: `Type: message`, `pkg.Type`, `Type`."""
+    m = EXC_RE.match(line)
+    if not m:
+        return bool(RAY_WRAP_RE.match(line))
+    t = m.group("type")
+    return t not in NOT_EXCEPTIONS and (":" in line or "." in t or t[:1].isupper())
 
 
 def _func(name: str | None) -> str | None:
