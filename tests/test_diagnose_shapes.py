@@ -24,7 +24,7 @@ SHAPES = ["wrap_docker_compose", "wrap_kubectl_prefix", "wrap_ci_timestamps", "j
           "ray_nested_task_error", "ipython_traceback", "pytest_failure", "torchrun_child_failed",
           "shutdown_cascade_after_nccl", "smoke_runner_lines_end_message", "ray_task_pid_prefix",
           "pytest_short_traceback", "nccl_watchdog_terminate", "torchrun_child_signal",
-          "faulthandler_segfault"]
+          "faulthandler_segfault", "json_escaped_traceback", "quoted_in_reply"]
 
 
 def expected(name: str) -> dict:

@@ -98,7 +98,9 @@ WRAPPER_RE = re.compile(
     # docker compose: service-1  | (padded to the longest service name)
     r"|(?P<d_service>[A-Za-z0-9][\w.\-]*) +\|(?: |$)"
     # srun -l: the task number
-    r"|(?P<task>\d{1,5}):(?: |$)")
+    r"|(?P<task>\d{1,5}):(?: |$)"
+    # a log quoted in a reply (markdown / e-mail): "> ", "> > "
+    r"|(?P<quote>(?:> ?)+)")
 PROC_RE = re.compile(r"\((?:(?P<label>[A-Za-z][^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]*)[^)]*)?\) ?")
 # Ray's de-duplication of lines printed by many workers
 RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]$")
@@ -123,6 +125,7 @@ FRAME_RE = re.compile(r'\s*File (?:"(?P<file>[^"]+)"|(?P<bare>[^\s",][^",]*)), l
 # Statements that can be a frame's source line but look like a bare exception name
 NOT_EXCEPTIONS = {"return", "pass", "break", "continue", "raise", "yield", "else", "try", "finally"}
 TB_HEAD = "Traceback (most recent call last)"
+ESCAPED_TB = TB_HEAD + ":\\n"     # the same, inside an escaped string: its newlines are "\n"
 # Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
 RAY_WRAP_RE = re.compile(
     r"(?:ray\.exceptions\.)?Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?: ray::(?P<actor>[\w.]+?)"
@@ -466,7 +469,7 @@ class _Analyser:
         return bool(self.streams)
 
     def feed(self, raw: str, pos: int, *, jpid: int | None = None, ident: str | None = None,
-             early: bool = False, node: str | None = None) -> None:
+             early: bool = False, node: str | None = None, _escaped: bool = False) -> None:
         self.tick += 1
         # Right padding (terminal copies), CRLF, and `\r` progress bars: what a terminal shows
         # is the text after the last carriage return.
@@ -482,10 +485,15 @@ class _Analyser:
         if jpid is None and line.startswith('{"') and '"MESSAGE"' in line:
             self._feed_json(line, pos, early)
             return
+        if ESCAPED_TB in line and not _escaped:
+            # a traceback inside one escaped string (a JSON log field, a repr): its lines
+            for part in _escaped_traceback(line).split("\n")[:MAX_MESSAGE_LINES * 50]:
+                self.feed(part, pos, jpid=jpid, ident=ident, early=early, node=node, _escaped=True)
+            return
         task: str | None = None
         for _ in range(6):
             c = line[:1]
-            if not (c.isalnum() or c in "<["):
+            if not (c.isalnum() or c in "<[>"):
                 break
             if jpid is None:
                 m = JOURNAL_RE.match(line)
@@ -500,6 +508,8 @@ class _Analyser:
                 break
             if m.group("task") is not None:
                 task = task or m.group("task")
+            elif m.group("quote") is not None:
+                pass
             else:
                 node = m.group("k_pod") or m.group("d_service") or m.group("s_host") or node
                 if m.group("s_pid") and m.group("s_pid") != "-" and jpid is None:
@@ -1203,6 +1213,26 @@ def _exception_line(line: str) -> bool:
         return bool(RAY_WRAP_RE.match(line))
     t = m.group("type")
     return t not in NOT_EXCEPTIONS and (":" in line or "." in t or t[:1].isupper())
+
+
+def _escaped_traceback(line: str) -> str:
+    """The traceback held in one escaped string of `line` (a JSON field, a repr), unescaped:
+    from its start to the string's closing quote (the rest of the line is not its)."""
+    start = line.index(ESCAPED_TB)
+    quote = line[start - 1] if start and line[start - 1] in "\"'" else None
+    end = len(line)
+    if quote:
+        i = start
+        while True:
+            i = line.find(quote, i)
+            if i < 0:
+                break
+            if line[i - 1] != "\\":
+                end = i
+                break
+            i += 1
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "r": ""}.get(m.group(1), m.group(1)),
+                  line[start:end])
 
 
 def _func(name: str | None) -> str | None:

@@ -4,7 +4,8 @@ Each scenario is one shape real crash logs take once a collector, a paste or ano
 runtime has been at them: collector wrappers (docker compose, `kubectl logs --prefix`, CI
 timestamps, journald's output modes, syslog, `srun -l`, `nohup` progress bars), damaged
 pastes (colour codes without their ESC byte, right padding, frame lines without quotes,
-ranks interleaved character by character), other runtimes (sglang, Ray, IPython, pytest,
+ranks interleaved character by character, lost indentation, quoted replies), structured
+(JSON) logs with an escaped traceback, other runtimes (sglang, Ray, IPython, pytest,
 torchrun, NCCL watchdog dumps), cascades raised while shutting down, and a message that
 ends where the smoke runner's own lines begin. The logs are written here from the formats
 those tools print; the expected root cause of each is stated BY HAND below (only
@@ -431,6 +432,37 @@ def build_all() -> None:
         "frame": {"file": f"{SP}/vllm/attention/backends/flash_attn.py", "line": 412, "function": "forward",
                   "source": None},
         "kind": "error-line", "count": 1, "restarts": 1, "secondary_types": ["fatal signal"]})
+
+
+    # a structured (JSON) log: the traceback is one escaped string field
+    tb = ["Traceback (most recent call last):",
+          '  File "/app/server.py", line 88, in handle',
+          "    out = model.generate(req)",
+          f'  File "{SP}/vllm/entrypoints/llm.py", line 401, in generate',
+          '    raise ValueError(f"prompt too long: {n}")',
+          "ValueError: prompt too long: 40000"]
+    lines = [json.dumps({"ts": "2025-07-28T15:06:59Z", "level": "info", "msg": "serving"}),
+             MARK + json.dumps({"ts": "2025-07-28T15:07:00Z", "level": "error", "msg": "request failed",
+                                "exc": "\n".join(tb)})]
+    write("json_escaped_traceback", lines, {
+        "type": "ValueError", "message": "prompt too long: 40000", "rank": None,
+        "frame": {"file": f"{SP}/vllm/entrypoints/llm.py", "line": 401, "function": "generate",
+                  "source": 'raise ValueError(f"prompt too long: {n}")'},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+    # a log quoted in a reply (markdown "> ")
+    lines = ["I see the same thing on 0.10.1:",
+             MARK + "> Traceback (most recent call last):",
+             f'>   File "{SP}/vllm/v1/worker/gpu_worker.py", line 190, in load_model',
+             ">     self.model_runner.load_model()",
+             "> torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB.",
+             "",
+             "Any idea?"]
+    write("quoted_in_reply", lines, {
+        "type": "torch.OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 1.00 GiB.", "rank": None,
+        "frame": {"file": f"{SP}/vllm/v1/worker/gpu_worker.py", "line": 190, "function": "load_model",
+                  "source": "self.model_runner.load_model()"},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
 
 
 if __name__ == "__main__":
