@@ -70,3 +70,28 @@ def test_real_log(truth: dict[str, Any]) -> None:
     # stdin and journals take the line-by-line path: the same answer
     with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
         assert diagnose.analyse_lines(fh).to_json() == by_file
+
+
+# The same logs as other collectors and pastes would have given them: the answer must not move.
+WRAPPERS = {
+    "docker-compose": lambda ln: f"vllm-1  | {ln}",
+    "kubectl-prefix": lambda ln: f"[pod/vllm-0/vllm] {ln}",
+    "ci-timestamps": lambda ln: f"2025-07-28T15:07:00.9685040Z {ln}",
+    "journald": lambda ln: f"Jul 28 15:07:00 gpu-07 vllm[4700]: {ln}",
+    "quoted-reply": lambda ln: f"> {ln}",
+    "crlf": lambda ln: ln + "\r",
+    "right-padded": lambda ln: ln + " " * 50,
+    "lost-indentation": lambda ln: ln.lstrip(" "),
+}
+
+
+@pytest.mark.skipif(not CASES, reason="no ../shared/real-logs next to the repository")
+@pytest.mark.parametrize("wrap", list(WRAPPERS))
+def test_real_logs_rewrapped(wrap: str) -> None:
+    wrong = {}
+    for truth in CASES:
+        text = (REAL / truth["file"]).read_text(encoding="utf-8", errors="replace")
+        rc = diagnose.analyse_lines([WRAPPERS[wrap](ln) for ln in text.split("\n")]).to_json()["root_cause"]
+        if score(rc, truth):
+            wrong[truth["file"]] = score(rc, truth)
+    assert wrong == {}
