@@ -95,3 +95,14 @@ def test_real_logs_rewrapped(wrap: str) -> None:
         if score(rc, truth):
             wrong[truth["file"]] = score(rc, truth)
     assert wrong == {}
+
+
+@pytest.mark.skipif(not CASES, reason="no ../shared/real-logs next to the repository")
+def test_real_logs_cut_anywhere_are_answered(tmp_path: Path) -> None:
+    p = tmp_path / "cut.log"
+    for truth in CASES:
+        data = (REAL / truth["file"]).read_bytes()
+        for cut in range(0, len(data), max(1, len(data) // 12)):
+            for piece in (data[:cut], data[cut:]):
+                p.write_bytes(piece)
+                json.dumps(diagnose.analyse_file(p).to_json())
