@@ -157,3 +157,8 @@ def test_a_paste_that_lost_its_indentation_gives_the_same_answer(name: str) -> N
     assert got["message"].split("\n")[0] == exp["message"].split("\n")[0]
     fr, efr = got["frame"] or {}, exp["frame"] or {}
     assert (fr.get("file"), fr.get("line"), fr.get("function")) == (efr.get("file"), efr.get("line"), efr.get("function"))
+
+
+def test_tab_indented_frames() -> None:
+    rc = root_of_text("Traceback (most recent call last):\n\tFile \"/x/vllm/a.py\", line 3, in f\n\t\tg()\nKeyError: 7")
+    assert (rc["type"], rc["message"], rc["frame"]["line"], rc["frame"]["source"]) == ("KeyError", "7", 3, "g()")

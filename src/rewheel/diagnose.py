@@ -787,8 +787,8 @@ class _Analyser:
             return True
         if IGNORABLE_IN_TB_RE.match(line):
             return True
-        if line.startswith("File "):
-            # a paste that lost its indentation: frames at column 0 ...
+        if line.lstrip("\t").startswith("File "):
+            # a paste that lost its indentation (or has tabs for it): frames at column 0 ...
             m = FRAME_RE.match(line)
             if m:
                 self._add_frame(st, exc, Frame(m.group("file") or m.group("bare").strip(), int(m.group("line")),
