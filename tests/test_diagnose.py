@@ -69,7 +69,8 @@ def test_corpus_file(name: str) -> None:
 @pytest.mark.parametrize("name", CORPUS)
 def test_corpus_lines_match_file(name: str) -> None:
     """The line-by-line path (stdin, journals) and the fast file path agree exactly."""
-    with open(LOGS / f"{name}.log", encoding="utf-8") as fh:
+    # lines end at "\n" only, as in the file (a `\r` progress bar is not a line of its own)
+    with open(LOGS / f"{name}.log", encoding="utf-8", newline="\n") as fh:
         by_lines = diagnose.analyse_lines(fh, package="vllm").to_json()
     by_file = diagnose.analyse_file(LOGS / f"{name}.log", package="vllm").to_json()
     assert by_lines == by_file
@@ -80,7 +81,10 @@ def test_json_shape_is_exact() -> None:
     doc = diagnose.analyse_file(LOGS / "story_worker_crash_journald.log", package="vllm").to_json()
     assert set(doc) == {"root_cause"}
     rc = doc["root_cause"]
-    assert set(rc) == {"type", "message", "rank", "frame", "log_line", "kind", "count", "restarts", "secondary"}
+    assert set(rc) == {"type", "message", "rank", "frame", "log_line", "kind", "count", "restarts", "secondary",
+                       "pid", "node", "suspects"}
+    assert rc["suspects"] == []  # `why` on a log alone: no upgrade to compare the frames with
+    assert (rc["pid"], rc["node"]) == (216070, "llm-two")  # Worker_TP4's pid, the journal's host
     assert set(rc["frame"]) == {"file", "line", "function", "source"}
     assert rc["secondary"] and all(s["relation"] == "cascade" for s in rc["secondary"])
     assert set(rc["secondary"][0]) == {"type", "message", "rank", "log_line", "count", "relation"}

@@ -61,6 +61,9 @@ def test_breaking_smoke_reverts_byte_exact_and_names_the_root_cause(host_factory
     assert rc["type"] == "ValueError"
     assert rc["message"] == "q_lora_rank 1536 must divide num_heads 7 on rank 4"
     assert rc["frame"]["file"].endswith("toypkg/layers.py")
+    # layers.py did not change; the upgraded core.py, which now calls into it, is the suspect
+    assert [(x["path"], x["change"], x["distance_lines"]) for x in rc["suspects"]] == [("toypkg/core.py", "changed", 0)]
+    assert "+    return [build_attention(r) for r in range(8)]" in rc["suspects"][0]["hunks"][0]["text"]
     assert [s["name"] for s in rep["steps"] if not s["ok"]] == ["smoke"]
     assert rep["revert"]["restore"]["verified"] > 0
     assert rep["revert"]["restore"]["lanes"] == lanes
@@ -299,3 +302,27 @@ def test_ctrl_c_during_smoke_is_reported_kills_the_smoke_and_resume_undoes_it(ho
         h.rewheel("history", str(h.recipe), "--json").stdout)["runs"][0]["snapshot_id"]
     assert h.state() == before
     assert h.served_version() == "1.0.0"
+
+
+def test_why_with_run_or_snapshot_names_the_suspects(host_factory) -> None:
+    h = host_factory("3.0.0", "smoke-fails")
+    code, rep = h.run_json()
+    assert code == 1 and rep["status"] == "reverted", rep["_stderr"]
+    log = rep["logs"]["smoke"]
+    # the run's upgrade, from its journal: pre-upgrade snapshot vs the failed state it kept
+    cp = h.rewheel("why", log, "--run", rep["run_id"], "--json")
+    assert cp.returncode == 0, cp.stderr
+    got = json.loads(cp.stdout)["root_cause"]["suspects"]
+    assert [(s["path"], s["change"], s["distance_lines"]) for s in got] == [("toypkg/core.py", "changed", 0)]
+    human = h.rewheel("why", log, "--run", rep["run_id"])
+    assert "suspects" in human.stdout and "toypkg/core.py" in human.stdout
+    # the pre-upgrade snapshot against the live environment, which the revert restored: nothing changed
+    cp = h.rewheel("why", log, "--snapshot", rep["snapshot_id"], "--json")
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(cp.stdout)["root_cause"]["suspects"] == []
+    # without either: no upgrade to compare with
+    assert json.loads(h.rewheel("why", log, "--json").stdout)["root_cause"]["suspects"] == []
+    bad = h.rewheel("why", log, "--run", "20990101-000000-nope", "--json")
+    assert bad.returncode == 2 and "20990101-000000-nope" in json.loads(bad.stdout)["message"]
+    both = h.rewheel("why", log, "--run", rep["run_id"], "--snapshot", rep["snapshot_id"])
+    assert both.returncode == 2

@@ -240,6 +240,14 @@ def play(demo: Demo) -> None:
     demo.check("root cause is the real exception, not the cascade",
                rcause.get("type") == "RuntimeError" and "cannot reshape" in str(rcause.get("message", "")),
                f"{rcause.get('type')}: {str(rcause.get('message', ''))[:70]}")
+    sus = {x.get("path"): x for x in rcause.get("suspects") or []}
+    ds = sus.get(st.DEEPSEEK_REL) or {}
+    demo.check("suspects: dev344's deepseek_v2.py hunk around the failing line, its removed local patch",
+               ds.get("distance_lines") == 0 and bool(ds.get("hunks")) and bool(ds.get("patch_removed")),
+               f"{list(sus)}")
+    helper = sus.get("vllm/model_executor/layers/attention/head_layout.py") or {}
+    demo.check("suspects: the head_layout.py helper dev344 added", helper.get("change") == "added",
+               f"{list(sus)}")
     version = _installed_version(python, "vllm")
     demo.check("vllm is back on dev313", version == toy.GOOD_VERSION, version)
     site = st.site_packages(python)

@@ -434,8 +434,11 @@ def why(
     package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME",
                                                 help="Import name of the upgraded package (e.g. vllm): its deepest frame is reported.")] = None,
     json_out: JsonOpt = False,
+    run_id: Annotated[str | None, typer.Option("--run", metavar="ID", help="Name the suspects: the changes of this run's upgrade on the crash's path.")] = None,
+    snapshot_ref: Annotated[str | None, typer.Option("--snapshot", metavar="SNAPSHOT", help="Name the suspects: the changes since this snapshot on the crash's path.")] = None,
 ) -> None:
-    """The root cause of a crash in a log: exception, rank, deepest frame, repetitions."""
+    """The root cause of a crash in a log: exception, rank, deepest frame, repetitions; with
+    --run or --snapshot, the changes of the upgrade it points at."""
     from rewheel import diagnose
     from rewheel.errors import UsageError
 
@@ -451,6 +454,12 @@ def why(
         result = diagnose.analyse_stream(package=package)
     else:
         result = diagnose.analyse_file(logfile, package=package)
+    if run_id is not None or snapshot_ref is not None:
+        from rewheel import runner
+
+        if run_id is not None and snapshot_ref is not None:
+            raise UsageError("give either --run or --snapshot, not both")
+        runner.suspects_for(result, run_id=run_id, snapshot=snapshot_ref)
     out, _err = consoles(json_out)
     show(out, json_out, result, report.render_why)
 

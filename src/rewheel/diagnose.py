@@ -11,6 +11,13 @@ line, several processes' tracebacks interleaved, chained exceptions, truncated l
 names the root exception, the failing rank, the deepest frame inside the upgraded package,
 where in the log it starts, how often it repeats, and the secondary errors it caused.
 
+It also reads logs as people collect and paste them: collector wrappers on every line
+(docker compose, `kubectl logs --prefix`, CI timestamps, journald's output modes, syslog,
+`srun -l`, `\r` progress bars) are stripped and what they name kept as the process's node;
+damaged pastes (colour codes that lost ESC, right padding, frame lines without quotes);
+other runtimes' shapes (sglang's mid-line tracebacks, Ray's RayTaskError wrappers unwrapped
+to the remote exception and its frames, IPython, pytest's `E   ` lines, torchrun).
+
 Design:
 - Streaming and bounded. Lines are demultiplexed into streams (journald pid, process
   label and pid, logger-header or raw); each stream holds at most one traceback in flight,
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections import deque
 import os
 import re
 import sys
@@ -49,6 +57,8 @@ from rewheel.errors import CommandNotFound, UsageError
 MAX_MESSAGE_LINES = 40          # continuation lines of one exception message
 MAX_MESSAGE_CHARS = 8000
 MAX_CHAIN = 8                   # exceptions in one chain
+MAX_FRAMES_KEPT = 64            # innermost frames kept of one exception (for the suspects)
+MAX_SOURCE_RUN = 20             # unindented lines read as one frame's source, at most
 MAX_STREAMS = 512               # concurrent in-flight tracebacks
 MAX_EPOCH_OCCURRENCES = 400     # occurrences kept for one crash
 MAX_SIGNATURES = 5000
@@ -64,16 +74,85 @@ TB_NEEDLE = b"Traceback (most recent call last)"
 # ---------------------------------------------------------------------------------------
 # Line anatomy.
 ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# Colour codes whose ESC byte was lost on the way into a paste ("[1;36m(VllmWorker ...)").
+BARE_SGR_RE = re.compile(r"\[[0-9;]{0,15}m")
 JOURNAL_RE = re.compile(
-    r"(?:[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d(?:\.\d+)?"
-    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?)"
-    r" \S+ (?P<ident>[^\s\[\]:]+)(?:\[(?P<pid>\d+)\])?: ?")
-PROC_RE = re.compile(r"\((?P<label>[A-Za-z][^()]*?) pid=(?P<pid>\d+)(?:, ip=[^)]*)?\) ?")
+    r"(?:<\d{1,3}>)?"                                        # a syslog priority, in syslog files
+    r"(?:[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d(?:\.\d+)?"     # short, short-precise, syslog
+    # short-iso(-precise): journald writes the offset (+0000); a bare Z is a CI runner's stamp
+    r"|\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:[+-]\d\d:?\d\d)?"
+    r"|\[ *\d+\.\d+\]|\d{9,11}\.\d+"                         # short-monotonic, short-unix
+    r"|[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [A-Z][A-Za-z0-9+\-]{0,5})"  # short-full, with-unit
+    # (a host is never a log level: "2025-08-12 07:37:57,002 INFO x.py:21 -- ..." is a logger's line)
+    r" (?!(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b)(?P<host>[^\s:()\[\]]+)"
+    r" (?P<ident>[^\s\[\]:()]+)(?:\[(?P<pid>\d+)\])?: ?")
+# Collector wrappers: what a log collector puts before each line of a process's output.
+# Each is stripped (any mix, in any order) and what it names is kept as the line's node.
+WRAPPER_RE = re.compile(
+    # RFC 5424 syslog: <PRI>1 TIMESTAMP HOST APP PID MSGID SD MSG
+    r"<\d{1,3}>1 \S+ (?P<s_host>\S+) (?P<s_app>\S+) (?P<s_pid>\d+|-) \S+ (?:-|\[.*?\]) "
+    # CI runners: 2025-07-28T15:07:00.9685040Z (GitLab adds a stream tag, 00O / 01E+)
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z(?: \d\d[OE]\+?)?(?: |$)"
+    # kubectl logs --prefix: [pod/NAME/CONTAINER]
+    r"|\[pod/(?P<k_pod>[^/\]\s]+)/(?P<k_container>[^\]\s]+)\](?: |$)"
+    # docker compose: service-1  | (padded to the longest service name)
+    r"|(?P<d_service>[A-Za-z0-9][\w.\-]*) +\|(?: |$)"
+    # srun -l: the task number
+    r"|(?P<task>\d{1,5}):(?: |$)"
+    # a log quoted in a reply (markdown / e-mail): "> ", "> > "
+    r"|(?P<quote>(?:> ?)+)")
+PROC_RE = re.compile(r"\((?:(?P<label>[A-Za-z][^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]*)[^)]*)?\) ?")
+# Ray's de-duplication of lines printed by many workers
+RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]$")
+# faulthandler's dump after "Fatal Python error: ...": a thread header, then its frames
+# innermost first ("  File "x.py", line 12 in f")
+FAULT_THREAD_RE = re.compile(r"(?P<current>Current thread|Thread) 0x[0-9a-fA-F]+ \(most recent call first\):")
+FAULT_FRAME_RE = re.compile(r'\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+# C++: std::terminate's report of an uncaught exception, and its what() on the next line
+TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+WHAT_RE = re.compile(r"\s*what\(\):\s+(?P<msg>.*)$")
+# pytest --tb=short: `path.py:LINE: in func` before each frame's source line
+PYTEST_SHORT_RE = re.compile(r"(?P<file>[^\s:][^:]*\.py):(?P<line>\d+): in (?P<func>[\w<>.]+)$")
 RANK_RE = re.compile(r"\[rank(?P<rank>\d+)\]: ?")
+# sglang's logger header: [2025-07-28 15:07:00 DP0 TP1] (ranks absent in the main process)
+SGLANG_RE = re.compile(r"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: (?:DP|TP|PP|EP|CP)\d+)*)\] ")
 HEADER_RE = re.compile(
     r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?"
     r" (?:\[[^\]]*\]|[\w.\-]+:\d+\]) ?")
-FRAME_RE = re.compile(r'\s+File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?$')
+# A frame line; pastes that lost the quotes ("File /x.py, line 5, in f") are frames too.
+# (Pastes that lost their indentation have them at column 0: read there only inside a traceback.)
+FRAME_RE = re.compile(r'\s*File (?:"(?P<file>[^"]+)"|(?P<bare>[^\s",][^",]*)), line (?P<line>\d+)(?:, in (?P<func>.+))?$')
+# Statements that can be a frame's source line but look like a bare exception name
+NOT_EXCEPTIONS = {"return", "pass", "break", "continue", "raise", "yield", "else", "try", "finally"}
+TB_HEAD = "Traceback (most recent call last)"
+ESCAPED_TB = TB_HEAD + ":\\n"     # the same, inside an escaped string: its newlines are "\n"
+# Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
+RAY_WRAP_RE = re.compile(
+    r"(?:ray\.exceptions\.)?Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?: ray::(?P<actor>[\w.]+?)"
+    r"(?:\.(?P<method>[\w]+)\(\))? \(pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]+))?")
+# A tqdm bar that another writer's line was glued to ("...| 5/10 [00:01<00:01, 3.2it/s]ERROR ...").
+TQDM_TAIL_RE = re.compile(r".*?\d+%(?:\|[^|]*\|| Completed \|)[^\[\]]*\[[^\]]*\]")
+# IPython / Jupyter tracebacks.
+IPY_HEAD_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}$")
+IPY_FRAME_RE = re.compile(
+    r"(?:\[(?P<f1>[^\]]+)\]\([^)]*\)|File (?P<f2>\S.*?):(?P<l2>\d+),|(?P<f3>(?:/|~|[A-Za-z]:\\|<ipython-input)\S*)"
+    r"|Input In \[\d+\],)"
+    r" in (?P<func>[^(]+)\(|Cell In ?\[\d+\], line (?P<l4>\d+)")
+IPY_SKIP_RE = re.compile(r"\d+ frames?$|\[\.\.\. skipping|\.\.\.$")
+IPY_ARROW_RE = re.compile(r"-*> ?(?P<line>\d+) ?(?P<src>.*)$")
+# pytest: the exception's `E   ` lines and the `path.py:LINE: Type` location after them.
+PYTEST_E_RE = re.compile(r"E(?: {3,}|\t)(?P<text>.*)$")
+PYTEST_LOC_RE = re.compile(r"(?P<file>[^\s:][^:]*\.py):(?P<line>\d+): (?P<what>.*)$")
+PYTEST_DEF_RE = re.compile(r"\s*(?:async )?def (?P<name>\w+)\(")
+# torchrun's failure summary: the fields that name the failed process.
+ELASTIC_RE = re.compile(r"\s+(?P<key>host|rank|exitcode|traceback)\s*: (?P<value>.+)$")
+ELASTIC_RANK_RE = re.compile(r"(\d+)")
+ELASTIC_PID_RE = re.compile(r"\(pid: (\d+)\)")
+# Functions of a shutdown or clean-up path: a traceback through them after a failure is its
+# consequence, not its cause.
+SHUTDOWN_FUNCS = {"shutdown", "_shutdown", "__del__", "cleanup", "_cleanup", "close_all", "atexit_handler",
+                  "_exit_function", "destroy_process_group", "destroy_model_parallel",
+                  "destroy_distributed_environment", "_python_exit", "terminate"}
 EXC_RE = re.compile(r"(?P<type>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::(?: (?P<msg>.*))?)?$")
 CHAIN_CONTEXT = "During handling of the above exception, another exception occurred:"
 CHAIN_CAUSE = "The above exception was the direct cause of the following exception:"
@@ -84,6 +163,10 @@ RECORD_START_RE = re.compile(
     r"|Exception ignored in|Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
     # rewheel's own annotations in the logs it keeps (smoke.log: "[rewheel] smoke failed: ...")
     r"|\[rewheel\] "
+    # torchrun's failure summary, drawn between rules
+    r"|={20,}$"
+    # the smoke runner's own status lines after the error it reports ("vllm_init: FAILED ...")
+    r"|\w+: (?:FAILED\b|timings |OK: )"
     # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)
     r"|[\w@.\-]+\.service: |(?:Started|Stopped|Starting|Stopping|Failed to start) [\w@.\-]+\.service)")
 IGNORABLE_IN_TB_RE = re.compile(r"(?:INFO|WARNING|DEBUG):\s|\S+:\s+\d+%\|")
@@ -103,6 +186,8 @@ CASCADE_TYPES = {
     "ConnectionAbortedError", "CancelledError", "asyncio.CancelledError",
     "asyncio.exceptions.CancelledError", "concurrent.futures._base.CancelledError",
     "EngineDeadError", "EngineGenerateError", "AsyncEngineDeadError",
+    # torchrun's summary of a child that failed: the child's own error is the cause
+    "ChildFailedError",
 }
 CASCADE_MESSAGE_RE = re.compile(
     r"WorkerProc initialization failed|Engine core initialization failed|See root cause above"
@@ -122,22 +207,33 @@ STRONG_LINE_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"no kernel image is available|is not compatible with the current PyTorch installation"
                 r"|cudaErrorNoKernelImageForDevice|unsupported GPU architecture|sm_\d+ is not supported", re.I),
      "unsupported GPU architecture"),
-    (re.compile(r"\bNCCL (?:WARN|error)|nccl\w*Error|ncclSystemError|NCCL_ERROR", re.I), "NCCL error"),
+    (re.compile(r"\bNCCL (?:WARN|error)|nccl\w*Error|ncclSystemError|NCCL_ERROR"
+                r"|Watchdog caught collective operation timeout|ProcessGroupNCCL.*terminated with exception", re.I),
+     "NCCL error"),
     (re.compile(r"CUDA error|illegal memory access|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|cudaError\w+", re.I), "CUDA error"),
     (re.compile(r"Segmentation fault|Fatal Python error|core dumped|code=dumped|status=\d+/(?:SEGV|ABRT|BUS|ILL|KILL)"
+                r"|Signal \d+ \(SIG\w+\) received by PID"
                 r"|Failed with result '(?:signal|core-dump)'|Bus error|Aborted \(core", re.I), "fatal signal"),
 ]
 CASCADE_LINE_RE = re.compile(
     r"died unexpectedly|WorkerProc was terminated|WorkerProc failed to start|WorkerProc failed\.?$"
     r"|WorkerProc hit an exception|EngineCore failed to start|Engine core initialization failed"
     r"|EngineCore encountered|Main process exited|Failed with result|Start request repeated too quickly"
-    r"|Failed to start|Scheduled restart job", re.I)
+    r"|Failed to start|Scheduled restart job|: FAILED during |ChildFailedError", re.I)
 EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)): (?P<msg>.+)")
 # Cheap per-line prefilter when every line passes through (analyse_lines, journals).
 PREFILTER_RE = re.compile(
     r"Traceback|File \"|rror|RROR|xception|CRITICAL|[Kk]illed|NCCL|out of memory|dumped|Abort"
     r"|fault|Failed|died unexpectedly|terminated|Interrupt|SystemExit|undefined symbol"
-    r"|not compatible|kernel image|oom")
+    r"|not compatible|kernel image|oom|terminate called|what\(\)|Current thread|Thread 0x")
+
+
+def _prefilter(line: str) -> bool:
+    """Whether a line can matter outside a traceback: the regex above, or (cheap `in` tests
+    first) pytest's `E   ` lines, `def` lines and `path.py:N: in f` locations, and
+    torchrun's summary fields."""
+    return bool(PREFILTER_RE.search(line)) or line.startswith("E   ") or "def " in line \
+        or ": in " in line or " : " in line
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,12 +287,23 @@ class RootCause:
     count: int
     restarts: int
     secondary: list[Secondary] = field(default_factory=list)
+    # The failing process as the log names it: its pid, and the node it ran on (an IP, a
+    # host, a pod or container from a collector's wrapper); None where the log has none.
+    pid: int | None = None
+    node: str | None = None
+    # The root exception's frames, innermost first (bounded); not serialised: the frame
+    # above is the one reported, these feed the suspects.
+    frames: list[Frame] = field(default_factory=list, repr=False)
+    # Which changes of an upgrade the crash points at (`rewheel.suspects`), when known.
+    suspects: list[Any] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "message": self.message, "rank": self.rank,
                 "frame": self.frame.to_json() if self.frame else None, "log_line": self.log_line,
                 "kind": self.kind, "count": self.count, "restarts": self.restarts,
-                "secondary": [s.to_json() for s in self.secondary]}
+                "secondary": [s.to_json() for s in self.secondary],
+                "pid": self.pid, "node": self.node,
+                "suspects": [s.to_json() if hasattr(s, "to_json") else s for s in self.suspects]}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RootCause:
@@ -207,7 +314,15 @@ class RootCause:
         return cls(doc.get("type"), doc.get("message") or "", doc.get("rank"),
                    Frame.from_json(frame) if frame else None, doc.get("log_line"),
                    doc.get("kind", "traceback"), doc.get("count", 1), doc.get("restarts", 1),
-                   [Secondary.from_json(s) for s in doc.get("secondary") or [] if isinstance(s, dict)])
+                   [Secondary.from_json(s) for s in doc.get("secondary") or [] if isinstance(s, dict)],
+                   pid=doc.get("pid"), node=doc.get("node"),
+                   suspects=[_suspect_from_json(s) for s in doc.get("suspects") or [] if isinstance(s, dict)])
+
+
+def _suspect_from_json(doc: dict[str, Any]) -> Any:  # suspects.Suspect
+    from rewheel.suspects import Suspect
+
+    return Suspect.from_json(doc)
 
 
 @dataclass
@@ -267,6 +382,9 @@ class _Exc:
     last_frame: Frame | None = None
     last_pkg_frame: Frame | None = None
     chars: int = 0
+    shutdown: bool = False            # a frame of a shutdown / clean-up path
+    frame_list: deque[Frame] = field(default_factory=lambda: deque(maxlen=MAX_FRAMES_KEPT))
+    wrapper: bool = False             # Ray's RayTaskError line: the remote frames follow
 
     @property
     def message(self) -> str:
@@ -289,6 +407,12 @@ class _Stream:
     last_tick: int = 0
     truncated_start: bool = False
     msg_header: str = ""              # logger header of the exception line
+    node: str | None = None
+    indent: int | None = 0            # leading spaces of this traceback (None: not known yet)
+    ipython: bool = False             # IPython/Jupyter frames ("---> 15")
+    pytest: bool = False              # pytest's `E   ` lines
+    remote: tuple[str, int, str | None] | None = None  # Ray's remote process: name, pid, ip
+    source_run: int = 0               # unindented source lines in a row (a paste without indentation)
 
 
 @dataclass
@@ -303,10 +427,14 @@ class _Occ:
     frame: Frame | None
     chained: list[tuple[str | None, str, int]]  # other chain members: (type, message, pos)
     cascade: bool
+    pid: int | None = None
+    node: str | None = None
+    frames: list[Frame] = field(default_factory=list)
 
 
 # Categories, in order of preference for the root.
-_TB_ERROR, _LINE_STRONG, _TB_WARN, _TB_CASCADE, _LINE_ERROR, _LINE_CASCADE = range(6)
+# A clean `Type: message` line (no traceback) beats a keyword found in prose.
+_TB_ERROR, _LINE_EXC, _LINE_STRONG, _TB_WARN, _TB_CASCADE, _LINE_ERROR, _LINE_CASCADE = range(7)
 
 
 def _norm_sig(type_: str | None, message: str) -> tuple:
@@ -355,6 +483,14 @@ class _Analyser:
         self.sig_procs: dict[tuple, set] = {}
         self.sig_epochs: dict[tuple, set] = {}
         self.sig_first: dict[tuple, int] = {}
+        self.bare: _Stream | None = None      # the traceback that began mid-line, if open
+        self.last_def: str | None = None      # pytest: the last `def f(` shown
+        self.pytest_frames: deque[Frame] = deque(maxlen=MAX_FRAMES_KEPT)  # --tb=short locations
+        self.terminate: tuple[str, int] | None = None  # C++ terminate awaiting its what()
+        self.elastic: dict[str, str | None] = {}       # torchrun's summary fields so far
+        self.fault: _Occ | None = None                  # a fatal error awaiting faulthandler's frames
+        self.fault_thread: str | None = None            # "current" | "other": the dump being read
+        self.fault_frames: dict[str | None, list[Frame]] = {}
 
     # -- public --------------------------------------------------------------------
     @property
@@ -362,24 +498,62 @@ class _Analyser:
         return bool(self.streams)
 
     def feed(self, raw: str, pos: int, *, jpid: int | None = None, ident: str | None = None,
-             early: bool = False) -> None:
+             early: bool = False, node: str | None = None, _escaped: bool = False) -> None:
         self.tick += 1
-        line = raw.rstrip("\r\n")
+        # Right padding (terminal copies), CRLF, and `\r` progress bars: what a terminal shows
+        # is the text after the last carriage return.
+        line = raw.rstrip()
+        if "\r" in line:
+            line = _after_carriage(line)
+        if line.endswith("across cluster]"):
+            line = RAY_REPEAT_RE.sub("", line)
         if "\x1b" in line:
             line = ANSI_RE.sub("", line)
-        if jpid is None and line[:1].isalnum():
-            m = JOURNAL_RE.match(line)
-            if m:
-                ident = m.group("ident")
-                jpid = int(m.group("pid")) if m.group("pid") else None
-                line = line[m.end():]
+        if "m" in line and "[" in line:
+            line = BARE_SGR_RE.sub("", line)
+        if jpid is None and line.startswith('{"') and '"MESSAGE"' in line:
+            self._feed_json(line, pos, early)
+            return
+        if ESCAPED_TB in line and not _escaped:
+            # a traceback inside one escaped string (a JSON log field, a repr): its lines
+            for part in _escaped_traceback(line).split("\n")[:MAX_MESSAGE_LINES * 50]:
+                self.feed(part, pos, jpid=jpid, ident=ident, early=early, node=node, _escaped=True)
+            return
+        task: str | None = None
+        for _ in range(6):
+            c = line[:1]
+            if not (c.isalnum() or c in "<[>"):
+                break
+            if jpid is None:
+                m = JOURNAL_RE.match(line)
+                if m:
+                    ident = m.group("ident")
+                    jpid = int(m.group("pid")) if m.group("pid") else None
+                    node = node or m.group("host")
+                    line = line[m.end():]
+                    continue
+            m = WRAPPER_RE.match(line)
+            if not m:
+                break
+            if m.group("task") is not None:
+                task = task or m.group("task")
+            elif m.group("quote") is not None:
+                pass
+            else:
+                node = m.group("k_pod") or m.group("d_service") or m.group("s_host") or node
+                if m.group("s_pid") and m.group("s_pid") != "-" and jpid is None:
+                    jpid = int(m.group("s_pid"))
+            line = line[m.end():]
         label: str | None = None
         pid: int | None = None
         for _ in range(2):
             if line.startswith("("):
                 m = PROC_RE.match(line)
                 if m:
-                    label, pid = m.group("label").strip(), int(m.group("pid"))
+                    name = (m.group("label") or "").strip()
+                    label = _rank_name(name, m.group("pid"), m.group("ip")) if name else f"pid={m.group('pid')}"
+                    pid = int(m.group("pid"))
+                    node = m.group("ip") or node
                     line = line[m.end():]
                     continue
             break
@@ -396,8 +570,29 @@ class _Analyser:
                 level = m.group("level")
                 header = m.group(0)
                 line = line[m.end():]
-        key = (jpid, label, pid, level is not None)
+        elif line.startswith("[") and line[1:2].isdigit():
+            m = SGLANG_RE.match(line)
+            if m:
+                header = m.group(0)
+                label = label or (m.group("ranks").strip() or None)
+                line = line[m.end():]
+        if task is not None and label is None:
+            label = f"rank{task}"
+        key = (jpid, label, pid, level is not None, node)
         st = self.streams.get(key)
+        bare = self.bare
+        if bare is not None and st is None and not header and label is None:
+            # Lines without a prefix continue the traceback that began mid-line in a
+            # prefixed record (sglang prints the whole traceback as one record).
+            st = bare if bare.key in self.streams else None
+        elif bare is not None and bare.key != key and bare.state in ("msg", "after", "chain") \
+                and bare.key in self.streams and (header or label):
+            # another writer's record: the message of the mid-line traceback has ended
+            self._finish_stream(bare)
+        if st is not None and st.indent:
+            ind = st.indent
+            if line[:ind].isspace() and len(line) > ind:
+                line = line[ind:]
         if line[:1] in (" ", "|", "+"):
             line, group_mark = _ungroup(line)
             if group_mark and st is not None:
@@ -412,20 +607,83 @@ class _Analyser:
             if self._continue(st, line, pos, header):
                 self._expire()
                 return
-        elif line.startswith("Traceback (most recent call last)"):
-            self._open(key, label, pid, jpid, ident, level, pos)
+            st = None
+        if line.startswith(TB_HEAD):
+            self._open(key, label, pid, jpid, ident, level, pos, node)
             self._expire()
             return
-        elif early and line.startswith("  File \"") and FRAME_RE.match(line):
-            st = self._open(key, label, pid, jpid, ident, level, pos)
+        if TB_HEAD in line:
+            before = line[: line.index(TB_HEAD)]
+            ipy = IPY_HEAD_RE.match(before)
+            if ipy:
+                # IPython: "ValueError        Traceback (most recent call last)"
+                st = self._open(key, label, pid, jpid, ident, level, pos, node)
+                st.ipython = True
+                assert st.cur is not None
+                st.cur.type = ipy.group("type")
+            else:
+                # "Scheduler hit an exception: Traceback ...", torchrun's "traceback : Traceback
+                # ...", " at Traceback ...": the rest follows without the record's prefix and
+                # indented by however much the first frame line says.
+                bkey = (jpid, None, None, False, node)
+                old = self.streams.get(bkey)
+                if old is not None:
+                    self._finish_stream(old, truncated_end=old.state == "frames")
+                st = self._open(bkey, label, pid, jpid, ident, level, pos, node)
+                st.indent = None
+                self.bare = st
+            self._expire()
+            return
+        if early and FRAME_RE.match(line) and line.startswith("  File "):
+            st = self._open(key, label, pid, jpid, ident, level, pos, node)
             st.truncated_start = True
             self._continue(st, line, pos, header)
             self._expire()
             return
+        if line[:1] == "E" and PYTEST_E_RE.match(line):
+            st = self._open(key, label, pid, jpid, ident, level, pos, node)
+            st.pytest = True
+            self._continue(st, line, pos, header)
+            self._expire()
+            return
+        if line[:1] in (" ", "a", "d") and "def " in line:
+            m = PYTEST_DEF_RE.match(line)
+            if m:
+                self.last_def = m.group("name")
+        elif ": in " in line:
+            m = PYTEST_SHORT_RE.match(line)
+            if m:
+                self.pytest_frames.append(Frame(m.group("file"), int(m.group("line")), m.group("func")))
         if self.streams:
             self._expire()
         if self.error_lines:
-            self._error_line(line, pos, level, label, pid, jpid, ident)
+            self._error_line(line, pos, level, label, pid, jpid, ident, node)
+
+    def _feed_json(self, line: str, pos: int, early: bool) -> None:
+        """A `journalctl -o json` line in a file: its MESSAGE, with the entry's pid and host."""
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(entry, dict):
+            return
+        msg = entry.get("MESSAGE")
+        if isinstance(msg, list):  # journald's form for messages that are not UTF-8
+            try:
+                msg = bytes(msg).decode("utf-8", "replace")
+            except (TypeError, ValueError):
+                return
+        if not isinstance(msg, str):
+            return
+        try:
+            jpid = int(entry["_PID"]) if entry.get("_PID") is not None else 0
+        except (TypeError, ValueError):
+            jpid = 0
+        ident = entry.get("SYSLOG_IDENTIFIER")
+        host = entry.get("_HOSTNAME")
+        for part in msg.split("\n")[:MAX_MESSAGE_LINES * 50]:
+            self.feed(part, pos, jpid=jpid, ident=ident if isinstance(ident, str) else None,
+                      early=early, node=host if isinstance(host, str) else None)
 
     def finish(self, resolve: Callable[[list[int]], dict[int, int]] | None = None,
                source: str = "", lines: int | None = None) -> Diagnosis:
@@ -443,17 +701,18 @@ class _Analyser:
         epochs = self.sig_epochs.get(occ.sig, set())
         rc = RootCause(type=occ.type, message=occ.message, rank=occ.rank, frame=occ.frame,
                        log_line=mapping.get(occ.pos), kind=occ.kind, count=max(1, len(procs)),
-                       restarts=max(1, len(epochs)), secondary=secondary)
+                       restarts=max(1, len(epochs)), secondary=secondary, pid=occ.pid, node=occ.node,
+                       frames=occ.frames)
         return Diagnosis(rc, source, lines, self.tracebacks)
 
     # -- tracebacks -------------------------------------------------------------------
     def _open(self, key: tuple, label: str | None, pid: int | None, jpid: int | None,
-              ident: str | None, level: str | None, pos: int) -> _Stream:
+              ident: str | None, level: str | None, pos: int, node: str | None = None) -> _Stream:
         if len(self.streams) >= MAX_STREAMS:
             oldest = min(self.streams.values(), key=lambda s: s.last_tick)
             self._close(oldest, truncated_end=oldest.state == "frames")
             del self.streams[oldest.key]
-        st = _Stream(key, label, pid, jpid, ident, level, last_tick=self.tick)
+        st = _Stream(key, label, pid, jpid, ident, level, last_tick=self.tick, node=node)
         st.cur = _Exc(None, [], pos)
         self.streams[key] = st
         return st
@@ -468,6 +727,19 @@ class _Analyser:
                 return True
             return False
         if st.state == "msg":
+            if st.pytest:
+                return self._pytest_msg(st, line, pos)
+            exc = st.cur
+            assert exc is not None
+            if exc.wrapper and header == st.msg_header:
+                # Ray: carets under the wrapper line, then the remote process's frames
+                text = line.strip()
+                if not text or _decoration(text):
+                    return True
+                if FRAME_RE.match(line):
+                    st.cur = _Exc(exc.type, [], exc.pos)
+                    st.state = "frames"
+                    return self._frames(st, line, pos)
             if header != st.msg_header:
                 # Every line of one logger record carries the same header; another header
                 # is another record, so the message has ended.
@@ -485,8 +757,6 @@ class _Analyser:
             if RECORD_START_RE.match(line) or FRAME_RE.match(line):
                 self._finish_stream(st)
                 return False
-            exc = st.cur
-            assert exc is not None
             if len(exc.message_lines) < MAX_MESSAGE_LINES and exc.chars < MAX_MESSAGE_CHARS:
                 exc.message_lines.append(line.rstrip())
                 exc.chars += len(line)
@@ -517,15 +787,20 @@ class _Analyser:
     def _frames(self, st: _Stream, line: str, pos: int) -> bool:
         exc = st.cur
         assert exc is not None
+        if st.ipython and self._ipython_frame(st, exc, line):
+            return True
+        if st.pytest:
+            return self._pytest_msg(st, line, pos)
         if line.startswith(" "):
             m = FRAME_RE.match(line)
             if m:
-                fr = Frame(m.group("file"), int(m.group("line")), m.group("func"))
-                exc.frames += 1
-                exc.last_frame = fr
-                if _in_package(fr.file, self.package):
-                    exc.last_pkg_frame = fr
-                st.pending = fr
+                if st.indent is None:
+                    # a traceback that began mid-line: its lines are indented like this one
+                    st.indent = max(0, len(line) - len(line.lstrip(" ")) - 2)
+                    line = line[st.indent:]
+                fr = Frame(m.group("file") or m.group("bare").strip(), int(m.group("line")),
+                           _func(m.group("func")))
+                self._add_frame(st, exc, fr)
                 return True
             text = line.strip()
             if st.pending is not None and text and not _decoration(text):
@@ -537,22 +812,117 @@ class _Analyser:
         if line.startswith("Traceback (most recent call last)"):
             # A traceback restarted before this one ended: keep what we had, start anew.
             self._finish_stream(st, truncated_end=True)
-            self._open(st.key, st.label, st.pid, st.jpid, st.ident, st.level, pos)
+            self._reopen(st, pos)
             return True
         if IGNORABLE_IN_TB_RE.match(line):
             return True
+        if line.lstrip("\t").startswith("File "):
+            # a paste that lost its indentation (or has tabs for it): frames at column 0 ...
+            m = FRAME_RE.match(line)
+            if m:
+                self._add_frame(st, exc, Frame(m.group("file") or m.group("bare").strip(), int(m.group("line")),
+                                               _func(m.group("func"))))
+                return True
+        text = line.strip()
+        if _decoration(text):
+            return True
+        if (st.pending is not None or 0 < st.source_run < MAX_SOURCE_RUN) and not _exception_line(line):
+            # ... and so are their source lines (a statement may span several)
+            if st.pending is not None:
+                st.pending.source = text[:500]
+                st.pending = None
+            st.source_run += 1
+            return True
+        ray = RAY_WRAP_RE.match(line) if "Ray" in line[:40] else None
         m = EXC_RE.match(line)
-        if m:
+        if ray:
+            # Ray's wrapper of a remote failure: unwrap to the remote exception; its frames
+            # and its own exception line follow, in the remote process (pid, node ip).
+            exc.type = ray.group("inner") or exc.type or "RayTaskError"
+            exc.wrapper = True
+            st.remote = (ray.group("actor"), int(ray.group("pid")), ray.group("ip"))
+            msg = line[line.index(": ") + 2:] if ": " in line else ""
+        elif m:
             exc.type = m.group("type")
             msg = m.group("msg") or ""
+            exc.wrapper = False
         else:
             exc.type = None
             msg = line
+            exc.wrapper = False
         exc.message_lines = [msg.rstrip()]
         exc.chars = len(msg)
         st.pending = None
         st.state = "msg"
         return True
+
+    def _add_frame(self, st: _Stream, exc: _Exc, fr: Frame) -> None:
+        exc.frames += 1
+        exc.last_frame = fr
+        exc.frame_list.append(fr)
+        st.source_run = 0
+        if _in_package(fr.file, self.package):
+            exc.last_pkg_frame = fr
+        if fr.function in SHUTDOWN_FUNCS:
+            exc.shutdown = True
+        st.pending = fr
+
+    def _ipython_frame(self, st: _Stream, exc: _Exc, line: str) -> bool:
+        """IPython's frame lines: `[path](url) in f(...)`, `path in f(...)`, `File path:N, in
+        f(...)`, `Cell In[3], line 15`; the `---> 15 code` arrow gives the line. True: used."""
+        text = line.strip()
+        if not text or text.startswith("---------") or IPY_SKIP_RE.match(text):
+            return True
+        if text[:1] == "-" and st.pending is not None:
+            m = IPY_ARROW_RE.match(text)
+            if m:
+                st.pending.line = int(m.group("line"))
+                st.pending.source = m.group("src").strip()[:500] or None
+                return True
+        if line[:1] == " ":
+            return True           # the context lines around the arrow
+        m = IPY_FRAME_RE.match(text)
+        if not m:
+            return False
+        file = m.group("f1") or m.group("f2") or m.group("f3") or text.split(",", 1)[0]
+        num = m.group("l2") or m.group("l4")
+        self._add_frame(st, exc, Frame(file, int(num) if num else 0, _func(m.group("func"))))
+        return True
+
+    def _pytest_msg(self, st: _Stream, line: str, pos: int) -> bool:
+        """pytest's `E   ` lines: the exception, then `path.py:LINE: Type` names the frame
+        (its function is the last `def` pytest showed)."""
+        exc = st.cur
+        assert exc is not None
+        m = PYTEST_E_RE.match(line) if line[:1] == "E" else None
+        if m:
+            text = m.group("text").rstrip()
+            if st.state != "msg":
+                for fr in self.pytest_frames:   # --tb=short: the frames came before
+                    self._add_frame(st, exc, fr)
+                self.pytest_frames.clear()
+                em = EXC_RE.match(text)
+                exc.type = em.group("type") if em and "." not in text[:1] else None
+                first = (em.group("msg") or "") if exc.type and em else text
+                exc.message_lines = [first]
+                exc.chars = len(first)
+                st.state = "msg"
+            elif len(exc.message_lines) < MAX_MESSAGE_LINES and exc.chars < MAX_MESSAGE_CHARS:
+                exc.message_lines.append(text.strip())
+                exc.chars += len(text)
+            return True
+        if not line.strip():
+            return True
+        loc = PYTEST_LOC_RE.match(line)
+        if loc:
+            what = loc.group("what").strip()
+            self._add_frame(st, exc, Frame(loc.group("file"), int(loc.group("line")), self.last_def))
+            if exc.type is None and re.fullmatch(r"[A-Za-z_][\w.]*", what):
+                exc.type = what
+            self._finish_stream(st)
+            return True
+        self._finish_stream(st)
+        return False
 
     def _next_traceback(self, st: _Stream, pos: int) -> bool:
         if st.chained_marker and st.cur is not None and len(st.chain) < MAX_CHAIN:
@@ -563,14 +933,23 @@ class _Analyser:
             st.pending = None
             return True
         # A new, independent traceback in the same stream (e.g. vLLM's add_note copy).
-        key = st.key
         self._finish_stream(st)
-        self._open(key, st.label, st.pid, st.jpid, st.ident, st.level, pos)
+        self._reopen(st, pos)
         return True
+
+    def _reopen(self, st: _Stream, pos: int) -> None:
+        """A new traceback in the place of `st` (same key, identity and form)."""
+        new = self._open(st.key, st.label, st.pid, st.jpid, st.ident, st.level, pos, st.node)
+        new.indent, new.ipython = st.indent, st.ipython
+        if self.bare is st:
+            self.bare = new
 
     def _finish_stream(self, st: _Stream, truncated_end: bool = False) -> None:
         self._close(st, truncated_end=truncated_end)
-        self.streams.pop(st.key, None)
+        if self.streams.get(st.key) is st:
+            del self.streams[st.key]
+        if self.bare is st:
+            self.bare = None
 
     def _expire(self) -> None:
         if not self.streams:
@@ -599,7 +978,9 @@ class _Analyser:
                 if frame is not None:
                     break
         message = exc.message
-        cascade = _is_cascade(exc.type, message)
+        # An error raised on the way down (an executor's shutdown, a destructor) after
+        # another failure is that failure's consequence.
+        cascade = _is_cascade(exc.type, message) or exc.shutdown
         if cascade:
             category = _TB_CASCADE
         elif st.level in ("WARNING", "WARN", "INFO", "DEBUG"):
@@ -607,13 +988,42 @@ class _Analyser:
         else:
             category = _TB_ERROR
         others = [(e.type, e.message, e.pos) for i, e in enumerate(chain) if i != pick]
+        rank, pid, node = st.label, st.pid if st.pid is not None else st.jpid, st.node
+        if st.remote is not None:
+            rank = f"{st.remote[0]} pid={st.remote[1]}"
+            pid, node = st.remote[1], st.remote[2] or node
+        frames = list(reversed(exc.frame_list)) or next(
+            (list(reversed(e.frame_list)) for e in reversed(chain) if e.frame_list), [])
         occ = _Occ("traceback", category, exc.type, message, _norm_sig(exc.type, message),
-                   st.label, chain[0].pos, frame, others, cascade)
+                   rank, chain[0].pos, frame, others, cascade, pid, node, frames)
         self._register(occ, st.jpid, st.ident, st.label, st.pid)
 
     # -- error lines ----------------------------------------------------------------
     def _error_line(self, line: str, pos: int, level: str | None, label: str | None,
-                    pid: int | None, jpid: int | None, ident: str | None) -> None:
+                    pid: int | None, jpid: int | None, ident: str | None, node: str | None = None) -> None:
+        if self.terminate is not None:
+            # C++'s uncaught exception: "terminate called after throwing an instance of
+            # 'c10::DistBackendError'" and, next, "  what():  <its message>"
+            ttype, tpos = self.terminate
+            self.terminate = None
+            w = WHAT_RE.match(line)
+            if w:
+                msg = w.group("msg").strip()[:MAX_MESSAGE_CHARS]
+                self._register(_Occ("error-line", _LINE_EXC, ttype, msg, _norm_sig(ttype, msg), label, tpos, None,
+                                    [], False, pid if pid is not None else jpid, node), jpid, ident, label, pid)
+                return
+        if self.fault is not None and self._fault_dump(line):
+            return
+        if line[:2] == "  " and " : " in line:
+            el = ELASTIC_RE.match(line)
+            if el:
+                self._elastic_field(el.group("key"), el.group("value").strip(), pos, jpid, ident, node)
+                return
+        if "terminate called" in line:
+            t = TERMINATE_RE.search(line)
+            if t:
+                self.terminate = (t.group("type"), pos)
+                return
         if level in ("INFO", "DEBUG") or not line or line[0] == " " and not level:
             return
         if not PREFILTER_RE.search(line):
@@ -642,11 +1052,62 @@ class _Analyser:
             type_ = m.group("type")
             if category == _LINE_ERROR and _is_cascade(type_, m.group("msg")):
                 category, cascade = _LINE_CASCADE, True
+            elif category in (_LINE_ERROR, _LINE_STRONG) and not cascade \
+                    and not _is_cascade(type_, m.group("msg")) and level not in ("WARNING", "WARN"):
+                # a clean `Type: message` line: what the failing code raised, in its words
+                category = _LINE_EXC
         elif type_ is None:
             type_ = "error"
         occ = _Occ("error-line", category, type_, text[:MAX_MESSAGE_CHARS], _norm_sig(type_, text),
-                   label, pos, None, [], category == _LINE_CASCADE)
+                   label, pos, None, [], category == _LINE_CASCADE, pid if pid is not None else jpid, node)
         self._register(occ, jpid, ident, label, pid)
+        if text.startswith("Fatal Python error"):
+            self.fault, self.fault_thread, self.fault_frames = occ, None, {}
+
+    def _fault_dump(self, line: str) -> bool:
+        """faulthandler's dump after a fatal error: the first frame of the current thread (else
+        of the first thread shown) is where the process died. True: the line was the dump's."""
+        occ = self.fault
+        assert occ is not None
+        t = FAULT_THREAD_RE.search(line)
+        if t:
+            if self.fault_thread != "current":
+                self.fault_thread = "current" if t.group("current").startswith("Current") else "other"
+            return True
+        if self.fault_thread is None:
+            return False
+        m = FAULT_FRAME_RE.match(line)
+        if not m:
+            if line.strip() and not line.startswith(" "):
+                self.fault = None
+            return False
+        fr = Frame(m.group("file"), int(m.group("line")), m.group("func"))
+        frames = self.fault_frames.setdefault(self.fault_thread, [])
+        if len(frames) < MAX_FRAMES_KEPT:
+            frames.append(fr)   # innermost first, as faulthandler prints them
+        best = self.fault_frames.get("current") or self.fault_frames.get("other") or []
+        occ.frames = list(best)
+        occ.frame = next((f for f in best if _in_package(f.file, self.package)), best[0] if best else None)
+        return True
+
+    def _elastic_field(self, key: str, value: str, pos: int, jpid: int | None, ident: str | None,
+                       node: str | None) -> None:
+        """torchrun's summary of the first failed child: its host, rank and pid name the
+        process; a `traceback : Signal 9 (SIGKILL) received by PID N` is its error line."""
+        if key == "host":
+            self.elastic = {"host": value}
+        elif key == "rank":
+            m = ELASTIC_RANK_RE.match(value)
+            self.elastic["rank"] = f"rank{m.group(1)}" if m else value
+        elif key == "exitcode":
+            m = ELASTIC_PID_RE.search(value)
+            self.elastic["pid"] = m.group(1) if m else None
+        elif key == "traceback" and "received by PID" in value:
+            e, self.elastic = self.elastic, {}
+            label = e.get("rank")
+            pid = int(e["pid"]) if e.get("pid") else None
+            self._register(_Occ("error-line", _LINE_STRONG, "fatal signal", value, _norm_sig("fatal signal", value),
+                                label, pos, None, [], False, pid, e.get("host") or node), jpid, ident, label, pid)
 
     # -- crashes, aggregates ----------------------------------------------------------
     def _epoch_for(self, jpid: int | None, ident: str | None, label: str | None,
@@ -722,7 +1183,7 @@ class _Analyser:
             self.first[occ.category] = (epoch, lst)
 
     def _choose(self) -> tuple[_Occ, list[_Occ]] | None:
-        for category in (_TB_ERROR, _LINE_STRONG, _TB_WARN, _TB_CASCADE, _LINE_ERROR, _LINE_CASCADE):
+        for category in (_TB_ERROR, _LINE_EXC, _LINE_STRONG, _TB_WARN, _TB_CASCADE, _LINE_ERROR, _LINE_CASCADE):
             if category in self.first:
                 _, lst = self.first[category]
                 cands = [o for o in lst if o.category == category]
@@ -773,6 +1234,68 @@ def _ungroup(line: str) -> tuple[str, str | None]:
     return line, None
 
 
+def _exception_line(line: str) -> bool:
+    """Whether an unindented line inside a traceback is its exception line rather than a
+    frame's source line that lost its indentation: `Type: message`, `pkg.Type`, `Type`."""
+    m = EXC_RE.match(line)
+    if not m:
+        return bool(RAY_WRAP_RE.match(line))
+    t = m.group("type")
+    return t not in NOT_EXCEPTIONS and (":" in line or "." in t or t[:1].isupper())
+
+
+def _escaped_traceback(line: str) -> str:
+    """The traceback held in one escaped string of `line` (a JSON field, a repr), unescaped:
+    from its start to the string's closing quote (the rest of the line is not its)."""
+    start = line.index(ESCAPED_TB)
+    quote = line[start - 1] if start and line[start - 1] in "\"'" else None
+    end = len(line)
+    if quote:
+        i = start
+        while True:
+            i = line.find(quote, i)
+            if i < 0:
+                break
+            if line[i - 1] != "\\":
+                end = i
+                break
+            i += 1
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "r": ""}.get(m.group(1), m.group(1)),
+                  line[start:end])
+
+
+def _func(name: str | None) -> str | None:
+    """A frame's function: `PreTrainedModel.to` (IPython, 3.11 qualified names) -> `to`."""
+    if not name:
+        return None
+    name = name.strip()
+    if name.startswith("<"):
+        return name
+    return name.rsplit(".", 1)[-1] or name
+
+
+def _rank_name(label: str, pid: str, ip: str | None) -> str:
+    """The process a prefix names. A label with a rank in it (`Worker_TP4`, `VllmWorker
+    rank=3`) names one process; a pool's label (`RayWorkerWrapper`, `VllmWorkerProcess`,
+    anything on another node) does not, so its pid is part of the name."""
+    if (ip or "Worker" in label or label.startswith("Ray")) and not any(ch.isdigit() for ch in label):
+        return f"{label} pid={pid}"
+    return label
+
+
+def _after_carriage(line: str) -> str:
+    """What a terminal shows of a line with `\r` progress bars: the text after the last
+    carriage return, without a progress bar that a logger line was written straight after."""
+    parts = [p for p in line.split("\r") if p.strip()]
+    if not parts:
+        return ""
+    last = parts[-1]
+    m = TQDM_TAIL_RE.match(last)
+    if m and m.end() < len(last):
+        last = last[m.end():]
+    return last
+
+
 def _pick_from_chain(chain: list[_Exc]) -> int:
     """The original exception of a chain — unless it is a cascade, or a bare lookup failure
     that the code answered with a more telling error (KeyError -> "model type not
@@ -802,16 +1325,16 @@ def analyse_lines(lines: Iterable[str], *, package: str | None = None, source: s
 
 
 def _feed_prefiltered(an: _Analyser, line: str, n: int, *, early: bool,
-                      jpid: int | None = None, ident: str | None = None) -> None:
+                      jpid: int | None = None, ident: str | None = None, node: str | None = None) -> None:
     # Most lines of a healthy log are INFO chatter: skip them unless a traceback is open.
     # A few `in` tests settle the common case; the regex only sees the rest.
     if an.busy or early:
-        an.feed(line, n, jpid=jpid, ident=ident, early=early)
+        an.feed(line, n, jpid=jpid, ident=ident, early=early, node=node)
     elif "INFO" in line and "rror" not in line and "RROR" not in line and "Traceback" not in line \
             and "xception" not in line:
         return
-    elif PREFILTER_RE.search(line):
-        an.feed(line, n, jpid=jpid, ident=ident, early=early)
+    elif _prefilter(line):
+        an.feed(line, n, jpid=jpid, ident=ident, early=early, node=node)
 
 
 def analyse_file(path: str | os.PathLike[str], *, package: str | None = None) -> Diagnosis:
@@ -956,9 +1479,11 @@ def analyse_journal(unit: str, since: str | None, *, package: str | None = None,
         except (TypeError, ValueError):
             jpid = None
         ident = entry.get("SYSLOG_IDENTIFIER")
+        host = entry.get("_HOSTNAME")
         n = counter[0]
         for part in msg.split("\n"):
-            _feed_prefiltered(an, part, n, early=n <= EARLY_LINES, jpid=jpid, ident=ident)
+            _feed_prefiltered(an, part, n, early=n <= EARLY_LINES, jpid=jpid, ident=ident,
+                              node=host if isinstance(host, str) else None)
 
     try:
         done = proc.stream(argv, on_line=on_line, timeout=timeout)
@@ -979,4 +1504,11 @@ def analyse_journal(unit: str, since: str | None, *, package: str | None = None,
 def analyse_stream(stream: io.TextIOBase | Iterator[str] | None = None, *,
                    package: str | None = None) -> Diagnosis:
     """Analyse stdin (or the given text stream)."""
-    return analyse_lines(stream if stream is not None else sys.stdin, package=package, source="stdin")
+    if stream is None:
+        stream = sys.stdin
+        try:
+            # lines end at "\n" only, as in a file: a `\r` progress bar is not a line of its own
+            stream.reconfigure(newline="\n")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, io.UnsupportedOperation):
+            pass
+    return analyse_lines(stream, package=package, source="stdin")

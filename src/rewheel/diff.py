@@ -31,7 +31,7 @@ import os
 import stat
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -742,3 +742,40 @@ def default_base(metas: list[SnapshotMeta]) -> SnapshotMeta:
     environment is the pre-upgrade state again; compared with the failed build, everything
     would read "downgraded". Only failed builds: the failed build itself."""
     return next((m for m in metas if m.status != "failed-upgrade"), metas[0])
+
+
+# --------------------------------------------------------------------------------------
+# The text of a change, for the suspects of a crash (rewheel.suspects)
+# --------------------------------------------------------------------------------------
+def change_texts(old_snap: SnapshotMeta, new_snap: SnapshotMeta | None = None
+                 ) -> Callable[[FileChange], tuple[str | None, str | None]]:
+    """A reader of a file change's (old, new) text: the old side as `old_snap` holds it
+    (verified against its hash), the new side from `new_snap` or the live file. A side is
+    None when it is missing, binary, larger than TEXT_LIMIT or unreadable. Manifests are
+    loaded once, on first use."""
+    mans: dict[str, Manifest] = {}
+
+    def stored(snap: SnapshotMeta, abs_path: str, sha: str | None) -> bytes | None:
+        if snap.id not in mans:
+            mans[snap.id] = Manifest.load(snap)
+        data = _stored_bytes(snap, mans[snap.id], abs_path, sha)
+        return data if isinstance(data, bytes) else None
+
+    def texts(fc: FileChange) -> tuple[str | None, str | None]:
+        if max(fc.old_size or 0, fc.new_size or 0) > TEXT_LIMIT:
+            return None, None
+        old = new = None
+        try:
+            if fc.change != "added":
+                old = stored(old_snap, fc.abs_path, fc.old_sha256)
+            if fc.change != "removed":
+                if new_snap is None:
+                    raw = _read_bytes(fc.abs_path, None)
+                    new = raw if isinstance(raw, bytes) else None
+                else:
+                    new = stored(new_snap, fc.abs_path, fc.new_sha256)
+        except (OSError, SnapshotError):
+            return None, None
+        return (as_text(old) if old is not None else None), (as_text(new) if new is not None else None)
+
+    return texts

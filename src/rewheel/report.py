@@ -224,6 +224,7 @@ def render_root_cause(console: Console, rc) -> None:  # diagnose.RootCause | Non
             console.print(f"      {escape(fr.source.strip())}")
     if rc.log_line:
         console.print(f"    log line {rc.log_line}")
+    render_suspects(console, rc.suspects, indent="    ")
     for sec in rc.secondary[:5]:
         console.print(f"    [dim]secondary: {escape(f'{sec.type}: {sec.message}')[:200]}[/]")
 
@@ -339,7 +340,8 @@ def render_why(console: Console, diag) -> None:  # diagnose.Diagnosis
         for extra in msg[1:]:
             console.print(f"    {escape(extra)}")
     if rc.rank:
-        console.print(f"  process: [bold]{escape(rc.rank)}[/]")
+        console.print(f"  process: [bold]{escape(rc.rank)}[/]"
+                      + (f" on {escape(str(rc.node))}" if getattr(rc, "node", None) else ""))
     if rc.frame:
         fr = rc.frame
         console.print(f"  at: [cyan]{escape(short_path(fr.file))}:{fr.line}[/]"
@@ -353,6 +355,7 @@ def render_why(console: Console, diag) -> None:  # diagnose.Diagnosis
     if rc.restarts > 1:
         seen += f" across {rc.restarts} restarts"
     console.print(f"  {seen}")
+    render_suspects(console, rc.suspects, indent="  ")
     if rc.secondary:
         console.print("[bold]secondary errors[/] [dim](consequences, not the cause)[/]")
         for s in rc.secondary:
@@ -810,3 +813,37 @@ def render_pruned(console: Console, pruned: list[str]) -> None:
     """The snapshots `[snapshots] keep` removed (a kept run's report)."""
     if pruned:
         console.print(f"  pruned old snapshots (\\[snapshots] keep): {escape(', '.join(pruned))}")
+# ---- suspects (rewheel.suspects) ----
+def render_suspects(console: Console, suspects: list | None, indent: str = "  ", hunk_lines: int = 14) -> None:
+    """The changes of the upgrade a root cause points at, innermost first, each with the
+    hunk around the failing line, its compare link and a removed local patch."""
+    if not suspects:
+        return
+    docs = [s.to_json() if hasattr(s, "to_json") else s for s in suspects]
+    console.print(f"{indent}[bold]suspects[/] [dim](changes of the upgrade on the crash's path, innermost first)[/]")
+    for i, s in enumerate(docs, 1):
+        fr = s.get("frame") or {}
+        where = f"line {fr.get('line')}" + (f" in {fr.get('function')}" if fr.get("function") else "")
+        if s.get("reason", "frame") != "frame":
+            where = str(s.get("reason"))
+        dist = s.get("distance_lines")
+        near = "" if dist is None else (" — a hunk covers the line" if dist == 0 else f" — nearest hunk {dist} lines away")
+        console.print(f"{indent}  {i}. [cyan]{escape(str(s.get('path')))}[/] ({escape(str(s.get('change')))}"
+                      f"{', ' + escape(str(s.get('package'))) if s.get('package') else ''}): {escape(where)}{near}")
+        for h in (s.get("hunks") or [])[:2]:
+            console.print(f"{indent}     [dim]@@ -{h.get('old_start')},{h.get('old_lines')} "
+                          f"+{h.get('new_start')},{h.get('new_lines')} @@[/]")
+            lines = str(h.get("text") or "").splitlines()
+            for t in lines[:hunk_lines]:
+                style = "green" if t.startswith("+") else "red" if t.startswith("-") else "dim"
+                console.print(f"{indent}     [{style}]{escape(t)}[/]", highlight=False, soft_wrap=True)
+            if len(lines) > hunk_lines:
+                console.print(f"{indent}     [dim]… {len(lines) - hunk_lines} more lines[/]")
+        pr = s.get("patch_removed")
+        if pr:
+            counts = (f" (+{pr.get('added_lines')} -{pr.get('removed_lines')})"
+                      if pr.get("added_lines") is not None else "")
+            console.print(f"{indent}     [yellow]a local patch on this file was removed by the reinstall{counts}:[/] "
+                          f"{escape(str(pr.get('patch') or 'not saved'))}")
+        if s.get("compare_url"):
+            console.print(f"{indent}     compare: {escape(str(s['compare_url']))}")

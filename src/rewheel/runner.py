@@ -1127,6 +1127,7 @@ class _Cycle:
         except Exception as exc:  # diagnosis must never mask the failure itself
             self.report.diagnosis = DiagnosisRecord(error=str(exc))
             return
+        self._suspects(d)
         self.report.root_cause = d.root
         self.report.diagnosis = DiagnosisRecord(str(log), d.summary())
 
@@ -1140,9 +1141,28 @@ class _Cycle:
         except Exception as exc:
             self.report.diagnosis = DiagnosisRecord(error=str(exc))
             return
+        self._suspects(d)
         self.report.root_cause = d.root
         self.report.diagnosis = DiagnosisRecord(self.svc.manager.log_location(self.svc.started_at or 0),
                                                 d.summary())
+
+    def _suspects(self, d: Any) -> None:
+        """The changes of this upgrade that the root cause's frames point at (see
+        `rewheel.suspects`): set on the diagnosis' root cause before it is reported."""
+        from rewheel import diff as diffmod
+        from rewheel import suspects as suspectsmod
+
+        root = getattr(d, "root", None)
+        if root is None or not root.frames or not self.report.files or self.snap is None:
+            return
+        try:
+            removed = [] if self.t.recipe.patch_policy == "reapply" else self.report.patches
+            root.suspects = suspectsmod.find_suspects(
+                root.frames, self.report.files, diffmod.change_texts(self.snap), patches=removed,
+                patch_files=self.report.patch_files,
+                compare_urls={c.name: c.compare_url for c in self.report.changes if c.compare_url})
+        except Exception as exc:  # the suspects inform; they never mask the failure itself
+            self.say(f"(suspects not computed: {exc})")
 
     def _cause_suffix(self) -> str:
         rc = self.report.root_cause
@@ -1481,3 +1501,92 @@ def forget(t: Target, ref: str) -> ForgetResult:
         snap = forget_target(t, ref)
         t.store.delete(snap.id)
     return ForgetResult(snap)
+
+
+# ---- `rewheel why LOG --run ID | --snapshot A`: the suspects of a log's root cause ----
+def _env_dirs(home: Path) -> list[tuple[Path, Path]]:
+    """(env_dir, prefix) of every environment rewheel keeps state for."""
+    import json
+
+    out: list[tuple[Path, Path]] = []
+    envs = home / "envs"
+    if not envs.is_dir():
+        return out
+    for d in sorted(envs.iterdir()):
+        try:
+            prefix = json.loads((d / "env.json").read_text(encoding="utf-8"))["prefix"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out.append((d, Path(prefix)))
+    return out
+
+
+def _interpreter(prefix: Path) -> Environment:
+    for rel in ("bin/python", "bin/python3", "python.exe", "Scripts/python.exe"):
+        if (prefix / rel).exists():
+            return Environment.inspect(prefix / rel)
+    raise SnapshotError(f"no Python interpreter in {prefix}: cannot compare a snapshot with it",
+                        hint="the environment was removed or moved; `rewheel diff TARGET A B` compares two snapshots")
+
+
+def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None = None,
+                 home: Path | None = None) -> None:
+    """Set the suspects of `diag`'s root cause from an upgrade rewheel knows: a run (`run_id`:
+    its pre-upgrade snapshot against the failed state it kept, else the live environment;
+    the local patches it saved), or a snapshot (`snapshot`: it against the live environment
+    of its environment). Raises UsageError when the run or snapshot is nowhere."""
+    from rewheel import diff as diffmod
+    from rewheel import suspects as suspectsmod
+    from rewheel.errors import UsageError
+    from rewheel.recipe import load_recipe
+
+    root = getattr(diag, "root", None)
+    home = home or state_home()
+    found: list[tuple[Store, SnapshotMeta, SnapshotMeta | None, Path | None, Path]] = []
+    for env_dir, prefix in _env_dirs(home):
+        if run_id is not None:
+            run_dir = env_dir / "runs" / run_id
+            if not (run_dir / "journal.jsonl").is_file():
+                continue
+            j = RunJournal.load(run_dir)
+            if j.snapshot_id is None:
+                raise UsageError(f"run {run_id} took no snapshot: there is no upgrade to compare the crash with",
+                                 hint=f"its journal: {run_dir / 'journal.jsonl'}")
+            store = Store(prefix, home)
+            failed = (j.first("failed-snapshot") or {}).get("failed_snapshot_id")
+            found.append((store, store.get(j.snapshot_id), store.get(failed) if failed else None, run_dir, prefix))
+        else:
+            assert snapshot is not None
+            store = Store(prefix, home)
+            try:
+                found.append((store, store.get(snapshot), None, None, prefix))
+            except SnapshotError:
+                continue
+    what = f"run {run_id}" if run_id is not None else f"snapshot {snapshot!r}"
+    if not found:
+        raise UsageError(f"no {what} in {home}", hint="`rewheel history TARGET` lists the runs and snapshots")
+    if len(found) > 1:
+        raise UsageError(f"{what} is ambiguous: it exists for " + ", ".join(str(f[4]) for f in found),
+                         hint="give the full snapshot id (`rewheel history TARGET`)")
+    if root is None or not root.frames:
+        return
+    store, old, new, run_dir, prefix = found[0]
+    env = _interpreter(prefix)
+    d = diffmod.diff_trees(env, old, new, skip={str(store.home)})
+    patches: list[dict[str, Any]] = []
+    patch_files: list[str] = []
+    if run_dir is not None and (run_dir / "patches" / "patches.json").is_file():
+        import json
+
+        recipe_path = (RunJournal.load(run_dir).first("started") or {}).get("recipe")
+        policy = None
+        try:
+            policy = load_recipe(recipe_path, check_interpreter=False).patch_policy if recipe_path else None
+        except Exception:  # a recipe moved or changed since: its patches count as removed
+            policy = None
+        if policy != "reapply":
+            patches = json.loads((run_dir / "patches" / "patches.json").read_text(encoding="utf-8")).get("patches", [])
+            patch_files = [str(p) for p in sorted((run_dir / "patches").glob("*.patch"))]
+    root.suspects = suspectsmod.find_suspects(
+        root.frames, d.files, diffmod.change_texts(old, new), patches=patches, patch_files=patch_files,
+        compare_urls={c.name: c.compare_url for c in d.packages if c.compare_url})
