@@ -293,7 +293,7 @@ class RootCause:
     node: str | None = None
     # The root exception's frames, innermost first (bounded); not serialised: the frame
     # above is the one reported, these feed the suspects.
-    frames: list[Frame] = field(default_factory=list, repr=False)
+    frames: list[Frame] = field(default_factory=list, repr=False, compare=False)
     # Which changes of an upgrade the crash points at (`rewheel.suspects`), when known.
     suspects: list[Any] = field(default_factory=list)
 
