@@ -46,8 +46,9 @@ def test_the_changed_frame_and_the_helper_its_hunk_calls_are_suspects() -> None:
     fr = frames(("torch/nn/modules/module.py", 1751, "_call_impl"),        # not changed: skipped
                 ("vllm/models/deepseek_v2.py", 45, "__init__"),             # the raise
                 ("vllm/models/utils.py", 20, "make_layers"))
-    patches = [{"path": "vllm/models/deepseek_v2.py", "abs_path": f"{SP}/vllm/models/deepseek_v2.py",
-                "added_lines": 4, "removed_lines": 0}]
+    patches = [suspects.SavedPatch.from_json({"path": "vllm/models/deepseek_v2.py",
+                                              "abs_path": f"{SP}/vllm/models/deepseek_v2.py",
+                                              "added_lines": 4, "removed_lines": 0})]
     got = suspects.find_suspects(fr, CHANGES, texts, patches=patches,
                                  patch_files=["/runs/r1/patches/vllm__models__deepseek_v2.py.patch"],
                                  compare_urls={"vLLM": "https://example.invalid/compare/a...b"})

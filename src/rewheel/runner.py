@@ -1573,7 +1573,7 @@ def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None =
     store, old, new, run_dir, prefix = found[0]
     env = _interpreter(prefix)
     d = diffmod.diff_trees(env, old, new, skip={str(store.home)})
-    patches: list[dict[str, Any]] = []
+    patches: list[suspectsmod.SavedPatch] = []
     patch_files: list[str] = []
     if run_dir is not None and (run_dir / "patches" / "patches.json").is_file():
         import json
@@ -1585,7 +1585,8 @@ def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None =
         except Exception:  # a recipe moved or changed since: its patches count as removed
             policy = None
         if policy != "reapply":
-            patches = json.loads((run_dir / "patches" / "patches.json").read_text(encoding="utf-8")).get("patches", [])
+            saved = json.loads((run_dir / "patches" / "patches.json").read_text(encoding="utf-8")).get("patches", [])
+            patches = [suspectsmod.SavedPatch.from_json(p) for p in saved if isinstance(p, dict)]
             patch_files = [str(p) for p in sorted((run_dir / "patches").glob("*.patch"))]
     root.suspects = suspectsmod.find_suspects(
         root.frames, d.files, diffmod.change_texts(old, new), patches=patches, patch_files=patch_files,

@@ -47,6 +47,28 @@ class FrameLike(Protocol):
     function: str | None
 
 
+class PatchLike(Protocol):
+    """A local patch the reinstall removed (`patches.Patch`, or `SavedPatch` read back)."""
+    path: str
+    abs_path: str
+    added_lines: int | None
+    removed_lines: int | None
+
+
+@dataclass(frozen=True)
+class SavedPatch:
+    """A patch as a run's `patches/patches.json` records it (for `why --run`)."""
+    path: str
+    abs_path: str
+    added_lines: int | None = None
+    removed_lines: int | None = None
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> SavedPatch:
+        return cls(str(doc.get("path") or ""), str(doc.get("abs_path") or ""), doc.get("added_lines"),
+                   doc.get("removed_lines"))
+
+
 class ChangeLike(Protocol):
     path: str            # relative to site-packages
     abs_path: str
@@ -278,17 +300,17 @@ def _definition(text: str, name: str) -> Hunk | None:
                                                               for x in body)), first + 1, "new")
 
 
-def _patch_for(c: ChangeLike, patches: Sequence[Mapping[str, Any]], patch_files: Sequence[str]) -> PatchRemoved | None:
+def _patch_for(c: ChangeLike, patches: Sequence[PatchLike], patch_files: Sequence[str]) -> PatchRemoved | None:
     for p in patches:
-        if _norm(str(p.get("abs_path", ""))) == _norm(c.abs_path) or _norm(str(p.get("path", ""))) == _norm(c.path):
-            flat = _norm(str(p.get("path", ""))).replace("/", "__") + ".patch"
+        if _norm(p.abs_path or "") == _norm(c.abs_path) or _norm(p.path or "") == _norm(c.path):
+            flat = _norm(p.path or "").replace("/", "__") + ".patch"
             saved = next((f for f in patch_files if _norm(f).endswith("/" + flat) or _norm(f) == flat), None)
-            return PatchRemoved(saved, p.get("added_lines"), p.get("removed_lines"))
+            return PatchRemoved(saved, p.added_lines, p.removed_lines)
     return None
 
 
 def find_suspects(frames: Sequence[FrameLike], changes: Sequence[ChangeLike], texts: Texts | None = None, *,
-                  patches: Sequence[Mapping[str, Any]] = (), patch_files: Sequence[str] = (),
+                  patches: Sequence[PatchLike] = (), patch_files: Sequence[str] = (),
                   compare_urls: Mapping[str, str] | None = None,
                   limit: int = MAX_SUSPECTS) -> list[Suspect]:
     """Suspects for a root cause. `frames` innermost first; `changes` the upgrade's file
