@@ -67,3 +67,58 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # Stand-in systemctl / journalctl / nvidia-smi on PATH (see tests/support_standins.py).
 from support_standins import fake_host  # noqa: E402,F401
+# The run cycle's fake world (tests/support_cycle.py).
+from support_cycle import world  # noqa: E402,F401
+
+
+# -- real hosts: a venv, a local index, the toy model server (tests/support_run.py) --------------
+@pytest.fixture
+def host_factory(tmp_path: Path):
+    """Make hosts (`make(new_version, variant, start=True)`) whose service runs under the
+    command manager; each is stopped, with its index, at the end."""
+    from support_run import Host, make_host
+
+    hosts: list[Host] = []
+
+    def make(new_version: str = "2.0.0", variant: str = "good", start: bool = True) -> Host:
+        h = make_host(tmp_path, new_version, variant)
+        hosts.append(h)
+        if start:
+            h.start_service()
+            assert h.served_version() == "1.0.0"
+        return h
+
+    yield make
+    for h in hosts:
+        h.stop_service()
+        h._index.stop()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def systemd_host(tmp_path: Path, fake_host):  # noqa: F811 - the fixture, by name
+    """Make hosts whose service is the toy server as a systemd unit of the stand-in systemd,
+    on two stand-in GPUs; each unit is stopped, with its index, at the end."""
+    from support_run import SERVER, make_host
+    from support_standins import wait_for
+
+    def make(new_version: str, variant: str):
+        h = make_host(tmp_path, new_version, variant)
+        fake_host.add_unit("vllm-toy", [str(h.python), str(SERVER), "--port", str(h.port)],
+                           restart="always", restart_sec=0.2, syslog_identifier="vllm-toy",
+                           start_limit_burst=5, start_limit_interval_s=10)
+        fake_host.set_gpus(2)
+        h.write_recipe(service={"manager": "systemd", "unit": "vllm-toy",
+                                "health_url": f"http://127.0.0.1:{h.port}/health",
+                                "ready_timeout_s": 30, "stop_timeout_s": 10, "settle_s": 1.0,
+                                "probe": {"url": f"http://127.0.0.1:{h.port}/v1/models", "expect": "toy/model"}},
+                       smoke__gpus=2, smoke__gpu_release_timeout_s=3)
+        assert fake_host.systemctl("start", "vllm-toy").returncode == 0
+        wait_for(lambda: h.served_version() == "1.0.0", timeout=20)
+        made.append(h)
+        return h
+
+    made: list = []
+    yield make
+    for h in made:
+        fake_host.systemctl("stop", "vllm-toy")
+        h._index.stop()  # type: ignore[attr-defined]

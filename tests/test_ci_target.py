@@ -15,7 +15,7 @@ import tomli_w
 from devtools.localindex import serve_index
 from devtools.wheelbuild import build_wheel
 from support_env import make_venv, uv
-from support_nightly import build_toypkg, fake_sha, json_of, nightly_version, rewheel, smoke_script
+from support_nightly import build_toypkg, fake_sha, json_of, nightly_version, rewheel
 
 # The smoke test fails unless the host's neighbour is importable, at the host's version.
 NEEDS_NEIGHBOUR = """

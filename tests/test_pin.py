@@ -17,7 +17,7 @@ import pytest
 from rewheel import runner
 from support_env import make_venv, uv_install
 from test_json_shapes import check as check_shape
-from test_cycle_unit import World, world  # noqa: F401 - `world` is a fixture
+from support_cycle import World
 
 Pair = tuple[World, runner.Target]
 

@@ -13,29 +13,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
-
-import pytest
-
-from support_run import Host, make_host
-from test_run_systemd import systemd_host  # noqa: F401 - a fixture: the toy server as a systemd unit
 
 
-@pytest.fixture
-def host_factory(tmp_path: Path):
-    hosts: list[Host] = []
-
-    def make(new_version: str, variant: str) -> Host:
-        h = make_host(tmp_path, new_version, variant)
-        hosts.append(h)
-        h.start_service()
-        assert h.served_version() == "1.0.0"
-        return h
-
-    yield make
-    for h in hosts:
-        h.stop_service()
-        h._index.stop()  # type: ignore[attr-defined]
+from support_run import Host
 
 
 def rollback(h: Host, *args: str) -> tuple[int, dict, str]:

@@ -18,7 +18,7 @@ import pytest
 from rewheel import journal, runner
 from rewheel.errors import EXIT_UNRESTORED, EXIT_USAGE, RestoreError, SnapshotError
 from rewheel.journal import RunJournal
-from test_cycle_unit import PKG, World, last_run, version, world  # noqa: F401 - `world` is a fixture
+from support_cycle import PKG, World, last_run, version
 
 Pair = tuple[World, runner.Target]
 
@@ -230,7 +230,7 @@ def test_a_rollback_whose_stop_fails_changes_nothing_and_finishes(world: Pair) -
 def test_a_second_plain_rollback_does_not_undo_the_first(world: Pair) -> None:
     w, t = world
     manual = runner.snapshot_now(t, label="by hand").result.meta  # no pre-upgrade snapshot at all
-    from test_cycle_unit import install_toypkg
+    from support_cycle import install_toypkg
 
     install_toypkg(w.site, "2.0.0")  # upgraded by hand
     first = runner.rollback(t)

@@ -11,25 +11,6 @@ from pathlib import Path
 import pytest
 
 from support_index import closed_port
-from support_run import Host, make_host
-
-
-@pytest.fixture
-def host_factory(tmp_path: Path):
-    hosts: list[Host] = []
-
-    def make(new_version: str = "2.0.0", variant: str = "good", start: bool = True) -> Host:
-        h = make_host(tmp_path, new_version, variant)
-        hosts.append(h)
-        if start:
-            h.start_service()
-            assert h.served_version() == "1.0.0"
-        return h
-
-    yield make
-    for h in hosts:
-        h.stop_service()
-        h._index.stop()  # type: ignore[attr-defined]
 
 
 def test_good_upgrade_exits_0_and_serves_the_new_version(host_factory) -> None:

@@ -8,37 +8,9 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import pytest
 
-from support_run import SERVER, make_host
 from support_standins import FakeHost, wait_for
-
-
-@pytest.fixture
-def systemd_host(tmp_path: Path, fake_host: FakeHost):
-    def make(new_version: str, variant: str):
-        h = make_host(tmp_path, new_version, variant)
-        fake_host.add_unit("vllm-toy", [str(h.python), str(SERVER), "--port", str(h.port)],
-                           restart="always", restart_sec=0.2, syslog_identifier="vllm-toy",
-                           start_limit_burst=5, start_limit_interval_s=10)
-        fake_host.set_gpus(2)
-        h.write_recipe(service={"manager": "systemd", "unit": "vllm-toy",
-                                "health_url": f"http://127.0.0.1:{h.port}/health",
-                                "ready_timeout_s": 30, "stop_timeout_s": 10, "settle_s": 1.0,
-                                "probe": {"url": f"http://127.0.0.1:{h.port}/v1/models", "expect": "toy/model"}},
-                       smoke__gpus=2, smoke__gpu_release_timeout_s=3)
-        assert fake_host.systemctl("start", "vllm-toy").returncode == 0
-        wait_for(lambda: h.served_version() == "1.0.0", timeout=20)
-        made.append(h)
-        return h
-
-    made: list = []
-    yield make
-    for h in made:
-        fake_host.systemctl("stop", "vllm-toy")
-        h._index.stop()  # type: ignore[attr-defined]
 
 
 def test_restart_looping_unit_is_detected_and_reverted(systemd_host, fake_host: FakeHost) -> None:

@@ -621,12 +621,7 @@ def _target_and_ref(target: str | None, ref: str | None, python: str | None) -> 
 def pin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
         python: PythonOpt = None, json_out: JsonOpt = False) -> None:
     """Pin a snapshot: retention (the recipe's snapshots.keep) never prunes it, forget refuses it."""
-    from rewheel import runner
-
-    target, ref = _target_and_ref(target, snapshot_id, python)
-    result = runner.set_pinned(_target(target, python), ref, True)
-    out, _ = consoles(json_out)
-    show(out, json_out, result, report.render_pin)
+    _set_pinned(target, snapshot_id, python, json_out, True)
 
 
 @app.command()
@@ -634,10 +629,15 @@ def pin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argum
 def unpin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
           python: PythonOpt = None, json_out: JsonOpt = False) -> None:
     """Unpin a snapshot: retention (snapshots.keep) may prune it again."""
+    _set_pinned(target, snapshot_id, python, json_out, False)
+
+
+def _set_pinned(target: str | None, snapshot_id: str | None, python: str | None, json_out: bool,
+                pinned: bool) -> None:
     from rewheel import runner
 
     target, ref = _target_and_ref(target, snapshot_id, python)
-    result = runner.set_pinned(_target(target, python), ref, False)
+    result = runner.set_pinned(_target(target, python), ref, pinned)
     out, _ = consoles(json_out)
     show(out, json_out, result, report.render_pin)
 

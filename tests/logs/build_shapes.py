@@ -157,7 +157,7 @@ def build_all() -> None:
     # ranks interleaved character by character: no traceback survives; the first clean
     # `Type: message` line is the answer, not a keyword in prose before it
     a = "Traceback (most recent call last):"
-    garbled = "".join(x + y for x, y in zip(a, a))
+    garbled = "".join(x + y for x, y in zip(a, a, strict=True))
     lines = ["If you get `CUDA error: invalid device function` errors, the paths above might be the cause.",
              garbled, 'FFiillee  ""//wwoorrkk//xx..ppyy"",,  lliinnee  33',
              MARK + "ValueError: expected sequence of length 4 at dim 1 (got 3)",
