@@ -98,6 +98,9 @@ def test_edit_in_place_is_found_by_verify_and_patches_and_rollback_restores_from
     assert [(r["path"], r["source"]) for r in doc["recovered"]["recovered"]] == [(str(core), "uv-cache")]
     assert doc["recovered"]["unrecoverable"] == []
     assert tree_state(prefix) == before
+    # `history` reads what the last check found: the recovery made the snapshot whole.
+    hist = json_of(rewheel("history", "--python", str(py), "--json"), 0)
+    assert [s["damaged_files"] for s in hist["snapshots"] if s["id"] == snap["id"]] == [0]
     # The snapshot is whole again, and a second rollback needs nothing recovered.
     assert json_of(rewheel("verify", "--python", str(py), "--full", "--json"), 0)["ok"] is True
     doc = json_of(rewheel("rollback", "--python", str(py), snap["id"], "--yes", "--json"), 0)

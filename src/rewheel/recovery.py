@@ -44,6 +44,7 @@ from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.paths import atomic_write, fsync_dir
 from rewheel.snapshot import (Damage, Manifest, ManifestDamaged, SnapshotMeta, VerifyResult, copy_hashed, hash_file,
                               verify_snapshot)
+from rewheel.snapshot.integrity import record_damage
 
 if TYPE_CHECKING:
     from rewheel.patches import Fetcher, UvCache
@@ -325,6 +326,7 @@ def apply(rec: Recovery, snap: SnapshotMeta) -> None:
         fsync_dir(Path(d))
     atomic_write(snap.path / "manifest.json", json.dumps(man.to_json(), separators=(",", ":")))
     rec.applied = True
+    record_damage(snap.path, max(0, len(rec.check.damaged) - len(rec.recovered)))
 
 
 def refusal(rec: Recovery, snap: SnapshotMeta, cli_ref: str) -> SnapshotDamaged:

@@ -151,7 +151,7 @@ class History:
     runs: list[RunJournal]
     key_packages: list[str] = field(default_factory=list)
     damaged: list[str] = field(default_factory=list)
-    # Stored files an edit in place changed, by snapshot id (the fast check: one stat each).
+    # Stored files an edit in place changed, by snapshot id, as the last check found them.
     damaged_files: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -171,8 +171,12 @@ def history(t: Target) -> History:
     names = t.recipe.install.names
     names += [k for k in KEY_PACKAGES if k not in names]
     metas = t.store.list()
+    from rewheel.snapshot.integrity import recorded_damage
+
+    # The damage the last check found, not a check per call: one costs about a stat walk of
+    # the environment per snapshot (seconds on a real vLLM store); `status` and `verify` check.
     return History(t.cli_ref, metas, journal.list_runs(t.store.env_dir), names,
-                   t.store.damaged(), damaged_files(metas))
+                   t.store.damaged(), {m.id: recorded_damage(m) for m in metas})
 
 
 def damaged_files(metas: list[SnapshotMeta]) -> dict[str, int]:

@@ -19,6 +19,7 @@ Nothing here changes a file; the result names the damaged files for the caller t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rewheel.errors import SnapshotDamaged
+from rewheel.paths import atomic_write
 from rewheel.snapshot.manifest import Manifest, ManifestDamaged
 from rewheel.snapshot.store import SnapshotMeta
 from rewheel.snapshot.tree import CHUNK, safe_rel
@@ -254,7 +256,35 @@ def verify_snapshot(snapshot: SnapshotMeta | Path | str, full: bool = False, *,
             memo[fkey] = [(names.index(d.path.rpartition("/")[2]), d.problem) for d in found]  # type: ignore[index]
     res.files_checked = checked
     res.seconds = time.perf_counter() - t0
+    record_damage(sdir, len(res.damaged))
     return res
+
+
+# What the last check found, beside the snapshot: `history` lists it without a stat per
+# stored file (a check costs about a bare stat walk of the environment per snapshot).
+DAMAGE_MARK = "damage.json"
+
+
+def record_damage(snapshot_dir: Path, files: int) -> None:
+    """Remember how many stored files the last check of this snapshot found damaged (none:
+    the mark goes). Best effort: without it `history` shows no damage until a check runs."""
+    mark = snapshot_dir / DAMAGE_MARK
+    try:
+        if files:
+            atomic_write(mark, json.dumps({"files": files, "checked": time.time()}))
+        elif mark.exists():
+            mark.unlink()
+    except OSError:
+        pass
+
+
+def recorded_damage(meta: SnapshotMeta) -> int:
+    """How many stored files the last check (`verify`, `status`, `patches`, a rollback's
+    own) found damaged in this snapshot; 0 when none did or none ran since."""
+    try:
+        return int(json.loads((meta.path / DAMAGE_MARK).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 @dataclass
