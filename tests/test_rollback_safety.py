@@ -101,6 +101,17 @@ def test_a_rollback_can_be_undone_from_the_snapshot_it_took(world: Pair) -> None
     assert t.store.get(fwd.undo_snapshot_id).versions == {PKG: "1.0.0"}
 
 
+def test_no_undo_skips_the_snapshot_of_the_replaced_state(world: Pair) -> None:
+    w, t = world
+    assert runner.run(t).status == "upgraded"
+    before = {m.id for m in t.store.list()}
+    res = runner.rollback(t, undo=False)
+    assert version(t) == "1.0.0" and res.exit_code == 0 and w.manager.up
+    assert res.undo_snapshot_id is None and res.undo_snapshot_error == "skipped (--no-undo)"
+    assert {m.id for m in t.store.list()} == before  # no pre-rollback snapshot was taken
+    assert any(r.get("undo_snapshot_error") for r in last_run(t).records if r["event"] == "note")
+
+
 def test_a_rollback_that_changes_nothing_takes_no_snapshot(world: Pair) -> None:
     w, t = world
     snap = runner.snapshot_now(t).result.meta

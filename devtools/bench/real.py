@@ -12,7 +12,9 @@ The environments come from the default index through uv (the first run downloads
   diff      `--json` and `--stat` against the snapshot after a plain upgrade, vs `cp -al`
   rollback  after a plain upgrade, and after a `reinstall = "all"` upgrade (`uv pip
             install --reinstall`: every distribution unpacked anew, same-version files
-            included), each vs `uv pip sync` of the old set from the warm cache + sync(2);
+            included), each with `--no-undo` vs `uv pip sync` of the old set from the warm
+            cache + sync(2); and the default rollback, which snapshots the upgraded state
+            first (so that it can be undone), vs `cp -al` + that sync (informational);
             each rollback is checked byte-exact by hashing every file
 
 Timings are medians of `BENCH_REPS` repetitions (default 3 here)."""
@@ -156,7 +158,8 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
     prefix = str(rb.venv)
     s: dict[str, list[float]] = {k: [] for k in (
         "patches", "patches_edited", "stat_walk", "cp_al", "snapshot", "diff_json", "diff_stat",
-        "rollback", "uv_sync", "rollback_all", "uv_sync_all", "upgrade", "upgrade_all")}
+        "rollback", "uv_sync", "rollback_all", "uv_sync_all", "upgrade", "upgrade_all", "rollback_undo",
+        "cp_al_uv_sync")}
     false_patches: list[int] = []
     edited_found: list[bool] = []
     exact: list[bool] = []
@@ -211,7 +214,8 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
             if kind != "plain":
                 settle()
                 s["upgrade_all"].append(rb.install(cfg.real_new, *extra))
-            dt, doc = rb.cli("rollback", "--python", py, sid, "--yes")
+            # The restore as `uv pip sync` does it: no snapshot of the state it replaces.
+            dt, doc = rb.cli("rollback", "--python", py, sid, "--yes", "--no-undo")
             s[key].append(dt)
             r = doc.get("restore", {})
             info[f"rollback_{kind}"] = {k: r.get(k) for k in ("written", "deleted", "proven_same", "unchanged",
@@ -220,6 +224,18 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
             exact.append(after == before)
             if after != before:
                 cfg.say(f"  {kind} rollback NOT byte-exact: " + "; ".join(first_differences(before, after)))
+            if kind == "plain":
+                # The default rollback snapshots the upgraded state first, so that it can be
+                # undone; its cost is a snapshot's (the same for either upgrade: timed once).
+                rb.install(cfg.real_new)
+                settle()
+                dt, doc = rb.cli("rollback", "--python", py, sid, "--yes")
+                s["rollback_undo"].append(dt)
+                info["rollback_undo"] = {"undo_snapshot_id": doc.get("undo_snapshot_id")}
+                after = fingerprint(prefix)
+                exact.append(after == before)
+                if after != before:
+                    cfg.say("  rollback with undo NOT byte-exact: " + "; ".join(first_differences(before, after)))
             # The baseline: the same upgrade again, then `uv pip sync` of the old set (warm cache).
             rb.install(cfg.real_new, *extra)
             settle()
@@ -227,6 +243,9 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
             rb.sync_old()
             os.sync()
             s["uv_sync" if kind == "plain" else "uv_sync_all"].append(time.perf_counter() - t0)
+            if kind == "plain":
+                # By hand with an undo: a hard-link copy of the upgraded state, then the sync.
+                s["cp_al_uv_sync"].append(s["cp_al"][-1] + s["uv_sync"][-1])
             if kind != "plain":
                 # `--reinstall` implies `--refresh`: each one unpacks every wheel into uv's cache
                 # anew (8 GB). Drop what no entry points at any more, or the disk fills up.
@@ -257,6 +276,8 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
             _rb_note(info.get("rollback_plain"), s["upgrade"])),
         row("rollback (reinstall all)", "rollback_all", "uv pip sync + sync", "uv_sync_all", TARGETS["rollback"],
             _rb_note(info.get("rollback_reinstall-all"), s["upgrade_all"])),
+        row("rollback + undo snapshot", "rollback_undo", "cp -al + uv pip sync", "cp_al_uv_sync", None,
+            "the default: the upgraded state snapshotted first (plain upgrade)"),
     ]
     from devtools.bench.startup import bench_startup
 

@@ -324,6 +324,7 @@ def rollback(target: TargetArg = None,
              snapshot_id: Annotated[str | None, typer.Argument(metavar="[SNAPSHOT]", help="Snapshot id (default: the newest taken before an upgrade).")] = None,
              python: PythonOpt = None, yes: YesOpt = False,
              force: Annotated[bool, typer.Option("--force", help="Restore a snapshot of a failed build (refused without it).")] = False,
+             no_undo: Annotated[bool, typer.Option("--no-undo", help="Do not snapshot the state it replaces first (faster; it cannot be undone).")] = False,
              json_out: JsonOpt = False) -> None:
     """Restore a snapshot (stops and starts the service when given a recipe)."""
     from rewheel import runner
@@ -340,7 +341,7 @@ def rollback(target: TargetArg = None,
                          f"{snap.created_iso})?", lines=False), yes)
     cb, status = _progress(err)
     with status:
-        result = runner.rollback(t, snap.id, force=force, say=_streams(err)[0],
+        result = runner.rollback(t, snap.id, force=force, undo=not no_undo, say=_streams(err)[0],
                                  progress=cb)
     show(out, json_out, result, report.render_rollback)
     if not json_out:

@@ -719,6 +719,8 @@ def render_rollback_more(console: Console, result) -> None:  # runner.RollbackRe
         console.print(f"  the state it replaced is snapshot {escape(result.undo_snapshot_id)}: "
                       f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}` "
                       "undoes this rollback")
+    elif result.undo_snapshot_error == "skipped (--no-undo)":
+        console.print("  the state it replaced was not snapshotted (--no-undo): this rollback cannot be undone")
     elif result.undo_snapshot_error:
         console.print(f"  [yellow]the state it replaced could not be snapshotted "
                       f"({escape(result.undo_snapshot_error)}): this rollback cannot be undone[/]")

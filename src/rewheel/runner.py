@@ -360,7 +360,7 @@ def _left_down(j: RunJournal) -> bool:
     return "error" not in fin or any("restart_after_abort_failed" in r for r in j.records)
 
 
-def rollback(t: Target, ref: str | None = None, *, force: bool = False, say: Say = _quiet,
+def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bool = True, say: Say = _quiet,
              progress: Progress | None = None) -> RollbackResult:
     """Restore a snapshot; with a recipe that has a service, stop it first and start and
     health-check it after — if it was running before (or before the interrupted run this
@@ -369,7 +369,9 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, say: Say
     only health-checked). Finishes an interrupted run as `rolled-back`.
 
     A failed build is restored only with `force`. The state the rollback replaces is
-    snapshotted first (`pre-rollback`), so the rollback can be undone by restoring that.
+    snapshotted first (`pre-rollback`), so the rollback can be undone by restoring that;
+    `undo=False` skips it (an urgent rollback pays only for the restore: a snapshot of a real
+    vLLM environment is seconds more), and the result says it cannot be undone.
     When the service then fails to come back, the result says so (status "service-failed",
     exit 3) with the root cause read from the service's log, and the journal is finished:
     the next command is not blocked by a stale interrupted record."""
@@ -434,7 +436,10 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, say: Say
                                  error=getattr(exc, "message", None) or str(exc))
                     raise
         undo_id = undo_error = None
-        if not unchanged and not suspect:
+        if not undo and not unchanged:
+            undo_error = "skipped (--no-undo)"
+            j.append("note", undo_snapshot_error=undo_error)
+        elif not unchanged and not suspect:
             undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
                                                            say=say, progress=progress)
         j.append("step", name="restore", snapshot_id=snap.id)
