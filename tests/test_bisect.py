@@ -63,6 +63,11 @@ def test_finds_the_first_bad_build_skipping_an_uninstallable_one(flat_series) ->
     rc = doc["root_cause"]
     assert rc["type"] == "ValueError" and "must divide num_heads" in rc["message"]
     assert rc["frame"]["file"].endswith("toypkg/core.py")
+    # The suspect: the file the first bad build changed, its hunk covering the raise.
+    top = rc["suspects"][0]
+    assert (top["path"], top["package"], top["change"], top["distance_lines"]) == \
+        ("toypkg/core.py", "toypkg", "changed", 0)
+    assert any("must divide num_heads" in h["text"] for h in top["hunks"])
     # both versions carry shas and the wheel names its GitHub repository
     assert doc["compare_url"] == (f"https://github.com/example/toypkg/compare/"
                                   f"{versions[5].split('+g')[1]}...{versions[6].split('+g')[1]}")
@@ -115,6 +120,7 @@ def test_an_interrupted_bisect_resumes_without_retesting(flat_series) -> None:
     assert third["first_bad"]["version"] == versions[6] and third["smoke_runs"] == 0
     # Its root cause is read back from the journal as the object that was diagnosed.
     assert third["root_cause"] == doc["root_cause"] and third["root_cause"]["frame"]["file"]
+    assert third["root_cause"]["suspects"][0]["path"] == "toypkg/core.py"  # frames kept in the journal
     bad = next(s for s in third["steps"] if s["verdict"] == "bad")
     assert bad["resumed"] and bad["root_cause"]["type"] == "ValueError"
 

@@ -79,3 +79,35 @@ def test_packages_only_is_the_recipe_alone(world, tmp_path: Path) -> None:
     assert cp.returncode == 1 and doc["failure"]["step"] == "smoke"
     assert locked(doc) == {"toypkg": new, "toyhelper": "1.1.0"}
     assert doc["base"] == {"from": None, "reason": "--packages-only: the recipe's packages alone"}
+
+
+def test_a_failing_upgrade_names_its_suspects_against_the_target(tmp_path: Path) -> None:
+    """The nightly breaks `init_model`: the root cause's frame is in the file the upgrade
+    changed, so that file is the first suspect, with the hunk around the failing line; the
+    target environment (the old side) is compared by RECORD and left untouched."""
+    wheels = tmp_path / "wheels"
+    old, new = nightly_version(300, fake_sha(0)), nightly_version(301, fake_sha(1))
+    build_toypkg(wheels, old, bad=False)
+    build_toypkg(wheels, new, bad=True)
+    with serve_index(wheels) as index:
+        target = make_venv(tmp_path / "host-env")
+        uv("pip", "install", "-q", "--python", str(target), "--index-url", index.url, "--prerelease", "allow",
+           f"toypkg=={old}")
+        script = tmp_path / "smoke_init.py"
+        script.write_text("from toypkg.core import init_model\ninit_model()\n")
+        recipe = tmp_path / "toy.toml"
+        recipe.write_text(tomli_w.dumps({
+            "name": "toy", "environment": {"python": str(target)},
+            "install": {"packages": ["toypkg"], "index_url": index.url, "prerelease": True},
+            "smoke": {"command": ["{python}", str(script)], "timeout_s": 60}}))
+        cp = rewheel("ci", str(recipe), "--json", "-q", "--lockfiles", str(tmp_path / "locks"))
+        human = rewheel("ci", str(recipe), "-q", "--lockfiles", str(tmp_path / "locks"))
+    doc = json_of(cp)
+    assert cp.returncode == 1 and doc["failure"]["step"] == "smoke" and doc["version"] == new
+    rc = doc["root_cause"]
+    assert rc["type"] == "ValueError"
+    top = rc["suspects"][0]
+    assert (top["path"], top["package"], top["change"]) == ("toypkg/core.py", "toypkg", "changed")
+    assert top["distance_lines"] == 0  # the raise itself is in the new version's hunk
+    assert any("q_lora_rank" in h["text"] for h in top["hunks"])
+    assert "suspects" in human.stdout and "toypkg/core.py" in human.stdout

@@ -170,11 +170,13 @@ class _Bisection:
                 if build.version is None and rec.get("version"):
                     build.version = rec["version"]
                 self.project_urls = self.project_urls or rec.get("project_urls") or {}
-                from rewheel.diagnose import RootCause
+                from rewheel.diagnose import Frame, RootCause
 
                 rc = rec.get("root_cause")  # as the verdict's to_json wrote it
-                return Verdict(build, rec["verdict"], rec.get("reason", ""),
-                               RootCause.from_json(rc) if rc else None, rec.get("log"),
+                root = RootCause.from_json(rc) if rc else None
+                if root is not None:  # the frames the suspects are found by, kept beside it
+                    root.frames = [Frame.from_json(f) for f in rec.get("frames") or [] if isinstance(f, dict)]
+                return Verdict(build, rec["verdict"], rec.get("reason", ""), root, rec.get("log"),
                                rec.get("seconds", 0.0), True, rec.get("project_urls") or {})
         return None
 
@@ -190,6 +192,7 @@ class _Bisection:
             v = self._run(build)
             self.j.append("verdict", **build.to_json(), verdict=v.verdict,
                           reason=v.reason, root_cause=v.root_cause.to_json() if v.root_cause else None,
+                          frames=[f.to_json() for f in v.root_cause.frames] if v.root_cause else [],
                           log=v.log,
                           seconds=round(v.seconds, 3), project_urls=v.project_urls)
             self.say(f"{build.label}: {v.verdict.upper()} — {v.reason}")
@@ -305,10 +308,40 @@ def bisect(recipe: Recipe, *, good: str, bad: str, package: str | None = None,
         res.steps, res.smoke_runs = b.steps, b.smoke_runs
         if res.first_bad is not None and res.last_good is not None:
             res.compare_url = _compare_url(b.project_urls, github, res.last_good, res.first_bad)
+        if res.status == "found":
+            _suspects(b, res)
         j.append("finished", status=res.status,
                  first_bad=res.first_bad.to_json() if res.first_bad else None,
                  last_good=res.last_good.to_json() if res.last_good else None)
         return res
+
+
+def _suspects(b: _Bisection, res: BisectResult) -> None:
+    """The changes between the last good and the first bad build that the first bad build's
+    root cause points at: both builds installed again side by side (uv's cache has their
+    wheels) and compared by RECORD. Best effort: the answer stands without them."""
+    fb = res.first_bad_verdict
+    rc = fb.root_cause if fb is not None else None
+    if rc is None or not rc.frames or res.last_good is None or res.first_bad is None:
+        return
+    from rewheel import suspects as suspectsmod
+    from rewheel.diff import env_change_texts
+    from rewheel.environment import Environment
+    from rewheel.installer import install
+
+    b.say("── suspects: the changes between the last good and the first bad build on the crash's path")
+    try:
+        with nightly.throwaway_env(b.recipe, parent=b.state / "envs", interpreter=b.interpreter) as good_py, \
+                nightly.throwaway_env(b.recipe, parent=b.state / "envs", interpreter=b.interpreter) as bad_py:
+            for build, python in ((res.last_good, good_py), (res.first_bad, bad_py)):
+                assert build.version is not None
+                install(nightly.scoped_recipe(b.recipe, python, first_index=build.index,
+                                              packages=nightly.pinned_packages(b.recipe, b.name, build.version)))
+            changes, texts = env_change_texts(Environment.inspect(good_py), Environment.inspect(bad_py))
+            rc.suspects = suspectsmod.find_suspects(
+                rc.frames, changes, texts, compare_urls={b.name: res.compare_url} if res.compare_url else None)
+    except Exception as exc:  # noqa: BLE001 - the suspects inform; the first bad build stands
+        b.say(f"(suspects not computed: {exc})")
 
 
 def _candidates(b: _Bisection, res: BisectResult, good: str, bad: str, *, repo: str | None,

@@ -189,7 +189,7 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
         run_step("resolve", lambda: _resolve(scoped, lock, run_dir, rep, on_output, pins))
         run_step("install", lambda: _install(scoped, lock, run_dir, rep, on_output))
         run_step("diff", lambda: _diff(scoped, baseline, rep))
-        run_step("smoke", lambda: _smoke(scoped, name, run_dir, rep, on_output))
+        run_step("smoke", lambda: _smoke(scoped, name, run_dir, rep, on_output, recipe.python))
         if promote:
             run_step("promote", lambda: _promote(lock, baseline, rep))
         rep.status = "qualified"
@@ -320,7 +320,8 @@ def _install(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output
     return f"{rep.package} {rep.versions.get(rep.package, '?')}"
 
 
-def _smoke(scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: Say) -> str:
+def _smoke(scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: Say,
+           target_python: str | Path | None = None) -> str:
     from rewheel import diagnose
     from rewheel.smoke import run_smoke
 
@@ -334,12 +335,32 @@ def _smoke(scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: S
         rep.root_cause = diagnose.analyse_file(log, package=pkg).root
     except (RewheelError, OSError):  # a diagnosis never hides the failure itself
         rep.root_cause = None
+    _suspects(scoped, rep, target_python)
     cause = ""
     if rep.root_cause:
         cause = f": {rep.root_cause.type}: {_first(rep.root_cause.message)}"
         if rep.root_cause.rank:
             cause += f" in {rep.root_cause.rank}"
     raise _StepFailed(res.summary + cause, res.tail[-40:])
+
+
+def _suspects(scoped: Recipe, rep: CiReport, target_python: str | Path | None) -> None:
+    """The changes of the upgrade that the root cause's frames point at: the throwaway
+    environment started from the target environment's pinned set, so each upgraded file's
+    old side is the target's installed copy (compared by RECORD). Nothing without a target."""
+    rc = rep.root_cause
+    if rc is None or not rc.frames or target_python is None or not (rep.base or {}).get("from"):
+        return
+    from rewheel import suspects as suspectsmod
+    from rewheel.diff import env_change_texts
+    from rewheel.environment import Environment
+
+    try:
+        changes, texts = env_change_texts(Environment.inspect(target_python), Environment.inspect(scoped.python))
+        rc.suspects = suspectsmod.find_suspects(
+            rc.frames, changes, texts, compare_urls={c.name: c.compare_url for c in rep.changes if c.compare_url})
+    except Exception:  # noqa: BLE001 - the suspects inform; they never mask the failure itself
+        rc.suspects = []
 
 
 def _diff(scoped: Recipe, baseline: Path, rep: CiReport) -> str:

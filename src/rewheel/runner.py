@@ -399,7 +399,11 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         try:
             st = svc.status() if svc else None
             try:
-                unchanged = _env_matches(t, snap)
+                # Whether a restore would change any byte: a running service is then left
+                # alone, and no undo snapshot is taken. A walk of the environment: skipped when
+                # neither question is asked (no service, `--no-undo`): the restore's own scan
+                # finds an unchanged environment just as well.
+                unchanged = _env_matches(t, snap) if svc or undo else False
             except (SnapshotDamaged, SnapshotError):
                 if svc:
                     raise
