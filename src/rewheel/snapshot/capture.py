@@ -47,13 +47,12 @@ class _Linker:
 
     def __init__(self) -> None:
         self.can_link = True
-        self.can_reflink = True
         self.prefer_reflink: bool | None = None  # None: not probed yet
         self.modes: set[str] = set()
 
     def share(self, src: str, dst: str) -> str:
         if self.prefer_reflink is None:
-            self.prefer_reflink = self.can_reflink = clone_file(src, dst)
+            self.prefer_reflink = clone_file(src, dst)
             if self.prefer_reflink:
                 self.modes.add("reflink")
                 return "reflink"
@@ -72,15 +71,6 @@ class _Linker:
                 if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
                     raise
                 self.can_link = exc.errno == errno.EMLINK
-        if self.can_reflink:
-            try:
-                with open(src, "rb") as s, open(dst, "wb") as d:
-                    fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
-                self.modes.add("reflink")
-                return "reflink"
-            except OSError:
-                self.can_reflink = False
-                os.unlink(dst)
         shutil.copyfile(src, dst)
         self.modes.add("copy")
         return "copy"
