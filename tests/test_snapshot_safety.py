@@ -129,8 +129,8 @@ def test_snapshots_sharing_an_inode_are_all_flagged(tmp_path: Path, wheelhouse: 
     """Two snapshots of an unchanged environment hold the same inodes: one edit damages both,
     and the check over the store (which stats a folder they share once) says so for each."""
     from rewheel.recipe import Recipe
-    from rewheel.runner import damaged_files, open_target, snapshot_now
-    from rewheel.snapshot import verify_snapshot
+    from rewheel.runner import open_target, snapshot_now
+    from rewheel.snapshot import damaged_files, verify_snapshot
 
     py = make_venv(tmp_path / "env")
     uv_install(py, "toypkg==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))

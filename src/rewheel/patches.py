@@ -1033,14 +1033,11 @@ def flag_snapshot_sharing(result: PatchScan, store: Store) -> None:
     """Which snapshots each patched file shares its inode with (a hard link: the patch,
     written in place, changed the snapshot's copy too), and which snapshots an edit has
     damaged (the fast check of `rewheel verify`: a stat per stored file)."""
-    from rewheel.snapshot import verify_snapshot
+    from rewheel.snapshot import damaged_files
 
     metas = store.list()
-    memo: dict[Any, Any] = {}
-    for m in metas:
-        n = len(verify_snapshot(m, shared_inodes=memo).damaged)
-        if n:
-            result.damaged_snapshots.append({"id": m.id, "files": n, "label": m.label})
+    edited = damaged_files(metas)
+    result.damaged_snapshots += [{"id": m.id, "files": edited[m.id], "label": m.label} for m in metas if edited[m.id]]
     linked: dict[str, tuple[Patch, os.stat_result]] = {}
     for p in result.patches:
         try:

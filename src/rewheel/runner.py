@@ -179,16 +179,6 @@ def history(t: Target) -> History:
                    t.store.damaged(), {m.id: recorded_damage(m) for m in metas})
 
 
-def damaged_files(metas: list[SnapshotMeta]) -> dict[str, int]:
-    """Snapshot id -> how many of its stored files an edit has changed (0: whole), by the
-    fast check (a stat per stored file; a folder of hard links several snapshots share is
-    stat'ed once)."""
-    from rewheel.snapshot import verify_snapshot
-
-    memo: dict[Any, Any] = {}
-    return {m.id: len(verify_snapshot(m, shared_inodes=memo).damaged) for m in metas}
-
-
 # --------------------------------------------------------------------------------------
 # rollback
 # --------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def damaged_snapshots(t: Target, snaps: list[SnapshotMeta]) -> list[str]:
     """Snapshots `status` flags as damaged: those whose meta.json cannot be read, and those
     whose stored bytes an edit in place changed (the fast check of `verify`: a stat per
     stored file, as `history` does; no byte read)."""
-    from rewheel.runner import damaged_files
+    from rewheel.snapshot import damaged_files
 
     edited = damaged_files(snaps)
     return t.store.damaged() + [m.id for m in snaps if edited.get(m.id)]

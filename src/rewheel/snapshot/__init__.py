@@ -42,7 +42,8 @@ from rewheel.snapshot.lanes import LANES_MIN_FILES, restore_lanes_setting
 from rewheel.snapshot.manifest import MANIFEST_VERSION, Entry, Folder, Manifest, ManifestDamaged, match_roots
 from rewheel.snapshot.restore import RestoreResult, remove_displaced, restore_snapshot, share_folders, verify
 from rewheel.snapshot.store import ALIASES, SnapshotMeta, Store
-from rewheel.snapshot.integrity import Damage, StoreVerify, VerifyResult, verify_snapshot, verify_store
+from rewheel.snapshot.integrity import (Damage, StoreVerify, VerifyResult, damaged_files, verify_snapshot,
+                                        verify_store)
 from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, exclusion, hash_file, kind_of, nested_prefix,
                                    provably_pristine, record_index, scope_of, walk)
 
@@ -53,5 +54,5 @@ __all__ = [
     "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix", "pending_cleanup",
     "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting", "restore_snapshot",
     "scope_of", "share_folders", "stash_cleanup", "take_snapshot", "unstash_cleanup", "verify", "walk",
-    "Damage", "StoreVerify", "VerifyResult", "verify_snapshot", "verify_store",
+    "Damage", "StoreVerify", "VerifyResult", "damaged_files", "verify_snapshot", "verify_store",
 ]

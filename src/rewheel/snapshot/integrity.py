@@ -260,6 +260,14 @@ def verify_snapshot(snapshot: SnapshotMeta | Path | str, full: bool = False, *,
     return res
 
 
+def damaged_files(metas: list[SnapshotMeta]) -> dict[str, int]:
+    """Snapshot id -> how many of its stored files an edit has changed (0: whole), by the
+    fast check (a stat per stored file; a folder of hard links several snapshots share is
+    stat'ed once)."""
+    memo: SharedInodes = {}
+    return {m.id: len(verify_snapshot(m, shared_inodes=memo).damaged) for m in metas}
+
+
 # What the last check found, beside the snapshot: `history` lists it without a stat per
 # stored file (a check costs about a bare stat walk of the environment per snapshot).
 DAMAGE_MARK = "damage.json"
