@@ -144,6 +144,21 @@ class EnvLock:
                        hint="another rewheel is starting and ending on this environment; try again")
 
     # -- who holds it -----------------------------------------------------------------
+    def holder_now(self) -> dict[str, Any] | None:
+        """The live rewheel holding this lock now (its lock-file record: pid, purpose, ...),
+        read without taking the lock — a status must never make a run wait; None when
+        nobody holds it (no lock file, or its holder is gone)."""
+        try:
+            path, _ = self._lock_path()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (OSError, PreflightError):
+            return None
+        try:
+            holder = self._holder(self._records(fd))
+        finally:
+            os.close(fd)
+        return holder if holder is not None and self._holder_alive(holder) else None
+
     @staticmethod
     def _holder(records: list[dict[str, Any]]) -> dict[str, Any] | None:
         return next((r for r in records if "pid" in r), None)

@@ -10,8 +10,6 @@ failed-build and damaged snapshots. It takes no lock: a run may start meanwhile.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -74,29 +72,9 @@ def damaged_snapshots(t: Target, snaps: list[SnapshotMeta]) -> list[str]:
 
 
 def _running(t: Target) -> dict[str, Any] | None:
-    """The rewheel command holding the environment's lock now, read from the lock file without
-    taking the lock (a status must never make a run wait)."""
-    from rewheel.journal import EnvLock
-    from rewheel.paths import lock_dir
-
-    try:
-        st = os.stat(t.env.prefix)
-        path = lock_dir(st.st_uid) / f"env-{st.st_dev:x}-{st.st_ino}.lock"
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return None  # no lock file: nobody holds it
-    records = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            records.append(rec)
-    holder = EnvLock._holder(records)
-    if holder is None or not EnvLock._holder_alive(holder):
-        return None
-    return {"pid": holder.get("pid"), "purpose": holder.get("purpose")}
+    """The rewheel command holding the environment's lock now, read without taking it."""
+    holder = journal.EnvLock(t.store.env_dir, "status", prefix=t.env.prefix).holder_now()
+    return {"pid": holder.get("pid"), "purpose": holder.get("purpose")} if holder is not None else None
 
 
 def _service(t: Target) -> dict[str, Any] | None:
