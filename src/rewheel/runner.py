@@ -1083,7 +1083,7 @@ class _Cycle:
             if not res.ok:
                 self.diagnose_file(log)
                 why = f"timed out after {self.t.recipe.smoke.timeout_s}s" if res.timed_out else f"exited {res.returncode}"
-                raise SmokeFailed(f"smoke test {why}" + self._cause_suffix(), hint=f"full log: {log}")
+                raise SmokeFailed(f"smoke test {why}" + cause_text(self.report.root_cause), hint=f"full log: {log}")
 
     def start(self) -> None:
         from rewheel.errors import ServiceError
@@ -1130,32 +1130,24 @@ class _Cycle:
         except Exception as exc:  # diagnosis must never mask the failure itself
             self.report.diagnosis = DiagnosisRecord(error=str(exc))
             return
-        self._suspects(d)
+        self._suspects(d.root)
         self.report.root_cause = d.root
         self.report.diagnosis = DiagnosisRecord(str(log), d.summary())
 
     def diagnose_service(self) -> None:
-        from rewheel import diagnose
-
         if self.svc is None:
             return
-        try:
-            d = diagnose.analyse_lines(self.svc.log_lines(), package=self._package())
-        except Exception as exc:
-            self.report.diagnosis = DiagnosisRecord(error=str(exc))
-            return
-        self._suspects(d)
-        self.report.root_cause = d.root
-        self.report.diagnosis = DiagnosisRecord(self.svc.manager.log_location(self.svc.started_at or 0),
-                                                d.summary())
+        root, self.report.diagnosis = service_root_cause(self.svc, self._package())
+        if self.report.diagnosis.error is None:  # a failed diagnosis leaves what was found before
+            self._suspects(root)
+            self.report.root_cause = root
 
-    def _suspects(self, d: Any) -> None:
+    def _suspects(self, root: RootCause | None) -> None:
         """The changes of this upgrade that the root cause's frames point at (see
-        `rewheel.suspects`): set on the diagnosis' root cause before it is reported."""
+        `rewheel.suspects`): set on the root cause before it is reported."""
         from rewheel import diff as diffmod
         from rewheel import suspects as suspectsmod
 
-        root = getattr(d, "root", None)
         if root is None or not root.frames or not self.report.files or self.snap is None:
             return
         try:
@@ -1166,13 +1158,6 @@ class _Cycle:
                 compare_urls={c.name: c.compare_url for c in self.report.changes if c.compare_url})
         except Exception as exc:  # the suspects inform; they never mask the failure itself
             self.say(f"(suspects not computed: {exc})")
-
-    def _cause_suffix(self) -> str:
-        rc = self.report.root_cause
-        if not rc:
-            return ""
-        where = f" in {rc.rank}" if rc.rank else ""
-        return f": {rc.type}: {rc.message}{where}"
 
     # -- revert ---------------------------------------------------------------------------
     def _keep_failed_state(self, revert: RevertRecord) -> None:
