@@ -222,14 +222,32 @@ def _target(target: str | None, python: str | None):  # -> runner.Target
     return runner.open_target(recipe.load_target(target, python))
 
 
-def _refuse_empty_ref(name: str, ref: str | None) -> None:
-    """An empty snapshot reference is a mistake (an unset shell variable), never "the default"."""
+def _refuse_empty_ref(name: str, ref: str | None, *, default: bool = True) -> None:
+    """An empty snapshot reference is a mistake (an unset shell variable), never "the default"
+    (`default`: whether leaving it out gives one)."""
     if ref is not None and not ref.strip():
         from rewheel.errors import UsageError
 
         raise UsageError(f"{name}: empty snapshot reference {ref!r}",
                          hint="give a snapshot id, a unique prefix of one or an exact label "
-                              "(`rewheel history TARGET` lists them), or leave it out for the default")
+                              "(`rewheel history TARGET` lists them)"
+                              + (", or leave it out for the default" if default else ""))
+
+
+def _target_and_ref(target: str | None, ref: str | None, python: str | None, *,
+                    required: bool = False) -> tuple[str | None, str | None]:
+    """(TARGET, SNAPSHOT) as given: with --python the one positional argument is the
+    snapshot. `required`: a command with no default snapshot."""
+    if python and target is not None and ref is None:
+        target, ref = None, target
+    if required and ref is None:
+        from rewheel.errors import UsageError
+
+        # Never a default here: an unset shell variable must not pick a snapshot.
+        raise UsageError("missing SNAPSHOT", hint="give a snapshot id, a unique prefix of one or an exact label "
+                                                  "(`rewheel history TARGET` lists them)")
+    _refuse_empty_ref("SNAPSHOT", ref, default=not required)
+    return target, ref
 
 
 def _exit_if_interrupted(t, err: Console) -> None:  # t: runner.Target
@@ -329,9 +347,7 @@ def rollback(target: TargetArg = None,
     """Restore a snapshot (stops and starts the service when given a recipe)."""
     from rewheel import runner
 
-    if python and target is not None and snapshot_id is None:
-        target, snapshot_id = None, target
-    _refuse_empty_ref("SNAPSHOT", snapshot_id)
+    target, snapshot_id = _target_and_ref(target, snapshot_id, python)
     t = _target(target, python)
     runner.refuse_system_interpreter(t)  # before a question or a snapshot lookup
     out, err = consoles(json_out)
@@ -590,9 +606,7 @@ def verify(target: TargetArg = None,
     from rewheel.errors import EXIT_UNRESTORED
     from rewheel.snapshot import verify_store
 
-    if python and target is not None and snapshot_id is None:
-        target, snapshot_id = None, target
-    _refuse_empty_ref("SNAPSHOT", snapshot_id)
+    target, snapshot_id = _target_and_ref(target, snapshot_id, python)
     t = _target(target, python)
     out, err = consoles(json_out)
     with err.status("checking stored files…"):
@@ -603,20 +617,6 @@ def verify(target: TargetArg = None,
 
 
 # ---- pin, unpin, forget: one snapshot by id (git-like verbs; `forget` as restic names it) ----
-def _target_and_ref(target: str | None, ref: str | None, python: str | None) -> tuple[str | None, str]:
-    """With --python the one positional argument is the snapshot."""
-    from rewheel.errors import UsageError
-
-    if python and target is not None and ref is None:
-        target, ref = None, target
-    if ref is None or not ref.strip():
-        # Never a default here: an unset shell variable must not pick a snapshot.
-        raise UsageError("missing SNAPSHOT" if ref is None else f"SNAPSHOT: empty snapshot reference {ref!r}",
-                         hint="give a snapshot id, a unique prefix of one or an exact label "
-                              "(`rewheel history TARGET` lists them)")
-    return target, ref
-
-
 @app.command()
 @handles_errors
 def pin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
@@ -637,7 +637,7 @@ def _set_pinned(target: str | None, snapshot_id: str | None, python: str | None,
                 pinned: bool) -> None:
     from rewheel import runner
 
-    target, ref = _target_and_ref(target, snapshot_id, python)
+    target, ref = _target_and_ref(target, snapshot_id, python, required=True)
     result = runner.set_pinned(_target(target, python), ref, pinned)
     out, _ = consoles(json_out)
     show(out, json_out, result, report.render_pin)
@@ -650,7 +650,7 @@ def forget(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Ar
     """Remove one snapshot from the store (not a pinned one, nor one an interrupted run needs)."""
     from rewheel import runner
 
-    target, ref = _target_and_ref(target, snapshot_id, python)
+    target, ref = _target_and_ref(target, snapshot_id, python, required=True)
     t = _target(target, python)
     snap = runner.forget_target(t, ref)  # refused (exit 2) before the question
     confirm(report.clean(f"Remove snapshot {snap.id} ({snap.label or snap.status}, {snap.created_iso}) "
