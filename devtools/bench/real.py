@@ -166,6 +166,13 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
     info: dict[str, Any] = {}
     env_files = env_bytes = 0
     reps = cfg.reps
+    def check_exact(what: str) -> None:
+        """Every file hashed again: the rollback must have brought back `before` exactly."""
+        after = fingerprint(prefix)
+        exact.append(after == before)
+        if after != before:
+            cfg.say(f"  {what} NOT byte-exact: " + "; ".join(first_differences(before, after)))
+
     for rep in range(reps):
         cfg.say(f"repetition {rep + 1}/{reps}")
         rm_tree(rb.home)
@@ -220,10 +227,7 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
             r = doc.get("restore", {})
             info[f"rollback_{kind}"] = {k: r.get(k) for k in ("written", "deleted", "proven_same", "unchanged",
                                                               "lanes", "seconds")}
-            after = fingerprint(prefix)
-            exact.append(after == before)
-            if after != before:
-                cfg.say(f"  {kind} rollback NOT byte-exact: " + "; ".join(first_differences(before, after)))
+            check_exact(f"{kind} rollback")
             if kind == "plain":
                 # The default rollback snapshots the upgraded state first, so that it can be
                 # undone; its cost is a snapshot's (the same for either upgrade: timed once).
@@ -232,10 +236,7 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
                 dt, doc = rb.cli("rollback", "--python", py, sid, "--yes")
                 s["rollback_undo"].append(dt)
                 info["rollback_undo"] = {"undo_snapshot_id": doc.get("undo_snapshot_id")}
-                after = fingerprint(prefix)
-                exact.append(after == before)
-                if after != before:
-                    cfg.say("  rollback with undo NOT byte-exact: " + "; ".join(first_differences(before, after)))
+                check_exact("rollback with undo")
             # The baseline: the same upgrade again, then `uv pip sync` of the old set (warm cache).
             rb.install(cfg.real_new, *extra)
             settle()
