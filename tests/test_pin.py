@@ -117,3 +117,19 @@ def test_a_kept_run_reports_what_it_pruned(tmp_path: Path) -> None:
         assert f"pruned old snapshots ([snapshots] keep): {first}" in " ".join(cp.stdout.split())
     finally:
         h._index.stop()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("bad", ["", ".", "..", "../other", ".deleting-x"])
+def test_store_delete_refuses_what_is_not_one_snapshot(venv: Path, bad: str) -> None:
+    """`Store.delete` with an id that is not one snapshot's folder (an empty string once
+    came from a failed `--json` parse in a script) removes nothing: the store and every
+    snapshot in it stay."""
+    from rewheel.environment import Environment
+    from rewheel.errors import SnapshotError
+    from rewheel.snapshot import Store
+
+    sid = doc(rewheel("snapshot", "--python", str(venv), "--json"), 0)["id"]
+    store = Store(Environment.inspect(venv).prefix)
+    with pytest.raises(SnapshotError, match="not a snapshot id"):
+        store.delete(bad)
+    assert [m.id for m in store.list()] == [sid] and (store.snapshots_dir / sid / "manifest.json").is_file()

@@ -111,19 +111,23 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o600) -> None:
-    """Write a file so that a crash leaves either the old or the new content, durably."""
+def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o600, durable: bool = True) -> None:
+    """Write a file so that a crash leaves either the old or the new content, durably
+    (`durable=False`: no fsync — for a cache, where a crash may leave the old content, or on
+    some filesystems an empty file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     raw = data.encode() if isinstance(data, str) else data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         write_all(fd, raw)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 from rewheel.environment import Environment
 from rewheel.snapshot.manifest import Manifest
-from rewheel.snapshot.store import ALIASES, SnapshotMeta, read_aliases
+from rewheel.snapshot.store import ALIASES, SnapshotMeta, read_alias_file
 from rewheel.snapshot.tree import Root, TIE_HASH_MAX, hash_file
 
 class SameBytes:
@@ -39,7 +39,7 @@ class SameBytes:
     def __init__(self, env: Environment, snap: SnapshotMeta, man: Manifest, roots: list[Root]) -> None:
         self.env, self.snap, self.man, self.roots = env, snap, man, roots
         self._live: dict[str, dict[str, tuple[str, str, int]]] | None = None
-        self._aliases: dict[str, list[Any]] | None = None
+        self._alias_file: tuple[list[str], dict[str, list[Any]]] | None = None
         self.found: dict[str, list[Any]] = {}  # proven by this restore: "ri/path" -> [ino, mtime, size, sha]
 
     @property
@@ -48,9 +48,14 @@ class SameBytes:
         return not self.live() and not self.aliases()
 
     def aliases(self) -> dict[str, list[Any]]:
-        if self._aliases is None:
-            self._aliases = read_aliases(self.snap.path / ALIASES)
-        return self._aliases
+        if self._alias_file is None:
+            self._alias_file = read_alias_file(self.snap.path / ALIASES)
+        return self._alias_file[1]
+
+    @property
+    def alias_file(self) -> tuple[list[str], dict[str, list[Any]]] | None:
+        """`aliases.json` as read (roots, files), or None when nothing read it."""
+        return self._alias_file
 
     def live(self) -> dict[str, dict[str, tuple[str, str, int]]]:
         """Site folder ("/…/site-packages/") -> RECORD path -> (RECORD's hash field, size as

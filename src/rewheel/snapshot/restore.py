@@ -855,7 +855,8 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                     done = {k: v + other[k] for k, v in done.items() if k != "aliases"}
                     done["aliases"] = {**r.summary()["aliases"], **other_aliases}
                 # Proven before the commit, true whatever the verification finds.
-                save_aliases(snap, done["aliases"], [x.path for x in r.roots])
+                save_aliases(snap, done["aliases"], [x.path for x in r.roots],
+                             known=r.same.alias_file if r.same is not None else None)
                 if full_verify:
                     verified = verify(env, snap, r.man)
                 else:
