@@ -1495,7 +1495,9 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
         finally:
             if cyc.prepared is not None and cyc.j.last_step not in (None, "stop", "snapshot"):
                 # Installed (kept or reverted): used up; its lock and logs stay with the run.
-                staging.discard(t.store.env_dir, keep_in=cyc.j.dir)
+                kept = staging.discard(t.store.env_dir, keep_in=cyc.j.dir)
+                if kept is not None:
+                    cyc.prepared.moved(staging.folder(t.store.env_dir), kept)
 
 
 def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:

@@ -127,6 +127,15 @@ class Prepared:
     # Whether every check passed (a rejected build's record says false; only a passing one is saved).
     ok: bool = True
 
+    def moved(self, old: Path, new: Path) -> None:
+        """Its folder now lives at `new` instead of `old` (a swap keeps it with its run)."""
+        def move(p: str | None) -> str | None:
+            return str(new) + p[len(str(old)):] if p and p.startswith(str(old)) else p
+        self.folder = move(self.folder) or self.folder
+        self.lock = move(self.lock) or self.lock
+        for c in self.checks:
+            c.log = move(c.log)
+
     @property
     def created_iso(self) -> str:
         return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.created))
@@ -367,19 +376,20 @@ def load(env_dir: Path) -> Prepared | None:
         return None
 
 
-def discard(env_dir: Path, keep_in: Path | None = None) -> None:
+def discard(env_dir: Path, keep_in: Path | None = None) -> Path | None:
     """The prepared state is used up (a swap installed it): moved into `keep_in` (the run's
-    folder, so that its lock and logs stay with the run), or removed."""
+    folder, so that its lock and logs stay with the run; returns where), or removed."""
     d = folder(env_dir)
     if not d.exists():
-        return
+        return None
     if keep_in is not None:
         try:
             d.rename(keep_in / PREPARED)
-            return
+            return keep_in / PREPARED
         except OSError:
             pass
     shutil.rmtree(d, ignore_errors=True)
+    return None
 
 
 def stale_reasons(prepared: Prepared, recipe: Recipe, env: Environment) -> list[str]:
