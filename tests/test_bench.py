@@ -117,10 +117,12 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     assert [r["step"] for r in result["rows"]] == [
         "snapshot", "patches (pristine)", "patches (2 edited)", "diff --json", "diff --stat",
         "rollback (plain upgrade)", "rollback (reinstall all)", "rollback + undo snapshot",
-        "start-up: rewheel --help", "start-up: rewheel history", "start-up: rewheel why"]
+        "start-up: rewheel --help", "start-up: rewheel history", "start-up: rewheel why",
+        "downtime: staged", "downtime: staged"]
     for r in result["rows"]:
         assert r["rewheel_s"] > 0 and r["baseline_s"] > 0, r
-        assert isinstance(r["pass"], bool) or (r["step"] == "rollback + undo snapshot" and r["pass"] is None), r
+        assert isinstance(r["pass"], bool) or (r["step"] in ("rollback + undo snapshot", "downtime: staged")
+                                               and r["pass"] is None), r
     assert result["false_patches"] == [0]
     assert result["edited_found_exactly"] == [True]
     assert result["rollback"]["byte_exact"] is True

@@ -57,6 +57,7 @@ class Stage:
     packages: list[str]
     modules: list[str]  # imported by the service at start and by the smoke test
     index_url: str | None  # None: uv's default index
+    uv_args: list[str]  # the recipe's [install] uv_args (the real bench's BENCH_REAL_UV_ARGS)
     reset: Callable[[], None]  # the environment back to the old release
     cache: Callable[[str], Path]  # UV_CACHE_DIR for a run ("staged" | "unstaged"), made cold where it must be
     description: str
@@ -93,7 +94,7 @@ def _recipe(stage: Stage, path: Path, port: int, staged: bool) -> None:
                               *[a for m in stage.modules for a in ("--import", m)]],
                     "health_url": f"http://127.0.0.1:{port}/health", "ready_timeout_s": 900,
                     "stop_timeout_s": 60, "settle_s": 1.0},
-        "install": {"packages": stage.packages, "reinstall": "named", "staged": staged},
+        "install": {"packages": stage.packages, "reinstall": "named", "staged": staged, "uv_args": stage.uv_args},
         "smoke": {"command": ["{python}", "-c", "; ".join(f"import {m}" for m in stage.modules)],
                   "timeout_s": 1200},
     }
@@ -233,7 +234,7 @@ def synthetic_stage(cfg: BenchConfig) -> tuple[Stage, Callable[[], None]]:
         return cold
 
     size = sum(p.stat().st_size for p in wheels.glob("toy*-2.0.0-*.whl"))
-    stage = Stage(root, python, ["toyvllm"], ["toyvllm"], index.url, reset, cache,
+    stage = Stage(root, python, ["toyvllm"], ["toyvllm"], index.url, [], reset, cache,
                   f"synthetic toyvllm 1.0.0 → 2.0.0 ({size / 2**20:.0f} MiB of new wheels, loopback index)")
     return stage, index.stop
 
@@ -259,7 +260,7 @@ def real_stage(cfg: BenchConfig) -> Stage:
         rm_tree(env_dir)
         _uv("venv", "-q", "--python", sys.executable, str(env_dir), env=base)
         _uv("pip", "sync", "-q", "--offline", "--python", str(python), "--link-mode", "hardlink",
-            str(old_txt), env={**base, "UV_CACHE_DIR": str(warm)})
+            *cfg.real_uv_args, str(old_txt), env={**base, "UV_CACHE_DIR": str(warm)})
 
     def cache(mode: str) -> Path:
         if mode == "staged":
@@ -268,7 +269,7 @@ def real_stage(cfg: BenchConfig) -> Stage:
         cold.mkdir(parents=True)
         return cold
 
-    return Stage(root, python, [new], [name], None, reset, cache,
+    return Stage(root, python, [new], [name], None, list(cfg.real_uv_args), reset, cache,
                  f"{cfg.real_old} → {new} (changed wheels from the index into an empty cache when unstaged)")
 
 
