@@ -136,3 +136,33 @@ def test_a_stale_prepared_build_is_refused(host_factory, tmp_path: Path) -> None
     code, rep = prepared()
     assert code == 2 and "offline" in rep["message"] and "cache" in rep["hint"], rep
     assert h.state() == before and h.served_version() == "1.0.0"
+
+
+def test_a_run_killed_during_prepare_changed_nothing(host_factory) -> None:
+    """SIGKILL while the prepared build's precheck runs: the live environment and the service
+    are as they were, no journal is left to resume, and the next run clears the leftover."""
+    import os
+    import signal
+
+    from rewheel.recipe import load_recipe
+    from rewheel.runner import open_target
+    from support_standins import wait_for
+
+    h = host_factory("2.0.0", "good")
+    h.write_recipe(smoke__precheck=["{python}", "-c", "import time; time.sleep(2)"])
+    env_dir = open_target(load_recipe(h.recipe)).store.env_dir
+    before = h.state()
+    p = subprocess.Popen([sys.executable, "-m", "rewheel", "run", str(h.recipe), "--yes", "--json"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    leftover = env_dir / "prepared.new"
+    wait_for(lambda: (leftover / "logs" / "precheck.log").is_file(), timeout=60)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    time.sleep(2.5)  # the precheck, in its own process group, finishes on its own
+    assert h.state() == before and h.served_version() == "1.0.0" and leftover.is_dir()
+    hist = h.rewheel("history", str(h.recipe), "--json")
+    assert hist.returncode == 0 and '"interrupted_run": null' in hist.stdout, hist.stdout
+    h.write_recipe()
+    code, rep = h.run_json("--prepare-only")
+    assert code == 0 and rep["status"] == "prepared", rep["_stderr"]
+    assert not leftover.exists() and h.state() == before
