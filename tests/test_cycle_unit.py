@@ -29,7 +29,8 @@ def test_good_upgrade_is_kept(world: tuple[World, runner.Target]) -> None:
     assert (rep.status, rep.exit_code) == ("upgraded", EXIT_OK)
     assert version(t) == "2.0.0" and rep.before == {PKG: "1.0.0"} and rep.after == {PKG: "2.0.0"}
     assert steps(rep) == [("preflight", True), ("prepare", True), ("stop", True), ("snapshot", True),
-                          ("reinstall", True), ("diff", True), ("smoke", True), ("start", True), ("keep", True)]
+                          ("reinstall", True), ("diff", True), ("smoke", True), ("start", True), ("keep", True),
+                          ("unshare", True)]
     assert w.manager.calls == ["stop", "start"] and w.manager.up
     # Staged (the default): prepared once, online, with its checks, before the stop.
     assert rep.staged and w.prepares == [{"offline": False, "checks": True, "lock": None}]

@@ -103,7 +103,12 @@ def test_prepare_only_then_prepared_with_the_index_gone(host_factory) -> None:
     code, rep = h.run_json("--prepared")
     assert code == 0 and rep["status"] == "upgraded", rep["_stderr"]
     assert h.served_version() == "2.0.0"
-    assert "--offline" in Path(rep["logs"]["install"]).read_text()
+    install_log = Path(rep["logs"]["install"]).read_text()
+    assert "--offline" in install_log and "--link-mode hardlink" in install_log
+    # Linked from uv's cache in the window; copied to inodes of their own once it answered.
+    site = next((h.prefix / "lib").glob("python3*/site-packages"))
+    assert [(site / "toypkg" / f).stat().st_nlink for f in ("__init__.py", "core.py")] == [1, 1]
+    assert [s["name"] for s in rep["steps"]][-1] == "unshare"
     down = rep["downtime"]
     assert down["seconds"] > 0 and set(down["parts"]) == {"stop", "snapshot", "install", "smoke", "start", "ready"}
     human = h.rewheel("history", str(h.recipe))

@@ -949,6 +949,10 @@ class _Cycle:
         # The prepared build a staged run swaps in (staging.Prepared), and the downtime's clock:
         # when the stop began (None: the service was not stopped), when a revert began.
         self.prepared: Any = None
+        # Staged: the installed files' diff waits until the service answers (see diff()), and
+        # the files the swap hard-linked from uv's cache get their own inodes then (unshare).
+        self.files_pending = False
+        self.install_ns: int | None = None
         self.down_t0: float | None = None
         self.revert_t0: float | None = None
 
@@ -1098,9 +1102,13 @@ class _Cycle:
                 offline = not self.report.hazards
                 if not offline:
                     self.say("installing with the network: uv's cache entries of patched packages were cleaned")
+                # Hard links from the warm cache: seconds, where copying torch and the CUDA
+                # libraries takes a minute of downtime; `unshare` copies them once the service
+                # answers (a link mode in uv_args is the recipe's choice, left alone).
+                self.install_ns = time.time_ns()
                 self.host.install(self.t.recipe, lock=Path(self.prepared.lock), on_line=self.on_output,
                                   log_path=log, keep=keep, also_reinstall=self.report.hazards,
-                                  offline=offline, sync=self.lock is not None)
+                                  offline=offline, sync=self.lock is not None, link_mode="hardlink")
                 return
             self.host.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
                               on_line=self.on_output, log_path=log, keep=keep,
@@ -1115,15 +1123,16 @@ class _Cycle:
             self.report.attempted = dict(self.report.after)
             self.j.append("installed", versions=self.report.after)
             assert self.snap is not None
-            try:
-                d = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)})
-                self.report.changes, self.report.files = d.packages, d.files
-                self.report.file_stats = d.stats
-            except Exception as exc:  # the file list is informative, never a reason to revert
+            reapply = self.t.recipe.patch_policy == "reapply" and bool(self.scan.patches)
+            if self.prepared is not None and not reapply:
+                # Staged: the versions now; the installed files (seconds of hashing on a vLLM
+                # environment) once the service answers again, or when a failure needs them.
                 self.report.changes = diffmod.diff_versions(
                     self.snap.distributions, [d.to_json() for d in self.t.env.distributions()])
-                self.report.file_stats = {"error": str(exc)}
-            if self.t.recipe.patch_policy == "reapply" and self.scan.patches:
+                self.files_pending = True
+            else:
+                self.file_diff()
+            if reapply:
                 results = patchmod.reapply(self.scan, self.t.env, self.j.dir)
                 self.report.reapply = list(results)
                 if patchmod.reapply_failed(results):
@@ -1133,6 +1142,44 @@ class _Cycle:
                     raise PatchConflict("local patches could not be carried onto the new version: "
                                         + ", ".join(f"{r.path} ({r.status})" for r in bad),
                                         hint=f"conflict files are in {self.j.dir / 'patches'}")
+
+    def file_diff(self) -> None:
+        """The versions and installed files against the pre-upgrade snapshot."""
+        from rewheel import diff as diffmod
+
+        assert self.snap is not None
+        self.files_pending = False
+        try:
+            d = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)})
+            self.report.changes, self.report.files = d.packages, d.files
+            self.report.file_stats = d.stats
+        except Exception as exc:  # the file list is informative, never a reason to revert
+            self.report.changes = diffmod.diff_versions(
+                self.snap.distributions, [d.to_json() for d in self.t.env.distributions()])
+            self.report.file_stats = {"error": str(exc)}
+
+    def unshare(self) -> None:
+        """Staged, once the service answers: the files the swap linked from uv's cache
+        copied to inodes of their own (staging.unshare). Never fails the run."""
+        from rewheel import staging
+
+        if self.install_ns is None or any(a.split("=", 1)[0] == "--link-mode" for a in self.t.recipe.install.uv_args):
+            return
+        t0 = time.monotonic()
+        try:
+            files, size = staging.unshare(self.t.env, self.install_ns)
+        except Exception as exc:  # noqa: BLE001 - the upgrade is kept; the report says what was left
+            self.j.append("note", unshare_failed=str(exc))
+            self.say(f"(files still shared with uv's cache: {exc})")
+            return
+        self.report.steps.append(StepRecord.since("unshare", True, t0))
+        if files:
+            self.say(f"{files:,} installed files ({size / 2**20:,.0f} MiB) no longer share inodes with uv's cache")
+
+    def finish_file_diff(self) -> None:
+        """The file diff a staged run deferred, before anything is restored over it."""
+        if self.files_pending:
+            self.file_diff()
 
     def smoke(self) -> None:
         from rewheel.errors import SmokeFailed
@@ -1363,7 +1410,10 @@ class _Cycle:
         from rewheel import diff as diffmod
         from rewheel import suspects as suspectsmod
 
-        if root is None or not root.frames or not self.report.files or self.snap is None:
+        if root is None or not root.frames or self.snap is None:
+            return
+        self.finish_file_diff()
+        if not self.report.files:
             return
         try:
             removed = [] if self.t.recipe.patch_policy == "reapply" else self.report.patches
@@ -1524,6 +1574,7 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
         cyc.keep()
     except Exception as exc:  # any failure after the reinstall began is reverted
         reason = f"{cyc.j.last_step} failed: {cyc.record_failure(exc)}"
+        cyc.finish_file_diff()  # of the failed build, before a restore replaces it
         if not cyc.report.steps or cyc.report.steps[-1].name != cyc.j.last_step:
             cyc.report.steps.append(StepRecord(cyc.j.last_step or "?", False))
         if no_revert:
@@ -1547,6 +1598,8 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
                          root_cause=_to_json(cyc.report.root_cause), downtime=_to_json(cyc.report.downtime))
         return cyc.report
     cyc.report.downtime = cyc.downtime()
+    cyc.finish_file_diff()  # the service answers already: outside the downtime
+    cyc.unshare()
     cyc.j.append("finished", status="upgraded", before=cyc.report.before, after=cyc.report.after,
                  downtime=_to_json(cyc.report.downtime))
     return cyc.report

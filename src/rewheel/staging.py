@@ -429,3 +429,36 @@ def refuse_stale(reasons: list[str], cli_ref: str) -> None:
         raise PreparedStale("the prepared upgrade is stale: " + "; ".join(reasons),
                             hint=f"prepare it again: `rewheel run {cli_ref} --prepare-only` (or a plain "
                                  f"`rewheel run {cli_ref}`, which prepares and swaps); nothing was changed")
+
+
+def unshare(env: Environment, since_ns: int) -> tuple[int, int]:
+    """Give the files a swap hard-linked from uv's cache inodes of their own again: each file
+    of a distribution installed at or after `since_ns` (its RECORD's mtime) that has more than
+    one link is copied beside itself and renamed over it (same bytes, mode and mtime; a running
+    service keeps the inode it opened). Returns (files, bytes). Run once the service answers:
+    the swap links (seconds) instead of copying (a minute for torch and the CUDA libraries),
+    and this restores the independence of the environment and the cache — a patch written in
+    place later must not change the cached wheel — outside the downtime."""
+    files = size = 0
+    for d in env.distributions():
+        if d.install_time_ns < since_ns:
+            continue
+        for e in d.record:
+            path = Path(e.path)
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if not path.is_file() or path.is_symlink() or st.st_nlink < 2:
+                continue
+            tmp = path.with_name(f".{path.name}.rewheel-unshare")
+            try:
+                shutil.copy2(path, tmp)
+                os.replace(tmp, path)
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                continue
+            files += 1
+            size += st.st_size
+    return files, size
+
