@@ -276,17 +276,20 @@ def real_stage(cfg: BenchConfig) -> Stage:
 def run_synthetic_downtime(cfg: BenchConfig) -> dict[str, Any]:
     stage, stop = synthetic_stage(cfg)
     try:
-        return bench_downtime(cfg, stage)
+        res = bench_downtime(cfg, stage)
     finally:
         stop()
-        for d in ("env", "cold-cache", "home-staged", "home-unstaged"):
-            shutil.rmtree(stage.root / d, ignore_errors=True)
+    _clean(stage)  # kept when a run failed: its logs are in the homes
+    return res
 
 
 def run_real_downtime(cfg: BenchConfig) -> dict[str, Any]:
     stage = real_stage(cfg)
-    try:
-        return bench_downtime(cfg, stage)
-    finally:
-        for d in ("env", "cold-cache", "home-staged", "home-unstaged"):
-            shutil.rmtree(stage.root / d, ignore_errors=True)
+    res = bench_downtime(cfg, stage)
+    _clean(stage)  # kept when a run failed: its logs are in the homes
+    return res
+
+
+def _clean(stage: Stage) -> None:
+    for d in ("env", "cold-cache", "home-staged", "home-unstaged"):
+        shutil.rmtree(stage.root / d, ignore_errors=True)

@@ -17,6 +17,8 @@ Choices where uv offers several (docs/installing.md says the same to users):
   "Resolved / Prepared / Installed / + name==version" lines instead, which are the progress.
 - `--link-mode copy` (unless `uv_args` set a link mode): with uv's default hard links, a file
   patched in place is patched in uv's cache too, and a force-reinstall re-installs the patch.
+  A staged swap links instead (`link_mode="hardlink"`: the copy would be downtime) and the
+  runner breaks the links once the service answers (`staging.unshare`).
 - `run --lock FILE` runs `uv pip sync` on the PEP 751 lock: exactly the lock, extraneous
   distributions removed. uv only accepts files named `pylock.toml` / `pylock.<name>.toml`; other
   names are copied (with relative paths made absolute) into a correctly named temporary file.

@@ -1579,6 +1579,7 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
             cyc.report.steps.append(StepRecord(cyc.j.last_step or "?", False))
         if no_revert:
             cyc.report.status = "failed"
+            cyc.unshare()  # left for debugging, and edited in place: not through uv's cache
             cyc.report.after = t.env.versions()
             cyc.report.downtime = cyc.downtime()
             cyc.j.append("finished", status="failed", kept_failed_state=True, before=cyc.report.before,
