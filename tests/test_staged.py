@@ -77,6 +77,11 @@ def test_a_precheck_catches_what_imports_do_not(host_factory) -> None:
     assert rep["root_cause"]["type"] == "ValueError" and rep["failure"]["step"] == "prepare"
     assert rep["prepared"]["checks"][-1]["name"] == "precheck" and not rep["prepared"]["checks"][-1]["ok"]
     assert h.served_version() == "1.0.0"
+    human = h.rewheel("run", str(h.recipe), "--yes")
+    text = " ".join(human.stdout.split())
+    assert human.returncode == 1, human.stderr
+    assert "FAILED precheck" in text and "what would have changed" in text and "rejected before the stop" in text
+    assert "ValueError" in text and "downtime" not in text
 
 
 def test_a_build_that_passes_the_precheck_but_fails_the_smoke_is_reverted(host_factory) -> None:

@@ -377,7 +377,7 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
         prepared: Annotated[bool, typer.Option("--prepared", help="Swap in the upgrade --prepare-only made (refused when stale).")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
         yes: YesOpt = False, json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
-    """The whole cycle: stop, snapshot, reinstall, diff, smoke, start, keep — or revert."""
+    """The whole cycle: prepare (staged, while the service serves), stop, snapshot, install, diff, smoke, start, keep — or revert."""
     from rewheel import recipe as recipemod
     from rewheel import runner
 

@@ -269,7 +269,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     if rep.cleanup:
         console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
-    console.print("[bold]what changed[/]")
+    console.print("[bold]what would have changed[/]" if rep.status == "rejected" else "[bold]what changed[/]")
     same = {c.name: str(c.new) for c in (rep.plan.changes if rep.plan else []) if c.change == "reinstall"}
     render_changes(console, rep.changes, same_version=same, verbose=verbose)
     if rep.files:
