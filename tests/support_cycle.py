@@ -25,6 +25,7 @@ from rewheel.recipe import InstallSpec, Recipe, ServiceSpec, SmokeSpec
 from rewheel.service import HealthCheckFailed, HealthResult, ServiceStatus
 from rewheel.smoke import SmokeResult
 from rewheel.snapshot import Store
+from rewheel.staging import Build, PrepCheck
 
 PKG = "toypkg"
 TRACEBACK = ["Traceback (most recent call last):",
@@ -116,6 +117,10 @@ class World:
     interrupt_install: bool = False
     smoke_fails: bool = False
     fetcher_fails: bool = False
+    # The staged build's CPU checks fail (an import raises), or its wheels left the cache.
+    precheck_fails: bool = False
+    cache_lost: bool = False
+    prepares: list[dict[str, Any]] = field(default_factory=list)
     # How many of the next health checks fail (then they pass).
     unhealthy: int = 0
     health_calls: int = 0
@@ -124,10 +129,28 @@ class World:
     def host(self) -> Host:
         return Host(checks=self.checks, plan=self.plan, install=self.install, smoke=self.smoke,
                     fetcher=self.fetcher, manager=lambda spec, state_dir, python: self.manager,
-                    wait_ready=self.wait_ready, gpus_released=self.gpu_waits.append)
+                    wait_ready=self.wait_ready, gpus_released=self.gpu_waits.append, prepare=self.prepare)
 
-    def checks(self, recipe: Recipe, *, client: Any = None) -> CheckResult:
+    def checks(self, recipe: Recipe, *, client: Any = None, indexes: bool = True) -> CheckResult:
         return CheckResult(recipe)
+
+    def prepare(self, recipe: Recipe, env: Environment, *, folder: Path, lock: Path | None = None,
+                offline: bool = False, checks: bool = True, on_line: Any = None, say: Any = None) -> Build:
+        """The staged build: a lock written, the checks' outcome per the knobs; never the live env."""
+        self.prepares.append({"offline": offline, "checks": checks, "lock": lock})
+        logs = folder / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        out = folder / "pylock.toml"
+        out.write_text('lock-version = "1.0"\n[[packages]]\nname = "toypkg"\nversion = "2.0.0"\n')
+        dists = [{"name": PKG, "version": "2.0.0", "editable": False, "url": None}]
+        if offline and self.cache_lost:
+            return Build(False, str(out), checks=[PrepCheck("build", False, 0.0, "uv: toypkg==2.0.0 is not in the cache (--offline)")])
+        done = [PrepCheck("resolve", True), PrepCheck("build", True)]
+        if checks and self.precheck_fails:
+            (logs / "imports.log").write_text("\n".join(TRACEBACK) + "\n")
+            return Build(False, str(out), {PKG: "2.0.0"}, dists,
+                         done + [PrepCheck("imports", False, 0.0, "importing toypkg failed", str(logs / "imports.log"))], PKG)
+        return Build(True, str(out), {PKG: "2.0.0"}, dists, done + ([PrepCheck("imports", True)] if checks else []), PKG)
 
     def plan(self, recipe: Recipe, *, lock: Path | None = None) -> InstallPlan:
         return InstallPlan(argv=["uv", "pip", "install", PKG], changes=[PlannedChange(PKG, "1.0.0", "2.0.0")])

@@ -31,6 +31,9 @@ VARIANTS: dict[str, dict[str, str]] = {
                       "load": "raise RuntimeError('CUDA error: no kernel image is available for execution on the device')"},
     "smoke-hangs": {"init": "import time\n    time.sleep(3600)", "load": "return 'ok'"},
     "never-healthy": {"init": "return 'ok'", "load": "return 'ok'", "healthy": "return False"},
+    # The package cannot even be imported (a staged run rejects it before the stop).
+    "import-fails": {"init": "return 'ok'", "load": "return 'ok'",
+                     "import": "raise ImportError('libcudart.so.13: cannot open shared object file')\n"},
 }
 
 LAYERS = '''
@@ -50,7 +53,7 @@ def build_attention(rank):
 def toypkg_files(version: str, variant: str) -> dict[str, str]:
     v = VARIANTS[variant]
     return {
-        "toypkg/__init__.py": f'__version__ = "{version}"\n',
+        "toypkg/__init__.py": f'__version__ = "{version}"\n' + v.get("import", ""),
         "toypkg/core.py": (f"def init_model():\n    {v['init']}\n\n\ndef load_model():\n    {v['load']}\n\n\n"
                            f"def healthy():\n    {v.get('healthy', 'return True')}\n"),
         "toypkg/layers.py": LAYERS,

@@ -32,7 +32,8 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
                      ("rollback", "uv pip sync (warm cache), not synced"),
                      ("rollback + deleting displaced", "uv pip sync (warm cache) + sync"),
                      ("why", "grep -c Traceback"), ("start-up: rewheel --help", "python -c pass"),
-                     ("start-up: rewheel history", "python -c pass"), ("start-up: rewheel why", "python -c pass")]
+                     ("start-up: rewheel history", "python -c pass"), ("start-up: rewheel why", "python -c pass"),
+                     ("downtime: staged", "smoke + start + 10 s"), ("downtime: staged", "unstaged, cold uv cache")]
     for r in result["rows"]:
         assert r["baseline_s"] is not None and r["baseline_s"] > 0, r
         if r["available"]:
@@ -41,6 +42,14 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
     # The rollback was measured byte-exact (every file hashed before and after), with the
     # time of each of its phases.
     assert result["rollback"]["byte_exact"] is True
+    # The same upgrade run by the `rewheel` command, unstaged and staged, each with its downtime.
+    runs = result["downtime"]["runs"]
+    assert [len(runs["unstaged"]), len(runs["staged"])] == [1, 1]
+    for mode in ("unstaged", "staged"):
+        down = runs[mode][0]["downtime"]
+        assert down["seconds"] > 0 and down["parts"]["install"] > 0, (mode, down)
+    assert [s["name"] for s in runs["staged"][0]["steps"]][:3] == ["preflight", "prepare", "stop"]
+    assert "prepare" not in [s["name"] for s in runs["unstaged"][0]["steps"]]
     # The rollback and uv's sync race several rounds per repetition, each checked byte-exact.
     rollback = next(r for r in result["rows"] if r["step"] == "rollback")
     assert result["rollback_rounds"] == 3
@@ -108,13 +117,23 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     assert [r["step"] for r in result["rows"]] == [
         "snapshot", "patches (pristine)", "patches (2 edited)", "diff --json", "diff --stat",
         "rollback (plain upgrade)", "rollback (reinstall all)", "rollback + undo snapshot",
-        "start-up: rewheel --help", "start-up: rewheel history", "start-up: rewheel why"]
+        "start-up: rewheel --help", "start-up: rewheel history", "start-up: rewheel why",
+        "downtime: staged", "downtime: staged"]
     for r in result["rows"]:
         assert r["rewheel_s"] > 0 and r["baseline_s"] > 0, r
-        assert isinstance(r["pass"], bool) or (r["step"] == "rollback + undo snapshot" and r["pass"] is None), r
+        assert isinstance(r["pass"], bool) or (r["step"] in ("rollback + undo snapshot", "downtime: staged")
+                                               and r["pass"] is None), r
     assert result["false_patches"] == [0]
     assert result["edited_found_exactly"] == [True]
     assert result["rollback"]["byte_exact"] is True
+    # The same upgrade run by the `rewheel` command, unstaged and staged, each with its downtime.
+    runs = result["downtime"]["runs"]
+    assert [len(runs["unstaged"]), len(runs["staged"])] == [1, 1]
+    for mode in ("unstaged", "staged"):
+        down = runs[mode][0]["downtime"]
+        assert down["seconds"] > 0 and down["parts"]["install"] > 0, (mode, down)
+    assert [s["name"] for s in runs["staged"][0]["steps"]][:3] == ["preflight", "prepare", "stop"]
+    assert "prepare" not in [s["name"] for s in runs["unstaged"][0]["steps"]]
     assert result["diff"]["packages"] >= 1 and result["diff"]["files"] >= 1
     # Each rollback says what it wrote and what it proved identical (files the upgrade or the
     # reinstall unpacked with the snapshot's bytes; tests/test_restore_reinstall.py checks the

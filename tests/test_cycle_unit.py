@@ -28,9 +28,16 @@ def test_good_upgrade_is_kept(world: tuple[World, runner.Target]) -> None:
     rep = runner.run(t)
     assert (rep.status, rep.exit_code) == ("upgraded", EXIT_OK)
     assert version(t) == "2.0.0" and rep.before == {PKG: "1.0.0"} and rep.after == {PKG: "2.0.0"}
-    assert steps(rep) == [("preflight", True), ("stop", True), ("snapshot", True), ("reinstall", True),
-                          ("diff", True), ("smoke", True), ("start", True), ("keep", True)]
+    assert steps(rep) == [("preflight", True), ("prepare", True), ("stop", True), ("snapshot", True),
+                          ("reinstall", True), ("diff", True), ("smoke", True), ("start", True), ("keep", True),
+                          ("unshare", True)]
     assert w.manager.calls == ["stop", "start"] and w.manager.up
+    # Staged (the default): prepared once, online, with its checks, before the stop.
+    assert rep.staged and w.prepares == [{"offline": False, "checks": True, "lock": None}]
+    down = rep.downtime
+    assert down is not None and set(down.parts) == {"stop", "snapshot", "install", "smoke", "start", "ready"}
+    assert sum(down.parts.values()) <= down.seconds + 1e-3
+    assert last_run(t).summary()["downtime"] == down.to_json()
     assert w.gpu_waits == [120.0]  # the smoke test needs a GPU: its memory is waited for after the stop
     assert t.store.get(rep.snapshot_id).extra["upgraded_to"] == {PKG: "2.0.0"}
     assert last_run(t).status == "upgraded"

@@ -20,12 +20,16 @@ def test_good_upgrade_exits_0_and_serves_the_new_version(host_factory) -> None:
     assert rep["status"] == "upgraded"
     assert rep["before"]["toypkg"] == "1.0.0" and rep["after"]["toypkg"] == "2.0.0"
     assert any(c["name"] == "toypkg" and c["change"] == "upgraded" for c in rep["changes"])
-    assert [s["name"] for s in rep["steps"] if s["ok"]][:2] == ["preflight", "stop"]
+    # Staged (the default): prepared while the service served, then stopped for the swap only.
+    assert [s["name"] for s in rep["steps"] if s["ok"]][:3] == ["preflight", "prepare", "stop"]
     assert all(s["ok"] for s in rep["steps"])
     assert h.served_version() == "2.0.0"
+    down = rep["downtime"]
+    assert 0 < down["parts"]["stop"] <= down["seconds"] and down["parts"]["install"] > 0
     hist = h.rewheel("history", str(h.recipe), "--json")
     assert hist.returncode == 0
     assert '"status": "upgraded"' in hist.stdout
+    assert json.loads(hist.stdout)["runs"][0]["downtime"] == down
 
 
 @pytest.mark.parametrize("lanes", [1, 2])

@@ -55,6 +55,8 @@ class BenchConfig:
     log_mb: float = DEFAULT_LOG_MB
     full_copy: bool = True  # also time `cp -a` (a full copy of every byte)
     rollback_rounds: int = DEFAULT_ROLLBACK_ROUNDS  # rollback-vs-uv races per repetition
+    # Which sections run: "all", or "downtime" (the staged-vs-unstaged downtime section alone).
+    only: str = "all"
     workers: int = max(1, os.cpu_count() or 1)
     say: Callable[[str], None] = field(default=lambda m: print(m, file=sys.stderr, flush=True))
 
@@ -69,6 +71,7 @@ class BenchConfig:
         if e.get("BENCH_DIR"):
             cfg.root = Path(e["BENCH_DIR"])
         cfg.real = e.get("BENCH_REAL", "") not in ("", "0")
+        cfg.only = e.get("BENCH_ONLY", cfg.only)
         cfg.real_old = e.get("BENCH_REAL_OLD", cfg.real_old)
         cfg.real_new = e.get("BENCH_REAL_NEW", cfg.real_new)
         cfg.real_uv_args = tuple(shlex.split(e.get("BENCH_REAL_UV_ARGS", "")))
@@ -469,6 +472,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _run(cfg: BenchConfig) -> dict[str, Any]:
+    if cfg.only == "downtime":
+        return _downtime_only(cfg)
     if cfg.real:
         from devtools.bench.real import run_real
 
@@ -607,6 +612,10 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
 
     startup = bench_startup(cfg, python=be.python, home=be.home)
     rows += startup["rows"]
+    from devtools.bench.downtime import run_synthetic_downtime
+
+    downtime = run_synthetic_downtime(cfg)
+    rows += downtime["rows"]
     extra_med = int(statistics.median(extra_disk)) if extra_disk else 0
     extra_pct = 100.0 * extra_med / env_disk if env_disk else 0.0
     result = {
@@ -625,7 +634,7 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
                      "phases": {k: _r(_median([p[k] for p in restore_phases if k in p]))
                                 for k in (restore_phases[0] if restore_phases else {})}},
         "why": why,
-        "startup": startup["startup"],
+        "startup": startup["startup"], "downtime": downtime["downtime"],
         "seconds": {"prepare": round(t_prepared - t_start, 1), "total": round(time.perf_counter() - t_start, 1)},
     }
     checks = [r["pass"] for r in result["rows"] if r["pass"] is not None]
@@ -636,6 +645,18 @@ def _run(cfg: BenchConfig) -> dict[str, Any]:
     result["all_pass"] = all(checks)
     rm_tree(be.work)
     return result
+
+
+def _downtime_only(cfg: BenchConfig) -> dict[str, Any]:
+    """`--only downtime`: the staged-vs-unstaged section alone (synthetic, or real with --real)."""
+    from devtools.bench.downtime import run_real_downtime, run_synthetic_downtime
+
+    t0 = time.perf_counter()
+    res = run_real_downtime(cfg) if cfg.real else run_synthetic_downtime(cfg)
+    rows = [r.to_json() for r in res["rows"]]
+    return {"kind": "downtime", "real": cfg.real, "reps": cfg.reps, "machine": machine_info(cfg.root), "rows": rows,
+            "downtime": res["downtime"], "all_pass": all(r["pass"] for r in rows if r["pass"] is not None),
+            "seconds": {"total": round(time.perf_counter() - t0, 1)}}
 
 
 def _opt_row(step: str, xs: list[float], baseline: str, ys: list[float], target: float | None,
@@ -732,6 +753,12 @@ def render_rows(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def render(result: dict[str, Any]) -> str:
+    if result["kind"] == "downtime":
+        lines = [f"rewheel benchmarks — downtime ({result['downtime']['stage']}), medians of {result['reps']}", ""]
+        lines += render_rows(result["rows"])
+        lines += [f"  {r['step']} vs {r['baseline']}: {r['note']}" for r in result["rows"] if r["note"]]
+        lines.append(f"all targets: {'PASS' if result['all_pass'] else 'FAIL'}   (total {result['seconds']['total']}s)")
+        return "\n".join(lines)
     if result["kind"] == "real":
         from devtools.bench.real import render_real
 
@@ -784,12 +811,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-full-copy", dest="full_copy", action="store_false", default=None,
                     help="skip the `cp -a` baseline")
     ap.add_argument("--json", type=Path, help="where to write the results (default <dir>/results.json)")
+    ap.add_argument("--only", choices=("all", "downtime"), default=None,
+                    help="run one section: `downtime` (staged vs unstaged; env BENCH_ONLY)")
     a = ap.parse_args(argv)
     if a.rollback_rounds is not None and a.rollback_rounds < 1:
         ap.error("--rollback-rounds must be at least 1")
     cfg = BenchConfig.from_env(scale=a.scale, reps=a.reps, root=a.dir, log_mb=a.log_mb,
                                rollback_rounds=a.rollback_rounds,
-                               real=a.real, full_copy=a.full_copy)
+                               real=a.real, full_copy=a.full_copy, only=a.only)
     try:
         result = run_bench(cfg)
     except RewheelError as exc:

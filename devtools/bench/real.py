@@ -284,12 +284,17 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
 
     startup = bench_startup(cfg, python=rb.python, home=rb.home)
     rows += startup["rows"]
+    from devtools.bench.downtime import run_real_downtime
+
+    downtime = run_real_downtime(cfg)
+    rows += downtime["rows"]
     result: dict[str, Any] = {
         "kind": "real", "environment": {**desc, "measured_files": env_files, "measured_bytes": env_bytes,
                                         "prefix": prefix},
         "reps": reps, "machine": machine_info(cfg.root), "rows": [r.to_json() for r in rows],
         "false_patches": false_patches, "edited_found_exactly": edited_found,
         "rollback": {"byte_exact": bool(exact) and all(exact)}, **info, "startup": startup["startup"],
+        "downtime": downtime["downtime"],
         "seconds": {"prepare": round(t_prepared - t_start, 1), "total": round(time.perf_counter() - t_start, 1)},
     }
     checks = [r["pass"] for r in result["rows"] if r["pass"] is not None]

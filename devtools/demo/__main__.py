@@ -187,7 +187,9 @@ def play(demo: Demo) -> None:
 
     # 4 ---------------------------------------------------------------------------------
     demo.header(4, "rewheel run: upgrade to the nightly, prove it, or put everything back",
-                "Plan, stop, snapshot, reinstall, diff, smoke test on 8 ranks; on failure: revert.")
+                "Plan; prepare the nightly beside the live environment and pre-check it while the service\n"
+                "serves; then stop, snapshot, install offline from uv's cache, diff, smoke test on 8 ranks;\n"
+                "on failure: revert. The downtime is measured from the stop to the first healthy answer.")
     # --quiet: uv's and the smoke test's own output stay in the run's logs (shown below).
     rc = demo.rewheel("run", str(recipe_path), "--yes", "--quiet", capture=demo.run_output)
     run = next((j for j in journal.list_runs(target.store.env_dir) if j.kind == "run"), None)
@@ -227,6 +229,15 @@ def play(demo: Demo) -> None:
                f"status {fin.get('status')!r}, run {run.id if run else '?'}")
     text = "\n".join(demo.run_output)
     demo.check("the run showed dev313 -> dev344", "dev313" in text and "dev344" in text)
+    steps = [r.get("name") for r in (run.records if run else []) if r.get("event") == "step"]
+    start = (run.first("started") or {}) if run else {}
+    demo.check("the run was staged: prepared and pre-checked while the service served, installed offline",
+               bool(start.get("staged")) and bool(start.get("prepared")) and steps[:1] == ["stop"],
+               f"staged={start.get('staged')}, first step {steps[:1]}")
+    down = fin.get("downtime") or {}
+    demo.check("the downtime is reported, until the old service answered again (with the revert)",
+               down.get("seconds", 0) > 0 and down.get("parts", {}).get("revert", 0) > 0
+               and "downtime" in text, f"{down.get('seconds')} s: {down.get('parts')}")
     diff_text = "\n".join(demo.diff_output)
     demo.check("`rewheel diff` of the failed build shows dev313 -> dev344 and deepseek_v2.py",
                "dev344" in diff_text and "deepseek_v2.py" in diff_text)

@@ -373,9 +373,11 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Preflight and show the plan; change nothing.")] = False,
         lock: Annotated[str | None, typer.Option("--lock", metavar="FILE", help="Install exactly this pylock.toml instead of the newest.")] = None,
         no_revert: Annotated[bool, typer.Option("--no-revert", help="On failure leave the failed state for debugging.")] = False,
+        prepare_only: Annotated[bool, typer.Option("--prepare-only", help="Prepare and pre-check the upgrade while the service serves; stop there.")] = False,
+        prepared: Annotated[bool, typer.Option("--prepared", help="Swap in the upgrade --prepare-only made (refused when stale).")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
         yes: YesOpt = False, json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
-    """The whole cycle: stop, snapshot, reinstall, diff, smoke, start, keep — or revert."""
+    """The whole cycle: prepare (staged, while the service serves), stop, snapshot, install, diff, smoke, start, keep — or revert."""
     from rewheel import recipe as recipemod
     from rewheel import runner
 
@@ -391,15 +393,17 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
     def ask(rep) -> None:
         status.stop()  # no spinner over a question
         report.render_plan(err, rep, verbose=verbose)
-        confirm(f"Upgrade {t.env.prefix} as planned (the service is stopped during the upgrade)?", yes)
+        during = ("the service is stopped for the swap only" if rep.staged
+                  else "the service is stopped during the upgrade")
+        confirm(f"Upgrade {t.env.prefix} as planned ({during})?", yes)
         status.start()
 
     with status:
-        result = runner.run(t, dry_run=dry_run, lock=lock, no_revert=no_revert, say=say,
-                            on_output=on_output, progress=cb, confirm=ask)
+        result = runner.run(t, dry_run=dry_run, lock=lock, no_revert=no_revert, prepare_only=prepare_only,
+                            prepared=prepared, say=say, on_output=on_output, progress=cb, confirm=ask)
 
     def render(console: Console, rep: runner.RunReport) -> None:
-        if dry_run:
+        if dry_run or rep.status == "prepared":
             report.render_plan(console, rep, verbose=verbose)
         report.render_run(console, rep, verbose=verbose)
         report.render_pruned(console, rep.pruned)

@@ -65,6 +65,11 @@ class PreflightError(RewheelError):
     """A precondition of a run does not hold; nothing was changed."""
 
 
+class PreparedStale(RewheelError):
+    """`run --prepared` with no prepared upgrade, or one the recipe, the live environment, uv's
+    settings or uv's cache no longer match: exit 2, nothing changed."""
+
+
 class InternalError(RewheelError):
     """An unexpected exception: a bug in rewheel. `traceback_file` holds its traceback."""
 
@@ -101,6 +106,10 @@ class InstallError(StepFailed):
 
 class SmokeFailed(StepFailed):
     """The smoke test exited non-zero or timed out."""
+
+
+class PrecheckFailed(StepFailed):
+    """A staged build failed a check before the service was stopped (`rejected`, exit 1)."""
 
 
 class ServiceError(StepFailed):

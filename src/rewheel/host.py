@@ -2,8 +2,8 @@
 
 `Host` owns the seam between the cycle (`runner`) and everything that starts a process or
 talks to the network: the service manager and its health check, the preflight checks, the
-installer (uv), the smoke runner, the index fetcher that unpacks pristine wheels, and the
-GPU probe. `runner.open_target` builds the real one; the unit tests hand the cycle a host
+installer (uv), the staged build and its pre-checks, the smoke runner, the index fetcher
+that unpacks pristine wheels, and the GPU probe. `runner.open_target` builds the real one; the unit tests hand the cycle a host
 of in-memory fakes and test every failure path without a process.
 
 The real collaborators are imported when first called, not when this module is: every
@@ -19,17 +19,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rewheel.environment import Environment
     from rewheel.installer import InstallPlan, InstallResult
     from rewheel.preflight import CheckResult
     from rewheel.recipe import Recipe, ServiceSpec
     from rewheel.service import HealthResult, ServiceManager
     from rewheel.smoke import SmokeResult
+    from rewheel.staging import Build
 
 
-def _checks(recipe: Recipe, *, client: Any = None) -> CheckResult:
+def _checks(recipe: Recipe, *, client: Any = None, indexes: bool = True) -> CheckResult:
     from rewheel import preflight
 
-    return preflight.run_checks(recipe, client=client)
+    return preflight.run_checks(recipe, client=client, indexes=indexes)
+
+
+def _prepare(recipe: Recipe, env: Environment, **kw: Any) -> Build:
+    from rewheel import staging
+
+    return staging.build(recipe, env, **kw)
 
 
 def _plan(recipe: Recipe, *, lock: Path | None = None) -> InstallPlan:
@@ -82,7 +90,7 @@ class Host:
     `wait_ready` raises `service.HealthCheckFailed` for an unhealthy service, `install`
     raises `InstallError`, `smoke` never raises (its result says how the command ended)."""
 
-    checks: Callable[..., CheckResult] = _checks  # preflight.run_checks(recipe, client=)
+    checks: Callable[..., CheckResult] = _checks  # preflight.run_checks(recipe, client=, indexes=)
     plan: Callable[..., InstallPlan] = _plan  # installer.plan(recipe, lock=)
     install: Callable[..., InstallResult] = _install  # installer.install(recipe, lock=, on_line=, ...)
     smoke: Callable[..., SmokeResult] = _smoke  # smoke.run_smoke(recipe, log_path=, on_line=)
@@ -90,6 +98,9 @@ class Host:
     manager: Callable[..., ServiceManager] = _manager  # service.make_manager(spec, state_dir, python)
     wait_ready: Callable[..., HealthResult] = _wait_ready  # service.wait_ready(manager, spec, ...)
     gpus_released: Callable[[float], Any] = _gpus_released  # gpu.wait_gpus_released(timeout_s)
+    # staging.build(recipe, env, folder=, lock=, offline=, checks=, on_line=, say=): the staged
+    # build in a throwaway environment and its CPU checks; never raises for a failing check.
+    prepare: Callable[..., Build] = _prepare
     # The HTTP client the health checks and the index preflight use; None: each makes its own.
     client: Any = None
 

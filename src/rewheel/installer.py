@@ -17,6 +17,8 @@ Choices where uv offers several (docs/installing.md says the same to users):
   "Resolved / Prepared / Installed / + name==version" lines instead, which are the progress.
 - `--link-mode copy` (unless `uv_args` set a link mode): with uv's default hard links, a file
   patched in place is patched in uv's cache too, and a force-reinstall re-installs the patch.
+  A staged swap links instead (`link_mode="hardlink"`: the copy would be downtime) and the
+  runner breaks the links once the service answers (`staging.unshare`).
 - `run --lock FILE` runs `uv pip sync` on the PEP 751 lock: exactly the lock, extraneous
   distributions removed. uv only accepts files named `pylock.toml` / `pylock.<name>.toml`; other
   names are copied (with relative paths made absolute) into a correctly named temporary file.
@@ -181,7 +183,8 @@ def _index_args(recipe: Recipe) -> list[str]:
 def install_argv(recipe: Recipe, *, lock: Path | None = None, dry_run: bool = False,
                  installed: Sequence[str] | None = None, keep: Mapping[str, str] | None = None,
                  also_reinstall: Sequence[str] = (), constraints: Path | None = None,
-                 reinstall_only: Sequence[str] | None = None, uv: str | None = None) -> list[str]:
+                 reinstall_only: Sequence[str] | None = None, uv: str | None = None,
+                 offline: bool = False, sync: bool = True, link_mode: str | None = None) -> list[str]:
     """The uv command line that upgrades `recipe`'s environment (or syncs it to `lock`).
 
     `installed`: names of the distributions installed in the environment from an index; with
@@ -195,6 +198,11 @@ def install_argv(recipe: Recipe, *, lock: Path | None = None, dry_run: bool = Fa
     patch corrupted) — they are rewritten when they are part of the resolution.
     `reinstall_only`: replaces `--reinstall` by `--reinstall-package` for exactly these names
     (how `reinstall = "all"` leaves `keep` alone; `install`/`plan` compute it).
+    `offline`: `--offline`, every wheel from uv's cache (a staged swap).
+    `link_mode`: uv's `--link-mode` when `uv_args` sets none (default: `copy`, see below).
+    `sync=False` with a lock: `uv pip install -r LOCK` instead of `uv pip sync LOCK` —
+    exactly the lock's versions, with the recipe's reinstall setting, leaving alone what the
+    lock does not name (the editable and direct-URL installs a staged lock leaves out).
     """
     uv = uv or find_uv()
     spec = recipe.install
@@ -203,7 +211,7 @@ def install_argv(recipe: Recipe, *, lock: Path | None = None, dry_run: bool = Fa
     common = ["--python", str(recipe.python), "--no-progress", "--color", "never"]
     names = [canonicalize_name(r.name) for r in spec.requirements]
     if lock is not None:
-        argv = [uv, "pip", "sync", *common]
+        argv = [uv, "pip", "sync" if sync else "install", *common]
     else:
         argv = [uv, "pip", "install", *common]
         for name in names:
@@ -229,14 +237,16 @@ def install_argv(recipe: Recipe, *, lock: Path | None = None, dry_run: bool = Fa
         # uv's default on Linux hard-links installed files to its cache. A hand patch written in
         # place then also changes the cached copy, and a later force-reinstall brings the patch
         # back instead of the pristine file. Copies keep environment and cache independent.
-        argv += ["--link-mode", "copy"]
+        argv += ["--link-mode", link_mode or "copy"]
     if lock is None and spec.prerelease and not _has_option(user_args, "--prerelease"):
         argv += ["--prerelease", "allow"]
     if dry_run:
         argv.append("--dry-run")
+    if offline:
+        argv.append("--offline")
     argv += user_args
     if lock is not None:
-        argv.append(str(lock))
+        argv += [str(lock)] if sync else ["-r", str(lock)]
     else:
         argv += list(spec.packages)
         if spec.reinstall == "all" and installed:
@@ -413,7 +423,8 @@ class InstallPlan:
 @contextmanager
 def _prepared(recipe: Recipe, lock: Path | None, installed: Sequence[str] | None,
               keep: Mapping[str, str] | None, also_reinstall: Sequence[str], dry_run: bool,
-              timeout: float | None) -> Iterator[tuple[list[str], Path | None]]:
+              timeout: float | None, offline: bool = False, sync: bool = True,
+              link_mode: str | None = None) -> Iterator[tuple[list[str], Path | None]]:
     """The final argv (and the usable lock path) for a plan or an install.
 
     With `keep` under `reinstall = "all"`, uv has no way to exclude a package from `--reinstall`,
@@ -427,7 +438,8 @@ def _prepared(recipe: Recipe, lock: Path | None, installed: Sequence[str] | None
             constraints = Path(tmp) / "keep-constraints.txt"
             constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(kept.items())))
         kwargs: dict[str, Any] = dict(lock=lock_path, installed=installed, keep=kept,
-                                      also_reinstall=also_reinstall, constraints=constraints)
+                                      also_reinstall=also_reinstall, constraints=constraints,
+                                      offline=offline, sync=sync, link_mode=link_mode)
         reinstall_only = None
         if kept and recipe.install.reinstall == "all":
             probe = install_argv(recipe, dry_run=True, **kwargs)
@@ -517,14 +529,16 @@ class InstallResult:
 def install(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str] | None = None,
             keep: Mapping[str, str] | None = None, also_reinstall: Sequence[str] = (),
             on_line: Callable[[str], None] | None = None, log_path: Path | None = None,
-            timeout: float | None = None) -> InstallResult:
+            timeout: float | None = None, offline: bool = False, sync: bool = True,
+            link_mode: str | None = None) -> InstallResult:
     """Run the upgrade (or the sync to `lock`), streaming uv's redacted output to `on_line` and
     `log_path`. Raises InstallError with uv's error lines when uv fails or times out.
-    `installed`, `keep`, `also_reinstall`: see `install_argv`."""
+    `installed`, `keep`, `also_reinstall`, `offline`, `sync`, `link_mode`: see `install_argv`."""
     with ExitStack() as stack:
         try:
             argv, lock_path = stack.enter_context(_prepared(
-                recipe, lock, installed, keep, also_reinstall, False, timeout or PLAN_TIMEOUT_S))
+                recipe, lock, installed, keep, also_reinstall, False, timeout or PLAN_TIMEOUT_S,
+                offline, sync, link_mode))
         except PreflightError as exc:
             # The first dry run (keep under reinstall = "all") failed: at this point of a run it
             # is the install step that failed.

@@ -393,7 +393,9 @@ class RunJournal:
                 "recipe": start.get("recipe"), "before": fin.get("before") or start.get("before"),
                 "after": fin.get("after"),
                 # What the upgrade installed, also when it was reverted afterwards.
-                "attempted": installed.get("versions")}
+                "attempted": installed.get("versions") or fin.get("attempted"),
+                # From the stop to the first healthy answer (None: the service was not stopped).
+                "downtime": fin.get("downtime")}
 
 
 def _maybe_fault(event: str, data: dict[str, Any]) -> None:

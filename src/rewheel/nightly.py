@@ -403,3 +403,64 @@ def lock_name(recipe: Recipe) -> str:
 def env_python_version(python: Path) -> str:
     cp = proc.run([str(python), "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"], timeout=60)
     return cp.stdout.strip() if cp.ok else "?"
+
+
+# --- the upgrade as a lock: what `ci` qualifies and a staged `run` prepares ----------------------
+
+def export_pins(env: Any, upgraded: Sequence[str], where: Path) -> tuple[Path | None, int, list[str]]:
+    """An environment's pinned set, written as `target-pins.txt` (`name==version`, one a line)
+    in `where`: every distribution but `upgraded` (the upgrade picks those), editable installs
+    and ones installed from a URL or a path (no index can give them back). Returns (the file,
+    or None when nothing is pinned; how many are pinned; the ones left out, described)."""
+    skip = {canonicalize_name(n) for n in upgraded}
+    pins, left_out = [], []
+    for d in env.distributions():
+        doc = d.to_json()
+        if canonicalize_name(d.name) in skip:
+            continue
+        if doc["editable"] or doc["url"]:
+            left_out.append(f"{d.name} {d.version_text} ({'editable' if doc['editable'] else doc['url']})")
+            continue
+        pins.append(f"{canonicalize_name(d.name)}=={d.version_text}")
+    path = where / "target-pins.txt"
+    path.write_text("".join(p + "\n" for p in sorted(pins)), encoding="utf-8")
+    return (path if pins else None), len(pins), left_out
+
+
+def _compile(recipe: Recipe, argv: list[str], log: Path, on_output: Any) -> proc.Completed:
+    from rewheel.installer import redact_argv, uv_environment
+
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"[rewheel] $ {' '.join(redact_argv(argv))}\n")
+    env = uv_environment(recipe)  # the indexes' credentials: never on uv's command line
+    env.setdefault("UV_PREVIEW_FEATURES", "pylock")
+    return proc.stream(argv, on_line=on_output, timeout=COMPILE_TIMEOUT_S, env=env,
+                       log_path=log, redact=redact)
+
+
+def resolve_lock(recipe: Recipe, lock: Path, work: Path, log: Path, *, pins: Path | None = None,
+                 upgrade_all: bool = False, on_output: Any = None) -> proc.Completed:
+    """Resolve the recipe's upgrade to an exact PEP 751 lock (wheel URLs and sha256 hashes)
+    with `uv pip compile`, for `recipe.python`'s Python version; writes `lock`, logs to `log`,
+    keeps its inputs in `work`. Returns uv's completed process (the caller judges it).
+
+    With `pins` (a target's pinned set): its names are requirements too and its versions uv's
+    preferences, so a neighbour moves only where the upgrade needs it to — unless
+    `upgrade_all`, which lets every package go to its newest version (what a force-reinstall
+    of everything does). Without: the recipe's packages alone, at their newest."""
+    req = work / "requirements.in"
+    if pins is None:
+        req.write_text("".join(p + "\n" for p in recipe.install.packages), encoding="utf-8")
+        return _compile(recipe, compile_argv(recipe, req, lock), log, on_output)
+    names = [line.split("==", 1)[0] for line in pins.read_text().split()]
+    req.write_text("".join(p + "\n" for p in [*recipe.install.packages, *names]), encoding="utf-8")
+    resolved = work / "resolved.txt"
+    shutil.copyfile(pins, resolved)
+    upgrade = None if upgrade_all else [r.name for r in recipe.install.requirements]
+    cp = _compile(recipe, compile_argv(recipe, req, resolved, upgrade_packages=upgrade,
+                                       fmt="requirements.txt"), log, on_output)
+    if cp.returncode == 0 and not cp.timed_out:
+        # Every version is pinned now: the lock only adds the wheels' URLs and hashes.
+        cp = _compile(recipe, compile_argv(recipe, resolved, lock, upgrade_packages=[]), log, on_output)
+    return cp
+

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 from packaging.utils import canonicalize_name
 
-from rewheel import nightly, proc
+from rewheel import nightly
 from rewheel.errors import EXIT_OK, EXIT_REVERTED, InstallError, RewheelError, UsageError
-from rewheel.installer import error_lines, install, redact, redact_argv
+from rewheel.installer import error_lines, install
 from rewheel.journal import new_run_id
 from rewheel.paths import atomic_write, ensure_private_dir, state_home
 from rewheel.recipe import Recipe
@@ -241,55 +241,17 @@ def export_target(recipe: Recipe, run_dir: Path, rep: CiReport) -> Path | None:
         rep.base = {"from": None, "reason": f"{recipe.python} is a system interpreter, not a service's "
                                             "environment: the recipe's packages alone"}
         return None
-    upgraded = {canonicalize_name(r.name) for r in recipe.install.requirements}
-    pins, left_out = [], []
-    for d in env.distributions():
-        doc = d.to_json()
-        if canonicalize_name(d.name) in upgraded:
-            continue
-        if doc["editable"] or doc["url"]:
-            left_out.append(f"{d.name} {d.version_text} ({'editable' if doc['editable'] else doc['url']})")
-            continue
-        pins.append(f"{canonicalize_name(d.name)}=={d.version_text}")
-    path = run_dir / "target-pins.txt"
-    path.write_text("".join(p + "\n" for p in sorted(pins)), encoding="utf-8")
-    rep.base = {"from": str(env.prefix), "pinned": len(pins), "pins": str(path), "left_out": left_out}
-    return path if pins else None
-
-
-def _compile(scoped: Recipe, argv: list[str], log: Path, on_output: Say) -> proc.Completed:
-    with open(log, "a", encoding="utf-8") as f:
-        f.write(f"[rewheel] $ {' '.join(redact_argv(argv))}\n")
-    from rewheel.installer import uv_environment
-
-    env = uv_environment(scoped)  # the indexes' credentials: never on uv's command line
-    env.setdefault("UV_PREVIEW_FEATURES", "pylock")
-    return proc.stream(argv, on_line=on_output, timeout=nightly.COMPILE_TIMEOUT_S, env=env,
-                       log_path=log, redact=redact)
+    path, pinned, left_out = nightly.export_pins(env, recipe.install.names, run_dir)
+    rep.base = {"from": str(env.prefix), "pinned": pinned, "pins": str(run_dir / "target-pins.txt"),
+                "left_out": left_out}
+    return path
 
 
 def _resolve(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say,
              pins: Path | None = None) -> str:
-    req = run_dir / "requirements.in"
     log = run_dir / "resolve.log"
     rep.logs["resolve"] = str(log)
-    if pins is not None:
-        # The target's set first: its names as requirements, its versions as uv's preferences
-        # (the output it starts from), only the recipe's packages upgraded. A neighbour moves
-        # only where the upgrade needs it to, as on the host.
-        names = [line.split("==", 1)[0] for line in pins.read_text().split()]
-        req.write_text("".join(p + "\n" for p in [*scoped.install.packages, *names]), encoding="utf-8")
-        resolved = run_dir / "resolved.txt"
-        shutil.copyfile(pins, resolved)
-        upgrade = [r.name for r in scoped.install.requirements]
-        cp = _compile(scoped, nightly.compile_argv(scoped, req, resolved, upgrade_packages=upgrade,
-                                                   fmt="requirements.txt"), log, on_output)
-        if cp.returncode == 0 and not cp.timed_out:
-            # Every version is pinned now: the lock only adds the wheels' URLs and hashes.
-            cp = _compile(scoped, nightly.compile_argv(scoped, resolved, lock, upgrade_packages=[]), log, on_output)
-    else:
-        req.write_text("".join(p + "\n" for p in scoped.install.packages), encoding="utf-8")
-        cp = _compile(scoped, nightly.compile_argv(scoped, req, lock), log, on_output)
+    cp = nightly.resolve_lock(scoped, lock, run_dir, log, pins=pins, on_output=on_output)
     lines = cp.stdout.splitlines()
     if cp.timed_out:
         raise _StepFailed(f"uv could not resolve the nightly within {nightly.COMPILE_TIMEOUT_S:g}s",

@@ -56,6 +56,9 @@ class InstallSpec:
     prerelease: bool = False
     reinstall: str = "named"
     uv_args: tuple[str, ...] = ()
+    # Prepare and pre-check the new build beside the live environment while the service still
+    # serves, then swap it in offline from uv's cache (docs/run-cycle.md); false: today's cycle.
+    staged: bool = True
 
     @property
     def requirements(self) -> list[Requirement]:
@@ -75,6 +78,9 @@ class SmokeSpec:
     timeout_s: int = 1200
     gpus: int = 0
     gpu_release_timeout_s: int = 120
+    # A CPU-only check (argv, `{python}` = the prepared environment's interpreter) run before
+    # the service is stopped: a build it fails is rejected and the service never stops.
+    precheck: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,9 +145,10 @@ _SCHEMA: dict[str, Any] = {
         "packages": ("strlist", True), "index_url": ("str", False),
         "extra_index_urls": ("strlist", False), "find_links": ("strlist", False),
         "prerelease": ("bool", False), "reinstall": ("str", False), "uv_args": ("strlist", False),
+        "staged": ("bool", False),
     },
     "smoke": {"command": ("argv", True), "timeout_s": ("int", False), "gpus": ("int", False),
-              "gpu_release_timeout_s": ("int", False)},
+              "gpu_release_timeout_s": ("int", False), "precheck": ("argv", False)},
     "patches": {"policy": ("str", False)},
     "cleanup": {"paths": ("strlist", False)},
     "snapshots": {"keep": ("int", False), "store": ("str", False), "exclude": ("strlist", False)},
@@ -298,7 +305,8 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
         packages=tuple(inst.get("packages", ())), index_url=inst.get("index_url"),
         extra_index_urls=tuple(inst.get("extra_index_urls", ())),
         find_links=tuple(str(_resolve_path(base, f)) if "://" not in f else f for f in inst.get("find_links", ())),
-        prerelease=inst.get("prerelease", False), reinstall=reinstall, uv_args=tuple(inst.get("uv_args", ())))
+        prerelease=inst.get("prerelease", False), reinstall=reinstall, uv_args=tuple(inst.get("uv_args", ())),
+        staged=inst.get("staged", True))
 
     smoke = None
     if "smoke" in data:
@@ -309,7 +317,8 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
         if sm.get("gpus", 0) < 0:
             raise RecipeError(path, "smoke.gpus", f"expected 0 or more, got {sm['gpus']}")
         smoke = SmokeSpec(command=tuple(sm["command"]), timeout_s=sm.get("timeout_s", 1200),
-                          gpus=sm.get("gpus", 0), gpu_release_timeout_s=sm.get("gpu_release_timeout_s", 120))
+                          gpus=sm.get("gpus", 0), gpu_release_timeout_s=sm.get("gpu_release_timeout_s", 120),
+                          precheck=tuple(sm.get("precheck", ())))
 
     policy = data.get("patches", {}).get("policy", "report")
     if policy not in PATCH_POLICIES:

@@ -126,17 +126,22 @@ def render_history(console: Console, hist) -> None:  # runner.History
                       f"snapshot (edited in place through a hard link); `rewheel verify {escape(hist.target)}` "
                       f"names them, and a rollback recovers their bytes first or refuses (exit 3)[/]")
     if hist.runs:
-        rows = [(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "",
+        def down(r) -> str:  # journal.RunJournal
+            doc = r.summary().get("downtime")
+            return f"{doc['seconds']:.1f}s" if doc else ""
+
+        rows = [(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "", down(r),
                  _run_versions(r.summary(), hist.key_packages).replace(", ", "\n"))
                 for r in hist.runs]
         styles = ["" if r.finished else "bold red" for r in hist.runs]
         if is_plain(console):
-            for rid, kind, status, sid, step, vers_ in rows:
+            for rid, kind, status, sid, step, dt, vers_ in rows:
                 _plain(console, f"run {rid}  {kind}  {status}" + (f"  snapshot {sid}" if sid else "")
-                       + (f"  last step {step}" if step else "") + (f"  {vers_.replace(chr(10), ', ')}" if vers_ else ""))
+                       + (f"  last step {step}" if step else "") + (f"  downtime {dt}" if dt else "")
+                       + (f"  {vers_.replace(chr(10), ', ')}" if vers_ else ""))
         else:
-            _table_or_stack(console, "runs", ("id", "kind", "status", "snapshot", "last step", "versions"),
-                            rows, head=(0, 1, 2), styles=styles, wrap=(5,))
+            _table_or_stack(console, "runs", ("id", "kind", "status", "snapshot", "last step", "downtime", "versions"),
+                            rows, head=(0, 1, 2), styles=styles, wrap=(6,))
 
 
 def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
@@ -201,6 +206,9 @@ def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # run
                       f"{human_bytes(est['store_free'])} free at the store)"
                       + (f"; {human_bytes(est['bytes_reused'])} unchanged since the last snapshot is shared with it"
                          if est.get("bytes_reused") else ""))
+    if getattr(rep, "staged", False):
+        console.print("  staged: built and pre-checked beside the environment while the service serves; "
+                      "stopped only for the swap (offline install, smoke test, start)")
     for check in rep.preflight:  # preflight.Check items
         if check.name == "service":
             console.print(f"  the service is stopped during the upgrade: {escape(check.detail)}")
@@ -243,11 +251,17 @@ def render_changes(console: Console, changes: list, limit: int = 60, *,
 
 
 def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
-    colour = {"upgraded": "bold green", "reverted": "bold yellow", "planned": "bold cyan"}.get(rep.status, "bold red")
+    colour = {"upgraded": "bold green", "reverted": "bold yellow", "planned": "bold cyan",
+              "prepared": "bold cyan"}.get(rep.status, "bold red")
     if rep.status == "planned":
         console.print(f"[{colour}]dry run: nothing was changed[/]")
         return
     console.print(f"[bold]run {rep.run_id}[/] of {escape(rep.recipe)}")
+    render_prepared(console, rep.prepared)
+    if rep.status == "prepared":
+        console.print(f"[{colour}]prepared: the service kept serving; `rewheel run {escape(rep.recipe)} --prepared` "
+                      "swaps it in[/]")
+        return
     if rep.snapshot:
         s = rep.snapshot  # snapshot.SnapshotResult
         console.print(f"  snapshot {s.meta.id}: {s.meta.files:,} files, {s.files_linked:,} shared by "
@@ -255,7 +269,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     if rep.cleanup:
         console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
-    console.print("[bold]what changed[/]")
+    console.print("[bold]what would have changed[/]" if rep.status == "rejected" else "[bold]what changed[/]")
     same = {c.name: str(c.new) for c in (rep.plan.changes if rep.plan else []) if c.change == "reinstall"}
     render_changes(console, rep.changes, same_version=same, verbose=verbose)
     if rep.files:
@@ -294,10 +308,35 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
             console.print(f"[bold red]revert failed:[/] {escape(rv.error)}")
     steps = "  ".join(f"{s.name} {'ok' if s.ok else 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
     console.print(f"  steps: {steps}")
+    render_downtime(console, rep.downtime)
     verdict = {"upgraded": "upgraded and verified",
+               "rejected": "rejected before the stop: the service kept serving, the environment is untouched",
                "reverted": "upgrade failed; the environment was restored and the old service verified",
                "failed": "FAILED: the environment is not in its verified state — see above"}[rep.status]
     console.print(f"[{colour}]{verdict}[/]")
+
+
+def render_prepared(console: Console, prepared) -> None:  # staging.Prepared | None
+    """A staged run's prepare: where the lock is, and each check of the build."""
+    if prepared is None:
+        return
+    console.print(f"  prepared ({escape(prepared.source)}) while the service served: {escape(prepared.lock)}")
+    for c in prepared.checks:  # staging.PrepCheck items
+        first = c.detail.splitlines()[0] if c.detail else ""
+        console.print(f"    {'ok    ' if c.ok else 'FAILED'} {c.name} {c.seconds:.1f}s — {escape(first)}")
+
+
+def downtime_text(doc: dict | None) -> str:
+    """`12.3s (stop 1.0, snapshot 2.1, install 3.0, smoke 4.0, start 0.1, ready 2.1)`."""
+    if not doc:
+        return "none (the service was not stopped)"
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in doc["parts"].items() if v or k in ("install", "smoke"))
+    return f"{doc['seconds']:.1f}s ({parts})"
+
+
+def render_downtime(console: Console, downtime) -> None:  # runner.Downtime | None
+    if downtime is not None:
+        console.print(f"  downtime: {downtime_text(downtime.to_json())} — from the stop to the first healthy answer")
 
 
 def render_resume(console: Console, res) -> None:  # runner.ResumeResult

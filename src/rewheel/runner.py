@@ -649,6 +649,11 @@ class ServiceSteps:
         assert self.spec is not None
         self.manager = self.host.manager(self.spec, t.store.env_dir, t.recipe.python)
         self.started_at: float | None = None
+        # Each start: (when it began, seconds in the manager's start, seconds until the first
+        # healthy answer or the failure) — a run's downtime parts; and when (time.monotonic())
+        # the service last answered healthy.
+        self.starts: list[tuple[float, float, float]] = []
+        self.healthy_at: float | None = None
 
     def status(self) -> Any:  # service.ServiceStatus
         return self.manager.status()
@@ -707,13 +712,23 @@ class ServiceSteps:
         self.j.append("step", name="start", service=self.manager.describe())
         self.say(f"starting {self.manager.describe()}")
         self.started_at = time.time()
-        self.manager.start()
+        try:
+            self.manager.start()
+        except BaseException:
+            self.starts.append((t0, time.monotonic() - t0, 0.0))
+            raise
+        t1 = time.monotonic()
         try:
             health = self.host.wait_ready(self.manager, self.spec, client=self.host.client,
                                           started_at=self.started_at, on_progress=self.say)
         except service.HealthCheckFailed:
+            self.starts.append((t0, t1 - t0, time.monotonic() - t1))
             self.steps.append(StepRecord.since("start", False, t0))
             raise
+        # The first healthy answer, not the end of the settle time and the probe after it.
+        healthy = t0 + health.first_healthy_s if health.first_healthy_s is not None else time.monotonic()
+        self.healthy_at = max(t1, min(healthy, time.monotonic()))
+        self.starts.append((t0, t1 - t0, self.healthy_at - t1))
         self.steps.append(StepRecord.since("start", True, t0))
         self.j.append("healthy", detail=health.detail)
         return health
@@ -806,6 +821,23 @@ class Failure:
 
 
 @dataclass
+class Downtime:
+    """How long the service was not answering: from the moment its stop began to its first
+    healthy answer (the new build's, or after a revert the old one's), with its parts. The
+    parts are the steps inside that window; what they leave out (the diff of what changed,
+    the journal) is the rest of `seconds`."""
+
+    seconds: float
+    parts: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 3), "parts": {k: round(v, 3) for k, v in self.parts.items()}}
+
+
+DOWNTIME_PARTS = ("stop", "snapshot", "install", "smoke", "start", "ready")
+
+
+@dataclass
 class DiagnosisRecord:
     """Where a failed run's root cause was looked for (a log file, a journalctl command) and
     its one-line summary; or why no diagnosis could be made. JSON: the keys that are set."""
@@ -820,7 +852,7 @@ class DiagnosisRecord:
 
 @dataclass
 class RunReport:
-    status: str  # "upgraded" | "reverted" | "failed" | "planned"
+    status: str  # "upgraded" | "reverted" | "failed" | "planned" | "prepared" | "rejected"
     recipe: str
     run_id: str | None = None
     snapshot_id: str | None = None
@@ -857,13 +889,19 @@ class RunReport:
     service_judged_by: str | None = None
     # Snapshots `[snapshots] keep` removed when the upgrade was kept.
     pruned: list[str] = field(default_factory=list)
+    # Whether the run was staged (prepared and pre-checked while the service served), and the
+    # prepared build: its lock, versions and checks (staging.Prepared).
+    staged: bool = False
+    prepared: Any = None
+    # From the stop to the first healthy answer; None when the service was never stopped.
+    downtime: Downtime | None = None
 
     @property
     def exit_code(self) -> int:
         from rewheel.errors import EXIT_OK, EXIT_REVERTED, EXIT_UNRESTORED
 
-        return {"upgraded": EXIT_OK, "planned": EXIT_OK, "reverted": EXIT_REVERTED}.get(
-            self.status, EXIT_UNRESTORED)
+        return {"upgraded": EXIT_OK, "planned": EXIT_OK, "prepared": EXIT_OK, "reverted": EXIT_REVERTED,
+                "rejected": EXIT_REVERTED}.get(self.status, EXIT_UNRESTORED)
 
     def to_json(self) -> dict[str, Any]:
         # The one place a run's report becomes JSON: each field by its own object's to_json.
@@ -908,6 +946,15 @@ class _Cycle:
         self.was_active = False
         self.named = t.recipe.install.names
         self.j: RunJournal  # set in run(), or by from_journal
+        # The prepared build a staged run swaps in (staging.Prepared), and the downtime's clock:
+        # when the stop began (None: the service was not stopped), when a revert began.
+        self.prepared: Any = None
+        # Staged: the installed files' diff waits until the service answers (see diff()), and
+        # the files the swap hard-linked from uv's cache get their own inodes then (unshare).
+        self.files_pending = False
+        self.install_ns: int | None = None
+        self.down_t0: float | None = None
+        self.revert_t0: float | None = None
 
     @classmethod
     def from_journal(cls, t: Target, j: RunJournal, *, say: Say,
@@ -940,7 +987,9 @@ class _Cycle:
             raise RecipeError(self.t.recipe.source, "install.packages",
                               "missing: `rewheel run` needs the packages to upgrade (or --lock FILE)",
                               hint='add [install] with packages = ["vllm"]')
-        checks = self.host.checks(self.t.recipe, client=self.host.client)
+        # A swap of a prepared build needs no index: it installs from uv's cache.
+        checks = (self.host.checks(self.t.recipe, client=self.host.client, indexes=False) if self.prepared
+                  else self.host.checks(self.t.recipe, client=self.host.client))
         self.report.preflight = list(checks.checks)
         # `[cleanup] paths` never move a system folder, the environment or rewheel's state
         # (as root): refused here, before anything is stopped (UsageError, exit 2).
@@ -949,7 +998,12 @@ class _Cycle:
         if not checks.ok:
             raise PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in checks.failures),
                                  hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
-        plan = self.host.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
+        if self.prepared is not None:
+            from rewheel.staging import planned_swap
+
+            plan = planned_swap(self.prepared, self.t.recipe)
+        else:
+            plan = self.host.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
         from rewheel.installer import annotate_plan
         plan.changes = annotate_plan(plan.changes, self.t.env.distributions())
         self.report.plan = RunPlan(plan)
@@ -993,6 +1047,8 @@ class _Cycle:
         self.j.append("note", service_was_active=self.was_active, service_judged_by=st.judged_by)
         if not st.up:
             self.say(f"{self.svc.manager.describe()} is not running: it is not started after the run")
+        else:
+            self.down_t0 = time.monotonic()
         self.svc.stop()
 
     def snapshot(self) -> None:
@@ -1039,6 +1095,21 @@ class _Cycle:
                 patchmod.clean_uv_cache_for(self.report.hazards)
             log = self.j.dir / "install.log"
             self.report.logs["install"] = str(log)
+            if self.prepared is not None:
+                # Exactly the prepared lock, from uv's warm cache. Patched files that shared
+                # bytes with the cache had their cache entries cleaned above: those come from
+                # the index again, so uv may not be offline then.
+                offline = not self.report.hazards
+                if not offline:
+                    self.say("installing with the network: uv's cache entries of patched packages were cleaned")
+                # Hard links from the warm cache: seconds, where copying torch and the CUDA
+                # libraries takes a minute of downtime; `unshare` copies them once the service
+                # answers (a link mode in uv_args is the recipe's choice, left alone).
+                self.install_ns = time.time_ns()
+                self.host.install(self.t.recipe, lock=Path(self.prepared.lock), on_line=self.on_output,
+                                  log_path=log, keep=keep, also_reinstall=self.report.hazards,
+                                  offline=offline, sync=self.lock is not None, link_mode="hardlink")
+                return
             self.host.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
                               on_line=self.on_output, log_path=log, keep=keep,
                               also_reinstall=self.report.hazards)
@@ -1052,15 +1123,16 @@ class _Cycle:
             self.report.attempted = dict(self.report.after)
             self.j.append("installed", versions=self.report.after)
             assert self.snap is not None
-            try:
-                d = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)})
-                self.report.changes, self.report.files = d.packages, d.files
-                self.report.file_stats = d.stats
-            except Exception as exc:  # the file list is informative, never a reason to revert
+            reapply = self.t.recipe.patch_policy == "reapply" and bool(self.scan.patches)
+            if self.prepared is not None and not reapply:
+                # Staged: the versions now; the installed files (seconds of hashing on a vLLM
+                # environment) once the service answers again, or when a failure needs them.
                 self.report.changes = diffmod.diff_versions(
                     self.snap.distributions, [d.to_json() for d in self.t.env.distributions()])
-                self.report.file_stats = {"error": str(exc)}
-            if self.t.recipe.patch_policy == "reapply" and self.scan.patches:
+                self.files_pending = True
+            else:
+                self.file_diff()
+            if reapply:
                 results = patchmod.reapply(self.scan, self.t.env, self.j.dir)
                 self.report.reapply = list(results)
                 if patchmod.reapply_failed(results):
@@ -1070,6 +1142,44 @@ class _Cycle:
                     raise PatchConflict("local patches could not be carried onto the new version: "
                                         + ", ".join(f"{r.path} ({r.status})" for r in bad),
                                         hint=f"conflict files are in {self.j.dir / 'patches'}")
+
+    def file_diff(self) -> None:
+        """The versions and installed files against the pre-upgrade snapshot."""
+        from rewheel import diff as diffmod
+
+        assert self.snap is not None
+        self.files_pending = False
+        try:
+            d = diffmod.diff_trees(self.t.env, self.snap, skip={str(self.t.store.home)})
+            self.report.changes, self.report.files = d.packages, d.files
+            self.report.file_stats = d.stats
+        except Exception as exc:  # the file list is informative, never a reason to revert
+            self.report.changes = diffmod.diff_versions(
+                self.snap.distributions, [d.to_json() for d in self.t.env.distributions()])
+            self.report.file_stats = {"error": str(exc)}
+
+    def unshare(self) -> None:
+        """Staged, once the service answers: the files the swap linked from uv's cache
+        copied to inodes of their own (staging.unshare). Never fails the run."""
+        from rewheel import staging
+
+        if self.install_ns is None or any(a.split("=", 1)[0] == "--link-mode" for a in self.t.recipe.install.uv_args):
+            return
+        t0 = time.monotonic()
+        try:
+            files, size = staging.unshare(self.t.env, self.install_ns)
+        except Exception as exc:  # noqa: BLE001 - the upgrade is kept; the report says what was left
+            self.j.append("note", unshare_failed=str(exc))
+            self.say(f"(files still shared with uv's cache: {exc})")
+            return
+        self.report.steps.append(StepRecord.since("unshare", True, t0))
+        if files:
+            self.say(f"{files:,} installed files ({size / 2**20:,.0f} MiB) no longer share inodes with uv's cache")
+
+    def finish_file_diff(self) -> None:
+        """The file diff a staged run deferred, before anything is restored over it."""
+        if self.files_pending:
+            self.file_diff()
 
     def smoke(self) -> None:
         from rewheel.errors import SmokeFailed
@@ -1112,6 +1222,158 @@ class _Cycle:
             if pruned:
                 self.say("pruned old snapshots ([snapshots] keep): " + pruned_text(self.t.store, pruned))
 
+    # -- staging ----------------------------------------------------------------------------
+    def prepare(self, prepare_only: bool) -> bool:
+        """Prepare the upgrade while the service still serves (staging.build through the host):
+        the exact lock, every wheel in uv's cache, the build and its CPU checks in a throwaway
+        environment. Returns whether the swap follows; a build that fails a check ends the run
+        here as `rejected` (journaled, diagnosed, the service untouched), `--prepare-only` as
+        `prepared`."""
+        from rewheel import diff as diffmod
+        from rewheel import staging
+        from rewheel.installer import uv_version
+
+        t = self.t
+        t0 = time.monotonic()
+        self.say("── prepare (the service keeps serving)")
+        # What the prepared build is made from, taken before it is built.
+        fingerprint, digest = staging.env_fingerprint(t.env), staging.recipe_digest(t.recipe)
+        live = [d.to_json() for d in t.env.distributions()]
+        new = staging.new_folder(t.store.env_dir)
+        build = self.host.prepare(t.recipe, t.env, folder=new, lock=Path(self.lock) if self.lock else None,
+                                  offline=False, checks=True, on_line=self.on_output, say=self.say)
+        prepared = staging.Prepared(
+            created=time.time(), recipe=t.label, recipe_sha256=digest, env_fingerprint=fingerprint,
+            uv_settings=staging.uv_settings(), uv_version=uv_version(),
+            source=f"lock {self.lock}" if self.lock else "resolved", lock=build.lock,
+            reinstall=t.recipe.install.reinstall, before=dict(self.report.before), after=build.versions,
+            checks=build.checks, folder=str(new), package=build.package, ok=build.ok)
+        self.report.prepared = prepared
+        if build.distributions:
+            self.report.changes = diffmod.diff_versions(live, build.distributions)
+            self.report.attempted = dict(build.versions)
+        self.report.steps.append(StepRecord.since("prepare", build.ok, t0))
+        if not build.ok:
+            self._reject(build, new)
+            return False
+        staging.save(t.store.env_dir, new, prepared)
+        self.prepared = prepared
+        self.say(f"prepared: {len(build.versions)} distribution(s) locked in {prepared.lock}, "
+                 "every wheel in uv's cache, the checks passed")
+        if prepare_only:
+            self.report.status = "prepared"
+            j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=self.lock, before=self.report.before,
+                                  prepare_only=True)
+            j.append("step", name="prepare")
+            j.append("finished", status="prepared", before=self.report.before, prepared=prepared.lock,
+                     downtime=None)
+            self.report.run_id, self.report.run_dir = j.id, str(j.dir)
+            return False
+        return True
+
+    def _reject(self, build: Any, new: Path) -> None:
+        """A prepared build failed a check: the run ends `rejected`, with the failing check's
+        root cause and the diff of what would have changed; its logs move into the run's
+        folder. The service was never stopped, the environment never touched."""
+        import shutil
+
+        from rewheel import diagnose
+        from rewheel.errors import PrecheckFailed
+
+        t = self.t
+        failed = build.failed
+        self.report.status = "rejected"
+        j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=self.lock, before=self.report.before)
+        self.j = j
+        self.report.run_id, self.report.run_dir = j.id, str(j.dir)
+        dest = j.dir / "prepare"
+        try:
+            (new / "logs").rename(dest)
+            build.moved(new / "logs", dest)
+            self.report.prepared.checks = build.checks
+        except OSError:
+            pass
+        shutil.rmtree(new, ignore_errors=True)
+        for c in build.checks:
+            if c.log:
+                self.report.logs[c.name] = c.log
+        j.append("step", name="prepare", check=failed.name)
+        if failed.log and Path(failed.log).is_file():
+            try:
+                d = diagnose.analyse_file(failed.log, package=build.package or self._package())
+                self.report.root_cause = d.root
+                self.report.diagnosis = DiagnosisRecord(failed.log, d.summary())
+            except Exception as exc:  # noqa: BLE001 - a diagnosis never masks the failure itself
+                self.report.diagnosis = DiagnosisRecord(error=str(exc))
+        first = failed.detail.splitlines()[0] if failed.detail else failed.name
+        exc = PrecheckFailed(f"the prepared build failed its {failed.name} check: {first}"
+                             + cause_text(self.report.root_cause),
+                             hint=f"the service was never stopped and {t.env.prefix} is untouched; "
+                                  f"log: {failed.log or '(none)'}")
+        self.report.failure = Failure.of("prepare", exc)
+        self.say(f"rejected: {exc.message}")
+        j.append("finished", status="rejected", before=self.report.before, after=self.report.before,
+                 attempted=self.report.attempted, check=failed.name, root_cause=_to_json(self.report.root_cause),
+                 downtime=None)
+
+    def load_prepared(self) -> None:
+        """`--prepared`: the prepared state, refused (PreparedStale, exit 2, nothing changed)
+        when there is none, when the recipe, the live environment or uv's settings changed
+        since, or when a wheel of its lock left uv's cache — proven by building it again,
+        offline, in a throwaway environment (uv's own dry run does not look into the cache)."""
+        import shutil
+
+        from rewheel import staging
+        from rewheel.errors import PreparedStale
+
+        t = self.t
+        t0 = time.monotonic()
+        prepared = staging.load(t.store.env_dir)
+        if prepared is None:
+            raise PreparedStale(f"nothing is prepared for {t.env.prefix}",
+                                hint=f"`rewheel run {t.cli_ref} --prepare-only` prepares the upgrade while the "
+                                     "service serves; nothing was changed")
+        staging.refuse_stale(staging.stale_reasons(prepared, t.recipe, t.env), t.cli_ref)
+        self.say(f"── checking the prepared upgrade of {prepared.created_iso} against uv's cache (offline)")
+        scratch = staging.new_folder(t.store.env_dir)
+        try:
+            build = self.host.prepare(t.recipe, t.env, folder=scratch, lock=Path(prepared.lock), offline=True,
+                                      checks=False, on_line=self.on_output, say=self.say)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if not build.ok:
+            failed = build.failed
+            raise PreparedStale(f"the prepared upgrade cannot be installed offline: {failed.detail.splitlines()[0]}",
+                                hint=f"a wheel of {prepared.lock} is no longer in uv's cache; prepare it again: "
+                                     f"`rewheel run {t.cli_ref} --prepare-only`; nothing was changed")
+        self.prepared = prepared
+        self.report.prepared = prepared
+        self.report.steps.append(StepRecord.since("prepared", True, t0))
+
+    def downtime(self) -> Downtime | None:
+        """The service's downtime so far (see Downtime); None when it was never stopped."""
+        if self.down_t0 is None or self.svc is None:
+            return None
+        healthy = self.svc.healthy_at
+        end = healthy if healthy is not None and healthy > self.down_t0 else time.monotonic()
+        before_revert = self.report.steps
+        if self.revert_t0 is not None:
+            idx = next((i for i, s in enumerate(self.report.steps) if s.name == "revert"), len(self.report.steps))
+            before_revert = self.report.steps[:idx]
+        parts = dict.fromkeys(DOWNTIME_PARTS, 0.0)
+        names = {"stop": "stop", "snapshot": "snapshot", "reinstall": "install", "smoke": "smoke"}
+        for step in before_revert:
+            part = names.get(step.name)
+            if part and not parts[part]:
+                parts[part] = step.seconds
+        first = [st for st in self.svc.starts if st[0] >= self.down_t0
+                 and (self.revert_t0 is None or st[0] < self.revert_t0)]
+        if first:
+            parts["start"], parts["ready"] = first[0][1], first[0][2]
+        if self.revert_t0 is not None:
+            parts["revert"] = max(0.0, end - self.revert_t0)
+        return Downtime(max(0.0, end - self.down_t0), parts)
+
     def record_failure(self, exc: Exception) -> str:
         """Put the failure into the report (at the step the journal last announced); returns
         its message."""
@@ -1148,7 +1410,10 @@ class _Cycle:
         from rewheel import diff as diffmod
         from rewheel import suspects as suspectsmod
 
-        if root is None or not root.frames or not self.report.files or self.snap is None:
+        if root is None or not root.frames or self.snap is None:
+            return
+        self.finish_file_diff()
+        if not self.report.files:
             return
         try:
             removed = [] if self.t.recipe.patch_policy == "reapply" else self.report.patches
@@ -1181,6 +1446,7 @@ class _Cycle:
         from rewheel.errors import RestoreError, RewheelError
 
         t0 = time.monotonic()
+        self.revert_t0 = t0
         self.j.append("step", name="revert", reason=reason)
         self.say(f"── revert: {reason}")
         revert = RevertRecord(reason)
@@ -1229,63 +1495,115 @@ class _Cycle:
 
 
 def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert: bool = False,
+        prepare_only: bool = False, prepared: bool = False,
         say: Say = _quiet, on_output: Say = _quiet, progress: Progress | None = None,
         confirm: Callable[[RunReport], None] | None = None) -> RunReport:
     """The whole run cycle (docs/run-cycle.md). Returns the report — status "failed" (exit 3) when a revert
     could not verify the old state. Raises for preflight and usage problems (nothing changed)
-    and for a failure before the reinstall (the service is put back as it was)."""
-    from rewheel.errors import RewheelError
+    and for a failure before the reinstall (the service is put back as it was).
+
+    Staged (`[install] staged`, the default): the upgrade is prepared and pre-checked while the
+    service serves — a build that fails there is `rejected` and the service never stops — then
+    swapped in offline from uv's cache. `prepare_only` stops after the prepare (`prepared`);
+    `prepared` swaps in what an earlier `prepare_only` made, refused when it is stale."""
+    from rewheel import staging
+    from rewheel.errors import UsageError
 
     refuse_system_interpreter(t)
+    if prepare_only and prepared:
+        raise UsageError("--prepare-only and --prepared exclude each other",
+                         hint="--prepare-only prepares now; --prepared swaps in what was prepared")
+    if prepared and lock:
+        raise UsageError("--prepared installs the lock prepared earlier; give --lock to --prepare-only instead")
+    staged = prepare_only or prepared or t.recipe.install.staged
+    if staged and t.recipe.patch_policy == "keep-old-version":
+        if prepare_only or prepared:
+            raise UsageError(f'{t.recipe.source}: patches.policy = "keep-old-version" cannot be staged: which '
+                             "distributions keep their version is known only from the snapshot's patch scan",
+                             hint="run without --prepare-only/--prepared (the unstaged cycle)")
+        staged = False
+        say('patches.policy = "keep-old-version": the upgrade is not staged (its kept versions come from '
+            "the snapshot's patch scan)")
     cyc = _Cycle(t, lock=lock, say=say, on_output=on_output, progress=progress)
+    cyc.report.staged = staged
     with EnvLock(t.store.env_dir, "run", prefix=t.env.prefix) as lk:
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
-        if not cyc.preflight(confirm, dry_run):
+        if prepared and not dry_run:
+            cyc.load_prepared()  # refused here when stale: before the question
+        if not cyc.preflight(None if prepare_only else confirm, dry_run):
             return cyc.report
+        if staged and not prepared and not cyc.prepare(prepare_only):
+            return cyc.report  # rejected, or prepared only: the service was never stopped
         cyc.j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=lock,
-                                  before=cyc.report.before, plan=_to_json(cyc.report.plan))
+                                  before=cyc.report.before, plan=_to_json(cyc.report.plan), staged=staged,
+                                  prepared=cyc.prepared.lock if cyc.prepared else None)
         lk.journal = cyc.j  # uv and the smoke test are journaled (pid, group, start time)
         cyc.report.run_id = cyc.j.id
         cyc.report.run_dir = str(cyc.j.dir)
         try:
-            cyc.stop()
-            cyc.snapshot()
-        except Exception as exc:
-            # Nothing was installed yet: put the service back as it was and stop here.
-            cyc.record_failure(exc)
-            _restart_after_abort(cyc)
-            cyc.j.append("finished", status="failed", error=str(exc))
-            raise
-        try:
-            cyc.reinstall()
-            cyc.diff()
-            cyc.smoke()
-            cyc.start()
-            cyc.keep()
-        except Exception as exc:  # any failure after the reinstall began is reverted
-            reason = f"{cyc.j.last_step} failed: {cyc.record_failure(exc)}"
-            if not cyc.report.steps or cyc.report.steps[-1].name != cyc.j.last_step:
-                cyc.report.steps.append(StepRecord(cyc.j.last_step or "?", False))
-            if no_revert:
-                cyc.report.status = "failed"
-                cyc.report.after = t.env.versions()
-                cyc.j.append("finished", status="failed", kept_failed_state=True, before=cyc.report.before,
-                             after=cyc.report.after)
-                return cyc.report
-            try:
-                cyc.revert(reason)
-            except RewheelError as rexc:
-                # Exit 3: the report says what failed and what a person must do.
-                cyc.report.status = "failed"
-                cyc.report.revert = cyc.report.revert or RevertRecord(reason)
-                cyc.report.revert.error, cyc.report.revert.hint = rexc.message, rexc.hint
-            finally:
-                cyc.j.append("finished", status=cyc.report.status, reason=reason,
-                             before=cyc.report.before, after=cyc.report.after,
-                             root_cause=_to_json(cyc.report.root_cause))
+            return _swap(cyc, no_revert)
+        finally:
+            if cyc.prepared is not None and cyc.j.last_step not in (None, "stop", "snapshot"):
+                # Installed (kept or reverted): used up; its lock and logs stay with the run.
+                kept = staging.discard(t.store.env_dir, keep_in=cyc.j.dir)
+                if kept is not None:
+                    cyc.prepared.moved(staging.folder(t.store.env_dir), kept)
+
+
+def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
+    """Stop, snapshot, install, diff, smoke, start, keep — or revert: the part of the cycle
+    the service is down for."""
+    from rewheel.errors import RewheelError
+
+    t = cyc.t
+    try:
+        cyc.stop()
+        cyc.snapshot()
+    except Exception as exc:
+        # Nothing was installed yet: put the service back as it was and stop here.
+        cyc.record_failure(exc)
+        _restart_after_abort(cyc)
+        cyc.report.downtime = cyc.downtime()
+        cyc.j.append("finished", status="failed", error=str(exc), downtime=_to_json(cyc.report.downtime))
+        raise
+    try:
+        cyc.reinstall()
+        cyc.diff()
+        cyc.smoke()
+        cyc.start()
+        cyc.keep()
+    except Exception as exc:  # any failure after the reinstall began is reverted
+        reason = f"{cyc.j.last_step} failed: {cyc.record_failure(exc)}"
+        cyc.finish_file_diff()  # of the failed build, before a restore replaces it
+        if not cyc.report.steps or cyc.report.steps[-1].name != cyc.j.last_step:
+            cyc.report.steps.append(StepRecord(cyc.j.last_step or "?", False))
+        if no_revert:
+            cyc.report.status = "failed"
+            cyc.unshare()  # left for debugging, and edited in place: not through uv's cache
+            cyc.report.after = t.env.versions()
+            cyc.report.downtime = cyc.downtime()
+            cyc.j.append("finished", status="failed", kept_failed_state=True, before=cyc.report.before,
+                         after=cyc.report.after, downtime=_to_json(cyc.report.downtime))
             return cyc.report
-        cyc.j.append("finished", status="upgraded", before=cyc.report.before, after=cyc.report.after)
+        try:
+            cyc.revert(reason)
+        except RewheelError as rexc:
+            # Exit 3: the report says what failed and what a person must do.
+            cyc.report.status = "failed"
+            cyc.report.revert = cyc.report.revert or RevertRecord(reason)
+            cyc.report.revert.error, cyc.report.revert.hint = rexc.message, rexc.hint
+        finally:
+            cyc.report.downtime = cyc.downtime()
+            cyc.j.append("finished", status=cyc.report.status, reason=reason,
+                         before=cyc.report.before, after=cyc.report.after,
+                         root_cause=_to_json(cyc.report.root_cause), downtime=_to_json(cyc.report.downtime))
         return cyc.report
+    cyc.report.downtime = cyc.downtime()
+    cyc.finish_file_diff()  # the service answers already: outside the downtime
+    cyc.unshare()
+    cyc.j.append("finished", status="upgraded", before=cyc.report.before, after=cyc.report.after,
+                 downtime=_to_json(cyc.report.downtime))
+    return cyc.report
 
 
 def _restart_after_abort(cyc: _Cycle) -> None:

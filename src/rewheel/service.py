@@ -84,6 +84,9 @@ class HealthResult:
     # False: a service left running was only health-checked, not restarted (rollback's
     # "no byte changed"); None: not said, and not in the JSON.
     restarted: bool | None = None
+    # Seconds from the start to the first 200 of the health URL (before the settle time and
+    # the probe): where a run's downtime ends. None without a health URL. Not in the JSON.
+    first_healthy_s: float | None = None
 
     def to_json(self) -> dict[str, object]:
         doc: dict[str, object] = {"ok": self.ok, "seconds": round(self.seconds, 3), "detail": self.detail,
@@ -785,13 +788,15 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
 
     try:
         healthy_detail = "no health_url: liveness only"
+        first_healthy: float | None = None
         if spec.health_url:
             while True:
                 restarts = liveness("while starting")
                 remaining = deadline - time.monotonic()
                 code, _body, said = _get(http, spec.health_url, max(0.5, min(10.0, remaining)))
                 if code == 200:
-                    healthy_detail = f"{spec.health_url} answered 200 after {elapsed():.1f}s"
+                    first_healthy = elapsed()
+                    healthy_detail = f"{spec.health_url} answered 200 after {first_healthy:.1f}s"
                     break
                 progress(f"waiting for {spec.health_url}: {said}")
                 if time.monotonic() >= deadline:
@@ -825,7 +830,8 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
                            hint="the service runs, but not what the recipe expects (service.probe.expect)")
             detail += f"; probe {spec.probe.url} ok"
         return HealthResult(ok=True, seconds=elapsed(), detail=detail, health_url=spec.health_url,
-                            probe_url=spec.probe.url if spec.probe else None, n_restarts=restarts)
+                            probe_url=spec.probe.url if spec.probe else None, n_restarts=restarts,
+                            first_healthy_s=first_healthy)
     finally:
         if own_client:
             http.close()

@@ -1,0 +1,464 @@
+"""Staged upgrades: the new build resolved, fetched, built and pre-checked beside the live
+environment while the service still serves, and the prepared state a swap installs offline
+from uv's cache ([run-cycle.md](../../docs/run-cycle.md), "Staged upgrades").
+
+`build` is what the host does (the `Host.prepare` seam): in a throwaway `uv venv` (the
+recipe's interpreter, so the same Python) it resolves the upgrade to an exact PEP 751 lock —
+the same resolution `rewheel ci` makes, from the live environment's pinned set — installs it
+(which brings every wheel into uv's cache), and runs the CPU part of the check there: the
+recipe's packages imported, `uv pip check`, the recipe's `[smoke] precheck`. With `offline`
+and a lock it only rebuilds from the cache: the honest proof, for `run --prepared`, that every
+wheel is still there (uv's `--dry-run` says "would download" without looking).
+
+The prepared state lives in the target's state folder, `<env>/prepared/`:
+  pylock.toml     the exact set the swap installs
+  prepared.json   what it was prepared from (the recipe's sha256, the live environment's
+                  distributions fingerprint, uv's version and UV_* settings), the versions,
+                  the changes and the checks; written last: a folder without it is unfinished
+  logs/           one log per step
+It is made in `<env>/prepared.new/` (with the throwaway environment in `work/`) and renamed
+into place once complete; a killed prepare leaves only that folder, which the next one removes.
+Nothing here writes into the live environment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rewheel import proc
+from rewheel.errors import InstallError, PreparedStale, RewheelError
+
+if TYPE_CHECKING:
+    from rewheel.environment import Environment
+    from rewheel.recipe import Recipe
+
+Say = Callable[[str], None]
+PREPARED = "prepared"
+CHECK_TIMEOUT_S = 600.0
+# uv settings that change what a resolution or an install means; a prepared lock made under
+# others is stale. (Values are hashed, never stored: some carry index credentials.)
+_UV_SETTINGS = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_FIND_LINKS",
+                "UV_CACHE_DIR", "UV_PRERELEASE", "UV_TORCH_BACKEND", "UV_CONSTRAINT", "UV_OVERRIDE")
+# Imports every upgraded package; a traceback for each that fails (diagnose reads them).
+_IMPORTS = """\
+import importlib, sys, traceback
+failed = 0
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+        print(f"import {name}: ok", flush=True)
+    except BaseException:
+        traceback.print_exc()
+        failed = 1
+sys.exit(failed)
+"""
+
+
+@dataclass
+class PrepCheck:
+    """One step of a prepare: "resolve", "build", "imports", "dependencies", "precheck"."""
+
+    name: str
+    ok: bool
+    seconds: float = 0.0
+    detail: str = ""
+    log: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class Build:
+    """What `build` made of an upgrade: the lock, the throwaway environment's versions and
+    distributions (for the diff of what the swap would change), each check, the first failed."""
+
+    ok: bool
+    lock: str
+    versions: dict[str, str] = field(default_factory=dict)
+    distributions: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[PrepCheck] = field(default_factory=list)
+    # The top-level package a failing check's traceback is read for (diagnosis).
+    package: str | None = None
+
+    @property
+    def failed(self) -> PrepCheck | None:
+        return next((c for c in self.checks if not c.ok), None)
+
+    def moved(self, old: Path, new: Path) -> None:
+        """Its files now live under `new` instead of `old`."""
+        def move(p: str | None) -> str | None:
+            if p is None or not p.startswith(str(old)):
+                return p
+            return str(new) + p[len(str(old)):]
+        self.lock = move(self.lock) or self.lock
+        for c in self.checks:
+            c.log = move(c.log)
+
+
+@dataclass
+class Prepared:
+    """The prepared state (prepared.json): what a later `run --prepared` swaps in, and what it
+    was prepared from (the keys `check_fresh` compares)."""
+
+    created: float
+    recipe: str
+    recipe_sha256: str
+    env_fingerprint: str
+    uv_settings: str
+    uv_version: str
+    source: str  # "resolved" | "lock FILE"
+    lock: str
+    reinstall: str
+    before: dict[str, str] = field(default_factory=dict)
+    after: dict[str, str] = field(default_factory=dict)
+    checks: list[PrepCheck] = field(default_factory=list)
+    folder: str = ""
+    # The live environment's import name of the upgraded package (for diagnosis).
+    package: str | None = None
+    # Whether every check passed (a rejected build's record says false; only a passing one is saved).
+    ok: bool = True
+
+    def moved(self, old: Path, new: Path) -> None:
+        """Its folder now lives at `new` instead of `old` (a swap keeps it with its run)."""
+        def move(p: str | None) -> str | None:
+            return str(new) + p[len(str(old)):] if p and p.startswith(str(old)) else p
+        self.folder = move(self.folder) or self.folder
+        self.lock = move(self.lock) or self.lock
+        for c in self.checks:
+            c.log = move(c.log)
+
+    @property
+    def created_iso(self) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.created))
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["checks"] = [c.to_json() for c in self.checks]
+        doc["created_iso"] = self.created_iso
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Prepared:
+        doc = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        doc["checks"] = [PrepCheck(**c) for c in doc.get("checks", [])]
+        return cls(**doc)
+
+
+# --- what a prepared lock was made from ------------------------------------------------------
+
+def recipe_digest(recipe: Recipe) -> str:
+    """sha256 of the recipe file's bytes (of its parsed form for a bare `--python` target)."""
+    if recipe.path is not None and Path(recipe.path).is_file():
+        return hashlib.sha256(Path(recipe.path).read_bytes()).hexdigest()
+    return hashlib.sha256(repr(recipe).encode()).hexdigest()
+
+
+def env_fingerprint(env: Environment) -> str:
+    """sha256 over every installed distribution: name, version, and its RECORD's bytes (an
+    install, removal or reinstall of any of them changes it)."""
+    h = hashlib.sha256()
+    for d in sorted(env.distributions(), key=lambda d: d.name):
+        try:
+            record = (d.dist_info / "RECORD").read_bytes()
+        except OSError:
+            record = b""
+        h.update(f"{d.name}=={d.version_text}\0{d.dist_info.name}\0".encode())
+        h.update(hashlib.sha256(record).digest())
+    return h.hexdigest()
+
+
+def uv_settings() -> str:
+    """sha256 of the UV_* settings that change a resolution or an install."""
+    doc = {k: os.environ.get(k) for k in _UV_SETTINGS}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+# --- the build (the real `Host.prepare`) -------------------------------------------------------
+
+def _step(checks: list[PrepCheck], name: str, fn: Callable[[], str], log: Path | None, say: Say) -> bool:
+    say(f"   prepare: {name}")
+    t0 = time.monotonic()
+    try:
+        detail = fn()
+        ok = True
+    except _CheckFailed as exc:
+        detail, ok = exc.detail, False
+    except RewheelError as exc:
+        detail, ok = exc.message, False
+    checks.append(PrepCheck(name, ok, time.monotonic() - t0, detail, str(log) if log else None))
+    if not ok:
+        say(f"   prepare: {name} FAILED: {detail.splitlines()[0] if detail else ''}")
+    return ok
+
+
+class _CheckFailed(Exception):
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+def _cpu_env() -> dict[str, str]:
+    """The environment of a pre-check: no GPU (the service still holds them)."""
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _tail(cp: proc.Completed, n: int = 12) -> str:
+    from rewheel.installer import redact
+
+    lines = [redact(line) for line in cp.stdout.splitlines() if line.strip()]
+    return "\n".join(lines[-n:])
+
+
+def build(recipe: Recipe, env: Environment, *, folder: Path, lock: Path | None = None,
+          offline: bool = False, checks: bool = True, on_line: Say | None = None,
+          say: Say | None = None) -> Build:
+    """Build the upgrade of `env` per `recipe` in a throwaway environment under `folder/work`
+    (removed at the end) and check it on the CPU; logs in `folder/logs`, the lock at
+    `folder/pylock.toml`. `lock`: install exactly that instead of resolving. `offline`: from
+    uv's cache only (a lock is then required). `checks=False`: only the build. A failing step
+    is a result (`Build.ok` false, the step in `checks`), never an exception; setup problems
+    (no interpreter) raise."""
+    from rewheel import nightly
+    from rewheel.environment import Environment
+    from rewheel.installer import error_lines, install, usable_lock
+
+    say = say or (lambda _: None)
+    logs = folder / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    work = folder / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    out = folder / "pylock.toml"
+    result = Build(ok=False, lock=str(out))
+    try:
+        python = nightly.make_venv(recipe, work / "env")
+        scoped = nightly.scoped_recipe(recipe, python)
+        if not any(a.split("=", 1)[0] == "--link-mode" for a in scoped.install.uv_args):
+            # Links into uv's cache: the throwaway copy of a vLLM environment costs no disk.
+            scoped = replace(scoped, install=replace(scoped.install,
+                                                     uv_args=(*scoped.install.uv_args, "--link-mode", "hardlink")))
+
+        def resolve() -> str:
+            if lock is not None:
+                with usable_lock(lock) as usable:
+                    shutil.copyfile(usable, out)
+                return f"the given lock {lock}: {len(nightly.read_lock(out))} package(s)"
+            pins, pinned, _left = nightly.export_pins(env, recipe.install.names, folder)
+            cp = nightly.resolve_lock(scoped, out, folder, logs / "resolve.log", pins=pins,
+                                      upgrade_all=recipe.install.reinstall == "all", on_output=on_line)
+            if cp.timed_out or cp.returncode != 0 or not out.is_file():
+                raise _CheckFailed(f"uv could not resolve the upgrade (exit {cp.returncode}): "
+                                   + " ".join(error_lines(cp.stdout.splitlines(), 3)))
+            return f"{len(nightly.read_lock(out))} package(s) locked ({pinned} pinned from {env.prefix})"
+
+        def make() -> str:
+            try:
+                res = install(scoped, lock=out, on_line=on_line, log_path=logs / "build.log", offline=offline)
+            except InstallError as exc:
+                raise _CheckFailed(exc.message) from None
+            new = Environment.inspect(python)
+            result.versions = new.versions()
+            result.distributions = [d.to_json() for d in new.distributions()]
+            result.package = new.import_name(recipe.install.names)
+            return f"{len(result.versions)} distribution(s) in {res.seconds:.1f}s" + \
+                   (" offline from uv's cache" if offline else "")
+
+        steps: list[tuple[str, Callable[[], str], Path | None]] = [
+            ("resolve", resolve, None if lock is not None else logs / "resolve.log"),
+            ("build", make, logs / "build.log")]
+        if checks:
+            steps += [("imports", lambda: _imports(recipe, python, logs / "imports.log", on_line), logs / "imports.log"),
+                      ("dependencies", lambda: _dependencies(python, logs / "dependencies.log"),
+                       logs / "dependencies.log")]
+            if recipe.smoke is not None and recipe.smoke.precheck:
+                steps.append(("precheck", lambda: _precheck(recipe, python, logs / "precheck.log", on_line),
+                              logs / "precheck.log"))
+        for name, fn, log in steps:
+            if not _step(result.checks, name, fn, log, say):
+                return result
+        result.ok = True
+        return result
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _imports(recipe: Recipe, python: Path, log: Path, on_line: Say | None) -> str:
+    from rewheel.environment import Environment
+
+    new = Environment.inspect(python)
+    names = list(dict.fromkeys(n for n in (new.import_name([d]) for d in recipe.install.names) if n))
+    if not names:
+        return "nothing to import"
+    cp = proc.stream([str(python), "-c", _IMPORTS, *names], on_line=on_line, timeout=CHECK_TIMEOUT_S,
+                     env=_cpu_env(), cwd=log.parent, log_path=log)
+    if cp.timed_out:
+        raise _CheckFailed(f"importing {', '.join(names)} did not finish within {CHECK_TIMEOUT_S:g}s")
+    if cp.returncode != 0:
+        raise _CheckFailed(f"importing {', '.join(names)} failed (exit {cp.returncode}):\n{_tail(cp)}")
+    return "imported " + ", ".join(names)
+
+
+def _dependencies(python: Path, log: Path) -> str:
+    from rewheel.installer import find_uv
+
+    cp = proc.stream([find_uv(), "pip", "check", "--python", str(python), "--no-progress", "--color", "never"],
+                     timeout=CHECK_TIMEOUT_S, log_path=log)
+    if cp.returncode != 0 or cp.timed_out:
+        raise _CheckFailed(f"the dependencies are inconsistent (`uv pip check`, exit {cp.returncode}):\n{_tail(cp)}")
+    return "consistent (uv pip check)"
+
+
+def _precheck(recipe: Recipe, python: Path, log: Path, on_line: Say | None) -> str:
+    from rewheel.smoke import run_smoke
+
+    assert recipe.smoke is not None
+    # The recipe's smoke runner (its own process group, the timeout, the log), on the precheck.
+    aimed = replace(recipe, python=python, smoke=replace(recipe.smoke, command=recipe.smoke.precheck, gpus=0))
+    res = run_smoke(aimed, log_path=log, on_line=on_line, env=_cpu_env())
+    if not res.ok:
+        why = f"timed out after {res.timeout_s:g}s" if res.timed_out else f"exited {res.returncode}"
+        raise _CheckFailed(f"the precheck {why}: {' '.join(res.argv)}")
+    return f"passed in {res.seconds:.1f}s: {' '.join(res.argv)}"
+
+
+# --- the prepared state --------------------------------------------------------------------------
+
+def folder(env_dir: Path) -> Path:
+    return env_dir / PREPARED
+
+
+def new_folder(env_dir: Path) -> Path:
+    """A fresh `prepared.new/`: what a killed prepare left there is removed first."""
+    d = env_dir / f"{PREPARED}.new"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True, mode=0o700)
+    return d
+
+
+def save(env_dir: Path, new: Path, prepared: Prepared) -> Prepared:
+    """Make `new` (a finished prepare's folder) the prepared state, replacing any older one:
+    prepared.json written last, then the folder renamed into place."""
+    from rewheel.paths import atomic_write
+
+    final = folder(env_dir)
+    old = env_dir / f"{PREPARED}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    prepared.folder = str(final)
+    prepared.lock = str(final / Path(prepared.lock).name)
+    for c in prepared.checks:
+        if c.log and c.log.startswith(str(new)):
+            c.log = str(final) + c.log[len(str(new)):]
+    atomic_write(new / "prepared.json", json.dumps(prepared.to_json(), indent=1))
+    new.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+    return prepared
+
+
+def load(env_dir: Path) -> Prepared | None:
+    path = folder(env_dir) / "prepared.json"
+    try:
+        return Prepared.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def discard(env_dir: Path, keep_in: Path | None = None) -> Path | None:
+    """The prepared state is used up (a swap installed it): moved into `keep_in` (the run's
+    folder, so that its lock and logs stay with the run; returns where), or removed."""
+    d = folder(env_dir)
+    if not d.exists():
+        return None
+    if keep_in is not None:
+        try:
+            d.rename(keep_in / PREPARED)
+            return keep_in / PREPARED
+        except OSError:
+            pass
+    shutil.rmtree(d, ignore_errors=True)
+    return None
+
+
+def stale_reasons(prepared: Prepared, recipe: Recipe, env: Environment) -> list[str]:
+    """Why a prepared lock no longer fits (empty: it does): the recipe, the live
+    environment, or uv's settings changed since it was prepared."""
+    from rewheel.installer import uv_version
+
+    why = []
+    if prepared.recipe_sha256 != recipe_digest(recipe):
+        why.append(f"the recipe {recipe.source} changed since {prepared.created_iso}")
+    if prepared.env_fingerprint != env_fingerprint(env):
+        why.append(f"the live environment {env.prefix} changed since {prepared.created_iso} "
+                   "(a distribution was installed, removed or reinstalled)")
+    if prepared.uv_settings != uv_settings():
+        why.append("uv's settings (UV_* variables: indexes, cache) changed since it was prepared")
+    if prepared.uv_version != uv_version():
+        why.append(f"uv changed ({prepared.uv_version} then, {uv_version()} now)")
+    return why
+
+
+def planned_swap(prepared: Prepared, recipe: Recipe) -> Any:  # installer.InstallPlan
+    """The plan of a swap: what the prepared lock changes against the versions it was prepared
+    from (the live environment's, which `stale_reasons` proved unchanged)."""
+    from rewheel.installer import InstallPlan, PlannedChange
+
+    names = sorted(set(prepared.before) | set(prepared.after))
+    again = recipe.install.reinstall == "all"
+    changes = [PlannedChange(n, prepared.before.get(n), prepared.after.get(n)) for n in names
+               if prepared.before.get(n) != prepared.after.get(n) or (again and n in prepared.after)]
+    argv = ["uv", "pip", "sync" if prepared.source.startswith("lock ") else "install", "--offline",
+            "--python", str(recipe.python), "-r", prepared.lock]
+    return InstallPlan(argv=argv, changes=changes, resolved=len(prepared.after), lock=prepared.lock)
+
+
+def refuse_stale(reasons: list[str], cli_ref: str) -> None:
+    if reasons:
+        raise PreparedStale("the prepared upgrade is stale: " + "; ".join(reasons),
+                            hint=f"prepare it again: `rewheel run {cli_ref} --prepare-only` (or a plain "
+                                 f"`rewheel run {cli_ref}`, which prepares and swaps); nothing was changed")
+
+
+def unshare(env: Environment, since_ns: int) -> tuple[int, int]:
+    """Give the files a swap hard-linked from uv's cache inodes of their own again: each file
+    of a distribution installed at or after `since_ns` (its RECORD's mtime) that has more than
+    one link is copied beside itself and renamed over it (same bytes, mode and mtime; a running
+    service keeps the inode it opened). Returns (files, bytes). Run once the service answers:
+    the swap links (seconds) instead of copying (a minute for torch and the CUDA libraries),
+    and this restores the independence of the environment and the cache — a patch written in
+    place later must not change the cached wheel — outside the downtime."""
+    files = size = 0
+    for d in env.distributions():
+        if d.install_time_ns < since_ns:
+            continue
+        for e in d.record:
+            path = Path(e.path)
+            try:
+                st = path.lstat()
+            except OSError:
+                continue
+            if not path.is_file() or path.is_symlink() or st.st_nlink < 2:
+                continue
+            tmp = path.with_name(f".{path.name}.rewheel-unshare")
+            try:
+                shutil.copy2(path, tmp)
+                os.replace(tmp, path)
+            except OSError:
+                tmp.unlink(missing_ok=True)
+                continue
+            files += 1
+            size += st.st_size
+    return files, size
+

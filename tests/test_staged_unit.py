@@ -1,0 +1,104 @@
+"""Staged runs in the cycle's fake world (tests/support_cycle.py): what a rejected build, a
+prepare-only run, a swap of a prepared build and a stale one do to the service, the
+environment, the store and the journal — in milliseconds. The real build, on a real venv,
+index and service, is tests/test_staged.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from rewheel import journal, runner, staging
+from rewheel.errors import EXIT_OK, EXIT_REVERTED, EXIT_USAGE, PreparedStale
+
+from support_cycle import PKG, World, install_toypkg, last_run, steps, version
+
+
+def test_a_build_failing_its_checks_is_rejected_and_the_service_never_stops(world: tuple[World, runner.Target]) -> None:
+    w, t = world
+    w.precheck_fails = True
+    rep = runner.run(t)
+    assert (rep.status, rep.exit_code) == ("rejected", EXIT_REVERTED)
+    assert w.manager.calls == [] and w.manager.up and w.gpu_waits == []
+    assert version(t) == "1.0.0" and t.store.list() == [] and rep.snapshot_id is None
+    assert rep.downtime is None and rep.to_json()["downtime"] is None
+    assert steps(rep) == [("preflight", True), ("prepare", False)]
+    assert rep.failure is not None and rep.failure.step == "prepare" and "imports" in rep.failure.message
+    assert rep.root_cause is not None and rep.root_cause.type == "RuntimeError"
+    # The diff of what would have changed, and the failing check's log kept with the run.
+    assert [(c.name, c.old, c.new) for c in rep.changes] == [(PKG, "1.0.0", "2.0.0")]
+    assert rep.logs["imports"].startswith(rep.run_dir) and "RuntimeError" in open(rep.logs["imports"]).read()
+    j = last_run(t)
+    assert j.status == "rejected" and j.summary()["downtime"] is None
+    assert journal.interrupted_run(t.store.env_dir) is None
+    assert staging.load(t.store.env_dir) is None and not (t.store.env_dir / "prepared.new").exists()
+
+
+def test_prepare_only_then_prepared_swaps_offline(world: tuple[World, runner.Target]) -> None:
+    w, t = world
+    rep = runner.run(t, prepare_only=True)
+    assert (rep.status, rep.exit_code) == ("prepared", EXIT_OK)
+    assert w.manager.calls == [] and version(t) == "1.0.0" and rep.downtime is None
+    ready = rep.to_json()["prepared"]
+    assert ready["ok"] and ready["after"] == {PKG: "2.0.0"} and ready["lock"].endswith("prepared/pylock.toml")
+    assert last_run(t).status == "prepared"
+    rep = runner.run(t, prepared=True)
+    assert (rep.status, rep.exit_code) == ("upgraded", EXIT_OK)
+    assert version(t) == "2.0.0" and w.manager.calls == ["stop", "start"]
+    # The swap proved the wheels are in the cache by an offline build, without the checks again.
+    assert w.prepares[-1] == {"offline": True, "checks": False, "lock": staging.folder(t.store.env_dir) / "pylock.toml"}
+    assert [s for s, _ in steps(rep)][:3] == ["prepared", "preflight", "stop"]
+    assert rep.downtime is not None and rep.downtime.seconds > 0
+    # Used up: its lock and logs now live with the run.
+    assert staging.load(t.store.env_dir) is None and (last_run(t).dir / "prepared" / "pylock.toml").is_file()
+
+
+@pytest.mark.parametrize("change", ["nothing prepared", "recipe", "live environment", "cache"])
+def test_a_stale_prepared_build_is_refused_before_anything_changes(world: tuple[World, runner.Target],
+                                                                     change: str) -> None:
+    w, t = world
+    if change != "nothing prepared":
+        runner.run(t, prepare_only=True)
+    if change == "recipe":
+        t = replace(t, recipe=replace(t.recipe, install=replace(t.recipe.install, packages=(f"{PKG}>=2",))))
+    elif change == "live environment":
+        install_toypkg(w.site, "1.5.0")
+    elif change == "cache":
+        w.cache_lost = True
+    before = version(t)
+    with pytest.raises(PreparedStale) as exc:
+        runner.run(t, prepared=True)
+    assert exc.value.exit_code == EXIT_USAGE
+    words = {"nothing prepared": "nothing is prepared", "recipe": "recipe", "live environment": "live environment",
+             "cache": "offline"}[change]
+    assert words in exc.value.message and "--prepare-only" in (exc.value.hint or "")
+    assert w.manager.calls == [] and version(t) == before and t.store.list() == []
+
+
+def test_a_reverted_staged_run_counts_the_revert_in_its_downtime(world: tuple[World, runner.Target]) -> None:
+    w, t = world
+    w.smoke_fails = True
+    rep = runner.run(t)
+    assert (rep.status, rep.exit_code) == ("reverted", EXIT_REVERTED)
+    assert version(t) == "1.0.0" and w.manager.up
+    down = rep.to_json()["downtime"]
+    assert set(down["parts"]) == {"stop", "snapshot", "install", "smoke", "start", "ready", "revert"}
+    assert down["parts"]["revert"] > 0 and down["parts"]["start"] == 0  # the new build never started
+    assert last_run(t).summary()["downtime"] == down
+
+
+def test_staged_false_keeps_the_unstaged_cycle(world: tuple[World, runner.Target]) -> None:
+    w, t = world
+    t = replace(t, recipe=replace(t.recipe, install=replace(t.recipe.install, staged=False)))
+    rep = runner.run(t)
+    assert rep.status == "upgraded" and not rep.staged and w.prepares == []
+    assert [s for s, _ in steps(rep)] == ["preflight", "stop", "snapshot", "reinstall", "diff", "smoke", "start", "keep"]
+    assert rep.downtime is not None  # measured for both, so they can be compared
+
+
+def test_a_service_that_was_down_has_no_downtime(world: tuple[World, runner.Target]) -> None:
+    w, t = world
+    w.manager.up = False
+    rep = runner.run(t)
+    assert rep.status == "upgraded" and rep.downtime is None and not w.manager.up
