@@ -78,6 +78,8 @@ class FakeManager:
     up: bool = True
     fail: set[str] = field(default_factory=set)
     calls: list[str] = field(default_factory=list)
+    # What the service does to the host as it stops (writes a byte-compiled cache, say).
+    on_stop: Callable[[], None] | None = None
 
     def describe(self) -> str:
         return "fake service"
@@ -92,6 +94,8 @@ class FakeManager:
         self.calls.append("stop")
         if "stop" in self.fail:
             raise ServiceError("fake service did not stop within 1s")
+        if self.on_stop is not None:
+            self.on_stop()
         self.up = False
 
     def start(self) -> None:

@@ -11,6 +11,8 @@ venvs, a real index and a real service.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import time
 
 import pytest
@@ -28,8 +30,8 @@ def test_good_upgrade_is_kept(world: tuple[World, runner.Target]) -> None:
     rep = runner.run(t)
     assert (rep.status, rep.exit_code) == ("upgraded", EXIT_OK)
     assert version(t) == "2.0.0" and rep.before == {PKG: "1.0.0"} and rep.after == {PKG: "2.0.0"}
-    assert steps(rep) == [("preflight", True), ("prepare", True), ("stop", True), ("snapshot", True),
-                          ("reinstall", True), ("diff", True), ("smoke", True), ("start", True), ("keep", True),
+    assert steps(rep) == [("preflight", True), ("prepare", True), ("snapshot", True), ("stop", True),
+                          ("snapshot-check", True), ("reinstall", True), ("diff", True), ("smoke", True), ("start", True), ("keep", True),
                           ("unshare", True)]
     assert w.manager.calls == ["stop", "start"] and w.manager.up
     # Staged (the default): prepared once, online, with its checks, before the stop.
@@ -62,19 +64,23 @@ def test_stop_fails_nothing_changed(world: tuple[World, runner.Target]) -> None:
     with pytest.raises(ServiceError, match="did not stop") as exc:
         runner.run(t)
     assert exc.value.exit_code == EXIT_REVERTED
-    assert version(t) == "1.0.0" and t.store.list() == []
+    # Staged: the snapshot was taken while the service served, before the stop failed.
+    assert version(t) == "1.0.0" and [m.status for m in t.store.list()] == ["pre-upgrade"]
     assert w.manager.calls == ["stop", "start"] and w.health_calls == 1  # put back as it was
     j = last_run(t)
     assert j.status == "failed" and "did not stop" in (j.last("finished") or {})["error"]
 
 
-def test_snapshot_fails_service_restarted(world: tuple[World, runner.Target]) -> None:
+@pytest.mark.parametrize("staged", [True, False])
+def test_snapshot_fails_service_restarted(world: tuple[World, runner.Target], staged: bool) -> None:
     w, t = world
+    t = replace(t, recipe=replace(t.recipe, install=replace(t.recipe.install, staged=staged)))
     w.fetcher_fails = True
     with pytest.raises(OSError, match="No space left"):
         runner.run(t)
-    assert version(t) == "1.0.0"
-    assert w.manager.calls == ["stop", "start"] and w.manager.up
+    assert version(t) == "1.0.0" and w.manager.up
+    # Staged, the snapshot fails while the service still serves: it is never stopped.
+    assert w.manager.calls == ([] if staged else ["stop", "start"])
     assert last_run(t).status == "failed"
 
 

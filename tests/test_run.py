@@ -21,7 +21,9 @@ def test_good_upgrade_exits_0_and_serves_the_new_version(host_factory) -> None:
     assert rep["before"]["toypkg"] == "1.0.0" and rep["after"]["toypkg"] == "2.0.0"
     assert any(c["name"] == "toypkg" and c["change"] == "upgraded" for c in rep["changes"])
     # Staged (the default): prepared while the service served, then stopped for the swap only.
-    assert [s["name"] for s in rep["steps"] if s["ok"]][:3] == ["preflight", "prepare", "stop"]
+    # Snapshotted while it still served; in the window only the check that nothing changed since.
+    assert [s["name"] for s in rep["steps"] if s["ok"]][:5] == ["preflight", "prepare", "snapshot", "stop",
+                                                                 "snapshot-check"]
     assert all(s["ok"] for s in rep["steps"])
     assert h.served_version() == "2.0.0"
     down = rep["downtime"]

@@ -114,6 +114,10 @@ def test_prepare_only_then_prepared_with_the_index_gone(host_factory) -> None:
     site = next((h.prefix / "lib").glob("python3*/site-packages"))
     assert [(site / "toypkg" / f).stat().st_nlink for f in ("__init__.py", "core.py")] == [1, 1]
     assert [s["name"] for s in rep["steps"]][-1] == "unshare"
+    # Snapshotted while the real service served; the stat walk after its stop found it unchanged.
+    names = [s["name"] for s in rep["steps"]]
+    assert names[names.index("snapshot"):names.index("snapshot") + 3] == ["snapshot", "stop", "snapshot-check"]
+    assert names.count("snapshot") == 1
     down = rep["downtime"]
     assert down["seconds"] > 0 and set(down["parts"]) == {"stop", "snapshot", "install", "smoke", "start", "ready"}
     human = h.rewheel("history", str(h.recipe))

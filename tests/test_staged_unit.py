@@ -48,8 +48,11 @@ def test_prepare_only_then_prepared_swaps_offline(world: tuple[World, runner.Tar
     assert version(t) == "2.0.0" and w.manager.calls == ["stop", "start"]
     # The swap proved the wheels are in the cache by an offline build, without the checks again.
     assert w.prepares[-1] == {"offline": True, "checks": False, "lock": staging.folder(t.store.env_dir) / "pylock.toml"}
-    assert [s for s, _ in steps(rep)][:3] == ["prepared", "preflight", "stop"]
+    # Snapshotted while the service served; in the window only the check that nothing changed.
+    assert [s for s, _ in steps(rep)][:5] == ["prepared", "preflight", "snapshot", "stop", "snapshot-check"]
     assert rep.downtime is not None and rep.downtime.seconds > 0
+    check = next(s for s in rep.steps if s.name == "snapshot-check")
+    assert rep.downtime.parts["snapshot"] == check.seconds
     # Used up: its lock and logs now live with the run.
     assert staging.load(t.store.env_dir) is None and (last_run(t).dir / "prepared" / "pylock.toml").is_file()
 
@@ -102,3 +105,56 @@ def test_a_service_that_was_down_has_no_downtime(world: tuple[World, runner.Targ
     w.manager.up = False
     rep = runner.run(t)
     assert rep.status == "upgraded" and rep.downtime is None and not w.manager.up
+
+
+def test_a_staged_swap_snapshots_while_the_service_serves(world: tuple[World, runner.Target]) -> None:
+    """The snapshot (and the patch scan) run before the stop; in the window one stat walk
+    proves the environment still is that snapshot. The journal says so (`served`)."""
+    w, t = world
+    seen: list[int] = []
+    w.manager.on_stop = lambda: seen.append(len(t.store.list()))
+    rep = runner.run(t)
+    assert rep.status == "upgraded" and seen == [1]  # the snapshot existed when the stop came
+    names = [r.get("name") for r in last_run(t).records if r["event"] == "step"]
+    assert names.index("snapshot") < names.index("stop") < names.index("snapshot-check") < names.index("reinstall")
+    snap_rec = next(r for r in last_run(t).records if r["event"] == "step" and r.get("name") == "snapshot")
+    assert snap_rec.get("served") is True
+    assert [m.id for m in t.store.list()] == [rep.snapshot_id]
+
+
+def test_a_change_while_the_service_served_is_snapshotted_again(world: tuple[World, runner.Target]) -> None:
+    """A file written between the served snapshot and the stop (here: by the service as it
+    stops) fails the check: the snapshot is taken again in the window and the first removed,
+    so a revert gives back the environment as it was at the stop, that file included."""
+    w, t = world
+    written = w.site / PKG / "late.txt"
+    w.manager.on_stop = lambda: written.write_text("written while the service served\n")
+    w.smoke_fails = True
+    rep = runner.run(t)
+    assert (rep.status, rep.exit_code) == ("reverted", EXIT_REVERTED)
+    names = [s for s, _ in steps(rep)]
+    assert names[:6] == ["preflight", "prepare", "snapshot", "stop", "snapshot-check", "snapshot"]
+    assert [m.id for m in t.store.list() if m.status == "pre-upgrade"] == [rep.snapshot_id]
+    assert version(t) == "1.0.0" and written.read_text() == "written while the service served\n"
+    assert rep.downtime is not None and rep.downtime.parts["snapshot"] >= next(
+        s.seconds for s in rep.steps if s.name == "snapshot-check")
+
+
+def test_a_staged_run_killed_before_its_stop_changed_nothing(world: tuple[World, runner.Target],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after the served snapshot and before the stop: `resume` sees that nothing was
+    touched — no stop, no restore, no start of a service that never went down."""
+    w, t = world
+
+    def killed(self: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(runner._Cycle, "stop", killed)
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(t)
+    assert journal.interrupted_run(t.store.env_dir) is not None and len(t.store.list()) == 1
+    res = runner.resume(t)
+    assert res.status == "aborted" and "nothing had been changed" in res.action
+    assert w.manager.calls == [] and w.manager.up and version(t) == "1.0.0"
+    assert journal.interrupted_run(t.store.env_dir) is None

@@ -1051,11 +1051,12 @@ class _Cycle:
             self.down_t0 = time.monotonic()
         self.svc.stop()
 
-    def snapshot(self) -> None:
+    def snapshot(self, served: bool = False) -> None:
+        """The pre-upgrade snapshot and the patch scan (`served`: taken while the service still
+        serves, see `check_snapshot`; its cleanup paths wait for the stop)."""
         from rewheel import patches as patchmod
-        from rewheel.snapshot import stash_cleanup
 
-        with _Step(self, "snapshot"):
+        with _Step(self, "snapshot", served=served) if served else _Step(self, "snapshot"):
             dists = self.t.env.distributions()
             fetcher = self.host.fetcher(self.t.recipe)
             try:
@@ -1075,9 +1076,37 @@ class _Cycle:
             self.report.patches = list(self.scan.patches)
             self.report.patch_files = [str(p) for p in patchmod.save_patches(self.scan, run_dir)]
             self.report.hazards = sorted(patchmod.hazard_packages(self.scan))
-            if self.t.recipe.cleanup_paths:
-                self.report.cleanup = stash_cleanup(res.meta, self.t.recipe.cleanup_paths)
-                self.say(f"moved {len(self.report.cleanup)} cleanup path(s) into the snapshot")
+            if self.t.recipe.cleanup_paths and not served:
+                self.stash_cleanup()
+
+    def stash_cleanup(self) -> None:
+        from rewheel.snapshot import stash_cleanup
+
+        assert self.snap is not None
+        if self.t.recipe.cleanup_paths:
+            self.report.cleanup = stash_cleanup(self.snap, self.t.recipe.cleanup_paths)
+            self.say(f"moved {len(self.report.cleanup)} cleanup path(s) into the snapshot")
+
+    def check_snapshot(self) -> None:
+        """A staged run with a service snapshots while the service still serves (`snapshot(
+        served=True)`); once it is stopped, one stat walk (what `verify` compares: type, size,
+        mtime, mode, link target of every entry) proves the environment still is that snapshot
+        — a second or so in the window instead of the patch scan and the snapshot. Anything
+        changed meanwhile (an edit, a byte-compiled cache written): the snapshot is taken
+        again, in the window, and the first one removed. Cleanup paths move only now."""
+        assert self.snap is not None
+        with _Step(self, "snapshot-check", snapshot_id=self.snap.id):
+            same = _env_matches(self.t, self.snap)
+        if not same:
+            stale = self.snap
+            self.say(f"the environment changed while the service served: snapshot {stale.id} is taken again")
+            self.snapshot()
+            try:
+                self.t.store.delete(stale.id)
+            except (OSError, SnapshotError):
+                pass  # retention removes it later
+        else:
+            self.stash_cleanup()
 
     def reinstall(self) -> None:
         from rewheel import patches as patchmod
@@ -1362,7 +1391,13 @@ class _Cycle:
             before_revert = self.report.steps[:idx]
         parts = dict.fromkeys(DOWNTIME_PARTS, 0.0)
         names = {"stop": "stop", "snapshot": "snapshot", "reinstall": "install", "smoke": "smoke"}
-        for step in before_revert:
+        # Only what ran in the window: a staged run's snapshot was taken before the stop, and
+        # its check (and a snapshot taken again) after it.
+        stop_at = next((i for i, s in enumerate(before_revert) if s.name == "stop"), 0)
+        for step in before_revert[stop_at:]:
+            if step.name == "snapshot-check":
+                parts["snapshot"] += step.seconds
+                continue
             part = names.get(step.name)
             if part and not parts[part]:
                 parts[part] = step.seconds
@@ -1543,7 +1578,7 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
         try:
             return _swap(cyc, no_revert)
         finally:
-            if cyc.prepared is not None and cyc.j.last_step not in (None, "stop", "snapshot"):
+            if cyc.prepared is not None and cyc.j.last_step not in (None, "stop", "snapshot", "snapshot-check"):
                 # Installed (kept or reverted): used up; its lock and logs stay with the run.
                 kept = staging.discard(t.store.env_dir, keep_in=cyc.j.dir)
                 if kept is not None:
@@ -1557,8 +1592,13 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
 
     t = cyc.t
     try:
-        cyc.stop()
-        cyc.snapshot()
+        if cyc.prepared is not None and t.recipe.service is not None:
+            cyc.snapshot(served=True)
+            cyc.stop()
+            cyc.check_snapshot()
+        else:
+            cyc.stop()
+            cyc.snapshot()
     except Exception as exc:
         # Nothing was installed yet: put the service back as it was and stop here.
         cyc.record_failure(exc)
@@ -1664,8 +1704,10 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
             return ResumeResult("upgraded", j.id, "finished recording a verified upgrade", cyc.report,
                                 stopped_processes=lk.stopped)
 
-        if cyc.snap is None:
-            # Interrupted before the snapshot existed: the environment was not touched.
+        served = any(r["event"] == "step" and r.get("name") == "snapshot" and r.get("served") for r in j.records)
+        if cyc.snap is None or (served and "stop" not in steps_seen):
+            # Interrupted before the snapshot existed, or a staged run's snapshot taken while
+            # the service served and before its stop: the environment was not touched.
             j.append("step", name="abort", resumed=True)
             try:
                 if cyc.svc is not None and cyc.was_active and not cyc.svc.was_active():
