@@ -196,6 +196,10 @@ class Rewheel(object):
                 module.fail_json(msg="rewheel is not installed on this host (no %r on PATH or in ~/.local/bin)"
                                      % p["executable"],
                                  hint="install it with the rewheel.fleet.install role, or give executable=PATH")
+        elif not os.access(exe, os.X_OK):
+            module.fail_json(msg="rewheel is not installed on this host (%s is not an executable)%s"
+                                 % (exe, "; check mode needs it installed first (the rewheel_install tag)"
+                                    if module.check_mode else ""))
         self.exe = exe
         self.env = {"REWHEEL_HOME": p["home"]} if p["home"] else {}
 
