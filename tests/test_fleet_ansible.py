@@ -36,14 +36,16 @@ COLLECTION = REPO / "ansible" / "rewheel" / "fleet"
 HOSTS = ("gpu-01", "gpu-02", "gpu-03")
 
 
-def tool(name: str, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+def tool(name: str, *args: str, env: dict[str, str | None] | None = None, cwd: Path | None = None,
          timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """An Ansible command; `env` adds to this process's environment (None: left out)."""
+    merged = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     return subprocess.run([str(BIN / name), *args], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
+                          env=merged, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
-def ansible_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def ansible_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
     """The collection built and installed once, into a private collections path; the
     environment every Ansible command of these tests runs with."""
     root = tmp_path_factory.mktemp("ansible")
@@ -52,7 +54,8 @@ def ansible_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (tarball,) = root.glob("rewheel-fleet-*.tar.gz")
     env = {"ANSIBLE_HOME": str(root / "home"), "ANSIBLE_COLLECTIONS_PATH": str(root / "collections"),
            "ANSIBLE_LOCAL_TEMP": str(root / "tmp"), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0",
-           "ANSIBLE_RETRY_FILES_ENABLED": "0", "ANSIBLE_CONFIG": str(root / "none.cfg")}
+           "ANSIBLE_RETRY_FILES_ENABLED": "0", "ANSIBLE_CONFIG": str(root / "none.cfg"),
+           "GITHUB_STEP_SUMMARY": None}
     installed = tool("ansible-galaxy", "collection", "install", str(tarball), "-p", str(root / "collections"),
                      env=env)
     assert installed.returncode == 0, installed.stdout + installed.stderr
@@ -75,7 +78,7 @@ class Fleet:
     homes: dict[str, Path]
     good_lock: Path
     bad_lock: Path
-    env: dict[str, str]
+    env: dict[str, str | None]
     wheel: Path
 
     def playbook(self, lock: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -110,7 +113,7 @@ def recap(out: str) -> dict[str, dict[str, int]]:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, ansible_home: dict[str, str], rewheel_wheel: Path,
+def fleet(tmp_path: Path, ansible_home: dict[str, str | None], rewheel_wheel: Path,
           monkeypatch: pytest.MonkeyPatch):
     """Three hosts on toypkg 1.0.0, each serving it; locks for toypkg 2.0.0 (good) and 3.0.0
     (its model init fails: the smoke test breaks)."""
@@ -150,7 +153,6 @@ def fleet(tmp_path: Path, ansible_home: dict[str, str], rewheel_wheel: Path,
     env = {**ansible_home, "ANSIBLE_CALLBACKS_ENABLED": "rewheel.fleet.fleet_summary",
            "REWHEEL_FLEET_REPORTS": str(tmp_path / "reports"), "REWHEEL_FLEET_REWHEEL": str(BIN / "rewheel"),
            "REWHEEL_FLEET_SUMMARY": str(tmp_path / "summary.md")}
-    env.pop("GITHUB_STEP_SUMMARY", None)
     yield Fleet(tmp_path, hosts, homes, locks["good"], locks["bad"], env, rewheel_wheel)
     for name, h in hosts.items():
         monkeypatch.setenv("REWHEEL_HOME", str(homes[name]))
@@ -203,18 +205,33 @@ def test_a_good_lock_reaches_every_host_and_check_mode_and_a_second_run_change_n
     assert fleet.states() == after
     assert "3 unchanged" in fleet.summary()
 
-    # The module's other states, ad hoc on the canary: roll back (then again: nothing to do).
-    adhoc = ["-i", str(fleet.root / "inventory.yml"), "gpu-01", "-m", "rewheel.fleet.rewheel"]
-    args = f"state=rolled_back recipe={fleet.hosts['gpu-01'].recipe} home={fleet.homes['gpu-01']} " \
-           f"executable={fleet.root / 'gpu-01' / 'bin' / 'rewheel'}"
-    back = tool("ansible", *adhoc, "-a", args, env=fleet.env, cwd=fleet.root)
-    assert back.returncode == 0 and "CHANGED" in back.stdout, back.stdout + back.stderr
-    assert fleet.hosts["gpu-01"].served_version() == "1.0.0"
-    assert fleet.hosts["gpu-01"].state() == before["gpu-01"]
-    twice = tool("ansible", *adhoc, "-a", args, env=fleet.env, cwd=fleet.root)
-    assert twice.returncode == 0 and "SUCCESS" in twice.stdout, twice.stdout + twice.stderr
-    st = tool("ansible", *adhoc, "-a", args.replace("rolled_back", "status"), env=fleet.env, cwd=fleet.root)
-    assert st.returncode == 0 and '"toypkg": "1.0.0"' in st.stdout, st.stdout + st.stderr
+    # The module's other states on the canary, in one play: a rollback (predicted by check mode
+    # first) to the snapshot before the upgrade, a second one with nothing to do (check mode
+    # agrees), a labelled snapshot taken once, the status.
+    h = fleet.hosts["gpu-01"]
+    common = {"recipe": str(h.recipe), "home": str(fleet.homes["gpu-01"]),
+              "executable": str(fleet.root / "gpu-01" / "bin" / "rewheel")}
+    steps = [("predict", "rolled_back", {}, True), ("back", "rolled_back", {}, False),
+             ("again", "rolled_back", {}, False), ("predict_again", "rolled_back", {}, True),
+             ("snap", "snapshot", {"label": "fleet-test"}, False),
+             ("snap_again", "snapshot", {"label": "fleet-test"}, False), ("status", "status", {}, False)]
+    tasks = [{"name": name, "rewheel.fleet.rewheel": {"state": state, **common, **extra}, "register": name,
+              "check_mode": check} for name, state, extra, check in steps]
+    tasks.append({"name": "results", "ansible.builtin.copy": {
+        "content": "{{ {%s} | to_json }}" % ", ".join(f"'{n}': {n}" for n, *_ in steps),
+        "dest": str(fleet.root / "states.json")}, "delegate_to": "localhost"})
+    (fleet.root / "states.yml").write_text(yaml.safe_dump([{"hosts": "gpu-01", "gather_facts": False,
+                                                            "tasks": tasks}]))
+    play = tool("ansible-playbook", "-i", str(fleet.root / "inventory.yml"), str(fleet.root / "states.yml"),
+                env=fleet.env, cwd=fleet.root)
+    assert play.returncode == 0, play.stdout + play.stderr
+    res = json.loads((fleet.root / "states.json").read_text())
+    assert [res[n]["changed"] for n, *_ in steps] == [True, True, False, False, True, False, False]
+    assert res["back"]["status"] == "restored" and res["back"]["report"]["restore"]["written"] > 0
+    assert h.served_version() == "1.0.0" and h.state() == before["gpu-01"]
+    assert res["snap_again"]["snapshot_id"] == res["snap"]["snapshot_id"]
+    st = res["status"]["report"]
+    assert st["key_packages"] == {"toypkg": "1.0.0"} and st["equals"]["label"] == "fleet-test"
 
 
 def test_a_lock_that_breaks_on_the_canary_is_reverted_there_and_reaches_no_other_host(fleet: Fleet) -> None:
@@ -247,7 +264,7 @@ def test_a_lock_that_breaks_on_the_canary_is_reverted_there_and_reaches_no_other
             "toypkg/layers.py:5 in __init__`") in summary
 
 
-def test_ansible_doc_and_the_argument_spec(ansible_home: dict[str, str], tmp_path: Path) -> None:
+def test_ansible_doc_and_the_argument_spec(ansible_home: dict[str, str | None], tmp_path: Path) -> None:
     doc = tool("ansible-doc", "rewheel.fleet.rewheel", env=ansible_home)
     assert doc.returncode == 0, doc.stderr
     for word in ("state", "upgraded", "rolled_back", "lock", "snapshot", "executable", "RETURN VALUES"):

@@ -81,8 +81,8 @@ notes:
   - Always passes C(--yes), as there is no terminal to ask on.
   - A host whose environment already has the versions the dry run plans (only same-version
     reinstalls left) counts as upgraded; run C(rewheel run) by hand to force a reinstall.
-  - In check mode C(rolled_back) without O(snapshot) predicts a change unless the environment
-    already equals a snapshot taken before an upgrade.
+  - In check mode C(rolled_back) predicts a change unless the environment already equals the
+    snapshot the rollback would restore (O(snapshot), else the newest taken before an upgrade).
 requirements:
   - rewheel on the host (the collection's C(rewheel.fleet.install) role installs it)
 """
@@ -278,23 +278,40 @@ def _changed_restore(report):
                                                       ("written", "deleted", "chmodded", "folders_rebuilt")))
 
 
-def _equals(st, ref):
-    """Whether `status` says the environment equals the snapshot `ref` (id, prefix or label)."""
-    snaps = [st.get("equals")] if isinstance(st.get("equals"), dict) else []
+def _default_snapshot(snaps):
+    """The snapshot `rewheel rollback` picks without one named, as far as `history` shows it:
+    the newest taken before an upgrade, else the newest that is not a failed build."""
+    for wanted in (lambda m: m.get("status") == "pre-upgrade",
+                   lambda m: m.get("status") not in ("failed-upgrade", "pre-rollback")):
+        found = [m for m in snaps if wanted(m)]
+        if found:
+            return found[0]
+    return None
+
+
+def _rollback_would_change(rw, ref):
+    """Check mode: whether the environment differs from the snapshot a rollback would restore
+    (`status` names the snapshots it equals, `history` the snapshots there are)."""
+    rc, st, argv, err = rw.call("status", *rw.target())
+    if "target" not in st:
+        rw.refused(rc, st, argv, err)
+    equal = ([st["equals"]["id"]] if isinstance(st.get("equals"), dict) else []) + list(st.get("also_equal") or [])
+    rc, hist, argv, err = rw.call("history", *rw.target())
+    if "snapshots" not in hist:
+        rw.refused(rc, hist, argv, err)
+    snaps = hist["snapshots"]
     if ref is None:
-        return any(s.get("status") == "pre-upgrade" for s in snaps)
-    ids = [s.get("id") or "" for s in snaps] + list(st.get("also_equal") or [])
-    return any(i.startswith(ref) for i in ids if i) or any(s.get("label") == ref for s in snaps)
+        target = _default_snapshot(snaps)
+    else:
+        target = next((m for m in snaps if m.get("id", "").startswith(ref) or m.get("label") == ref), None)
+    return target is None or target.get("id") not in equal, st
 
 
 def rolled_back(rw, module):
     p = module.params
     if module.check_mode:
-        rc, st, argv, err = rw.call("status", *rw.target())
-        if "error" in st and "target" not in st:
-            rw.refused(rc, st, argv, err)
-        module.exit_json(changed=not _equals(st, p["snapshot"]), status="planned", report=st, cmd=argv, rc=rc,
-                         root_cause=None)
+        changed, st = _rollback_would_change(rw, p["snapshot"])
+        module.exit_json(changed=changed, status="planned", report=st, root_cause=None)
     args = ["rollback"] + rw.target() + ([p["snapshot"]] if p["snapshot"] else []) + ["--yes"]
     if p["force"]:
         args.append("--force")
