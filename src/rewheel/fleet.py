@@ -246,11 +246,11 @@ def _md(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def versions_text(h: HostResult, limit: int = 3) -> str:
+def versions_text(h: HostResult, limit: int = 3, sep: str = ", ") -> str:
     """`toypkg 1.0.0 → 2.0.0` for the packages a host changed (tried, would change)."""
     shown = [f"{c.name} {c.old or '-'} → {c.new or '-'}" for c in h.changes[:limit]]
     more = len(h.changes) - limit
-    return ", ".join(shown) + (f" (+{more} more)" if more > 0 else "")
+    return sep.join(shown + ([f"(+{more} more)"] if more > 0 else []))
 
 
 def downtime_text(h: HostResult) -> str:

@@ -163,8 +163,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-# rewheel's exit codes (its docs/reference/exit-codes.md).
-EXIT_OK = 0
+EXIT_OK = 0  # rewheel's exit code for "done and verified"
+ONLY_WITH = {"lock": "upgraded", "snapshot": "rolled_back", "force": "rolled_back", "label": "snapshot"}
 
 
 def _cause(report):
@@ -375,13 +375,11 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    misplaced = [name for name, states in (("lock", ("upgraded",)), ("snapshot", ("rolled_back",)),
-                                           ("label", ("snapshot",))) if p[name] is not None and p["state"] not in states]
-    if p["force"] and p["state"] != "rolled_back":
-        misplaced.append("force")
+    # Options that mean something with one state only: given with another, a mistake to name.
+    misplaced = [name for name, state in ONLY_WITH.items()
+                 if p[name] not in (None, False) and p["state"] != state]
     if misplaced:
-        module.fail_json(msg="%s: only with state=%s" % (", ".join(misplaced), {
-            "lock": "upgraded", "snapshot": "rolled_back", "label": "snapshot", "force": "rolled_back"}[misplaced[0]]))
+        module.fail_json(msg="; ".join("%s: only with state=%s" % (n, ONLY_WITH[n]) for n in misplaced))
     rw = Rewheel(module)
     {"upgraded": upgraded, "rolled_back": rolled_back, "snapshot": snapshot, "status": status}[p["state"]](rw, module)
 
