@@ -684,8 +684,9 @@ def fleet_report(
     json_out: JsonOpt = False,
 ) -> None:
     """Summarise a rollout over many hosts: per host the status, versions, downtime and root
-    cause; root causes grouped across hosts (exit 1 when a host was reverted, 3 when one
-    could not be restored)."""
+    cause; root causes grouped across hosts. Each REPORT is what `rewheel run --json` printed
+    on one host, as HOST.json or HOST=FILE. Exit 1 when a host was reverted, 3 when one could
+    not be restored."""
     from rewheel import fleet
 
     result = fleet.fleet_report(reports, expect=expect)
