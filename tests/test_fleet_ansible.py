@@ -82,8 +82,9 @@ class Fleet:
     wheel: Path
 
     def playbook(self, lock: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        # The lock as an operator types it: relative to where ansible-playbook runs.
         cp = tool("ansible-playbook", "rewheel.fleet.rollout", "-i", str(self.root / "inventory.yml"),
-                  "-e", f"rewheel_lock={lock}", "-e", f"rewheel_wheel={self.wheel}", *args,
+                  "-e", f"rewheel_lock={lock.relative_to(self.root)}", "-e", f"rewheel_wheel={self.wheel}", *args,
                   env=self.env, cwd=self.root)
         (self.root / "last-playbook.log").write_text(cp.stdout + cp.stderr)
         return cp
