@@ -145,3 +145,27 @@ def test_what_is_not_a_run_report_is_refused_naming_the_file(tmp_path: Path, con
     assert cp.returncode == 2
     msg = json.loads(cp.stdout)["message"]
     assert str(bad) in msg and says in msg
+
+
+@pytest.mark.parametrize("width", [80, 120, 200])
+def test_the_table_keeps_every_version_and_cause_whole(tmp_path: Path, width: int,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from rewheel import report
+
+    monkeypatch.setattr(report, "PLAIN", False)
+    new = "0.16.0rc2.dev344+g5719a4e4e"
+    doc = reverted("/root/ml-env", attempted={"vllm": new, "flashinfer-python": "0.6.4"},
+                   before={"vllm": "0.16.0rc2.dev313", "flashinfer-python": "0.6.3"})
+    rep = fleet.FleetReport([fleet.host_result("gpu-01", doc), fleet.HostResult("gpu-02", "not-reached")], [])
+    rep.causes = fleet.group_causes(rep.hosts)
+    console = Console(width=width, force_terminal=True, color_system=None, record=True)
+    report.render_fleet(console, rep)
+    text = console.export_text()
+    # Each package's change on a line of its own, its versions whole, wide or narrow.
+    for change, other in ((f"vllm 0.16.0rc2.dev313 → {new}", "flashinfer"), ("flashinfer-python 0.6.3 → 0.6.4", "vllm")):
+        assert any(change in line and other not in line for line in text.splitlines()), text
+    assert "1 host(s) (gpu-01): ValueError: q_lora_rank 1536 must divide num_heads 7 on rank 4 at " \
+           "vllm/model_executor/models/deepseek_v2.py:998 in __init__" in text
+    assert ("┏" in text) == (width >= 200)  # a table where it fits whole, else stacked
