@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from devtools.localindex import start_index
 from support_env import REPO, make_venv, uv
@@ -96,6 +94,7 @@ class Fleet:
         return {name: h.served_version() for name, h in self.hosts.items()}
 
     def summary(self) -> str:
+        """The Markdown the last playbook appended (then cleared, for the next one's)."""
         path = self.root / "summary.md"
         text = path.read_text() if path.exists() else ""
         path.unlink(missing_ok=True)
@@ -147,7 +146,8 @@ def fleet(tmp_path: Path, ansible_home: dict[str, str | None], rewheel_wheel: Pa
         inventory[name] = {"rewheel_recipe": str(h.recipe), "rewheel_home": str(homes[name]),
                            "rewheel_stage_dir": str(d / "stage"), "rewheel_tool_dir": str(d / "tools"),
                            "rewheel_bin_dir": str(d / "bin")}
-    (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"gpu_fleet": {
+    # JSON is YAML: Ansible's YAML inventory reads it.
+    (tmp_path / "inventory.yml").write_text(json.dumps({"gpu_fleet": {
         "hosts": inventory,
         "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                  "rewheel_uv": find_uv(), "rewheel_tool_python": sys.executable}}}))
@@ -159,7 +159,6 @@ def fleet(tmp_path: Path, ansible_home: dict[str, str | None], rewheel_wheel: Pa
         monkeypatch.setenv("REWHEEL_HOME", str(homes[name]))
         h.stop_service()
     index.stop()
-    shutil.rmtree(tmp_path / "wheels", ignore_errors=True)
 
 
 def test_a_good_lock_reaches_every_host_and_check_mode_and_a_second_run_change_nothing(fleet: Fleet) -> None:
@@ -221,8 +220,8 @@ def test_a_good_lock_reaches_every_host_and_check_mode_and_a_second_run_change_n
     tasks.append({"name": "results", "ansible.builtin.copy": {
         "content": "{{ {%s} | to_json }}" % ", ".join(f"'{n}': {n}" for n, *_ in steps),
         "dest": str(fleet.root / "states.json")}, "delegate_to": "localhost"})
-    (fleet.root / "states.yml").write_text(yaml.safe_dump([{"hosts": "gpu-01", "gather_facts": False,
-                                                            "tasks": tasks}]))
+    (fleet.root / "states.yml").write_text(json.dumps([{"hosts": "gpu-01", "gather_facts": False,
+                                                        "tasks": tasks}]))
     play = tool("ansible-playbook", "-i", str(fleet.root / "inventory.yml"), str(fleet.root / "states.yml"),
                 env=fleet.env, cwd=fleet.root)
     assert play.returncode == 0, play.stdout + play.stderr
