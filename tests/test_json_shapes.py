@@ -1,6 +1,6 @@
 """The `--json` outputs users script against keep their shape: the exact key set of every
 object, recursively, of `run` (kept and reverted), `rollback`, `history`, `snapshot`,
-`diff`, `patches`, `why`, `ci`, `bisect` and `resume`, produced by the real commands on a real
+`diff`, `patches`, `why`, `ci`, `bisect`, `resume` and `fleet-report`, produced by the real commands on a real
 venv, a real index and a real service.
 
 The expected shapes are in `json_shapes.json` beside this file, captured from the outputs
@@ -28,7 +28,7 @@ from support_run import make_host
 GOLDEN = Path(__file__).parent / "json_shapes.json"
 # Objects keyed by data, not by a fixed vocabulary: only their being an object is the shape.
 DATA_MAPS = {"before", "after", "attempted", "versions", "logs", "upgraded_to", "new_versions",
-             "old_versions", "installed", "extra"}
+             "old_versions", "installed", "extra", "counts"}
 
 
 def _merge(a: Any, b: Any) -> Any:
@@ -105,6 +105,9 @@ def test_shapes_of_a_reverted_run_and_resume(tmp_path: Path) -> None:
         code, rep = h.run_json()
         assert code == 1, rep["_stderr"]
         check("run-reverted", rep)
+        report = tmp_path / "gpu-01.json"
+        report.write_text(json.dumps({k: v for k, v in rep.items() if k != "_stderr"}))
+        check("fleet-report", _json(h.rewheel("fleet-report", str(report), "--expect", "gpu-01,gpu-02", "--json"), 1))
         cp = h.rewheel("run", str(h.recipe), "--yes", "--quiet", env={"REWHEEL_FAULT_AT": "step:smoke"})
         assert cp.returncode == -9, cp.stderr
         check("resume", _json(h.rewheel("resume", str(h.recipe), "--yes", "--json"), 0))
@@ -130,7 +133,7 @@ def test_shapes_of_ci_and_bisect(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name", ["snapshot", "run-kept", "run-reverted", "history", "diff", "patches",
-                                  "why", "rollback", "resume", "ci", "bisect"])
+                                  "why", "rollback", "resume", "ci", "bisect", "fleet-report"])
 def test_every_shape_is_recorded(name: str) -> None:
     assert isinstance(json.loads(GOLDEN.read_text()).get(name), dict)
 

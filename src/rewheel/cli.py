@@ -677,6 +677,33 @@ def status(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOpt
     _exit_if_interrupted(t, err)
 
 
+@app.command("fleet-report")
+@handles_errors
+def fleet_report(
+    reports: Annotated[list[str], typer.Argument(metavar="REPORT...", show_default=False,
+                                                 help="One `rewheel run --json` document per host: HOST.json, or HOST=FILE.")],
+    expect: Annotated[list[str] | None, typer.Option("--expect", metavar="HOSTS", help="Hosts of the rollout (comma-separated, repeatable): those without a report were not reached.")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print the Markdown summary instead of the table.")] = False,
+    summary: Annotated[str | None, typer.Option("--summary", metavar="FILE", help="Append the Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Summarise a rollout over many hosts: per host the status, versions, downtime and root
+    cause; root causes grouped across hosts. Each REPORT is what `rewheel run --json` printed
+    on one host, as HOST.json or HOST=FILE. Exit 1 when a host was reverted, 3 when one could
+    not be restored."""
+    from rewheel import fleet
+
+    result = fleet.fleet_report(reports, expect=expect)
+    if summary:
+        fleet.write_summary(result, Path(summary))
+    out, _ = consoles(json_out)
+    if markdown and not json_out:
+        sys.stdout.write(fleet.markdown(result))
+    else:
+        show(out, json_out, result, report.render_fleet)
+    raise typer.Exit(result.exit_code)
+
+
 # ---- global options: `--plain`, `--version` ----
 def _plain_first(args: list[str]) -> list[str]:
     """`--plain` is a global option (`rewheel --plain history X`); it is accepted after the
@@ -728,6 +755,7 @@ _SHORT_HELP = {
     "pin": "Keep a snapshot from retention.",
     "unpin": "Let retention prune a pinned snapshot again.",
     "forget": "Remove one snapshot from the store.",
+    "fleet-report": "Summarise a rollout over many hosts from their run reports.",
 }
 for _info in app.registered_commands:
     _name = _info.name or (_info.callback.__name__ if _info.callback else "")

@@ -612,6 +612,33 @@ def render_bisect(console: Console, res) -> None:  # bisection.BisectResult
         render_root_cause(console, fb.root_cause)
 
 
+def render_fleet(console: Console, rep) -> None:  # fleet.FleetReport
+    """`rewheel fleet-report`: one row per host (status, versions, downtime, root cause),
+    then the root causes grouped across hosts."""
+    from rewheel import fleet
+
+    counts = ", ".join(f"{n} {s}" for s, n in rep.counts.items())
+    colour = "bold green" if rep.exit_code == 0 else "bold red"
+    console.print(f"[{colour}]fleet[/]: {len(rep.hosts)} host(s): {escape(counts)}")
+    styles = {"upgraded": "green", "reverted": "yellow", "rejected": "yellow", "failed": "bold red",
+              "error": "red", "not-reached": "dim"}
+    if is_plain(console):
+        for h in rep.hosts:
+            down = fleet.downtime_text(h)
+            _plain(console, "  ".join(x for x in (h.host, h.status, fleet.versions_text(h),
+                                                  down and f"downtime {down}", fleet.cause_text(h)) if x))
+    else:
+        # One package per line: a version change is never split.
+        rows = [(h.host, h.status, fleet.versions_text(h, sep="\n"), fleet.downtime_text(h), fleet.cause_text(h))
+                for h in rep.hosts]
+        _table_or_stack(console, "hosts", ("host", "status", "versions", "downtime", "root cause"), rows,
+                        head=(0, 1), styles=[styles.get(h.status, "") for h in rep.hosts], wrap=(4,))
+    if rep.causes:
+        console.print("root causes:")
+        for g in rep.causes:
+            _plain(console, f"  {len(g.hosts)} host(s) ({', '.join(g.hosts)}): {g.text()}")
+
+
 # ---- layout: tables that never cut a version, hash or id ----
 # `--plain` (or stdout not a terminal, e.g. a CI log): one fact per line, greppable. None:
 # decided per console. Set once by the CLI.
