@@ -42,14 +42,7 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
     # The rollback was measured byte-exact (every file hashed before and after), with the
     # time of each of its phases.
     assert result["rollback"]["byte_exact"] is True
-    # The same upgrade run by the `rewheel` command, unstaged and staged, each with its downtime.
-    runs = result["downtime"]["runs"]
-    assert [len(runs["unstaged"]), len(runs["staged"])] == [1, 1]
-    for mode in ("unstaged", "staged"):
-        down = runs[mode][0]["downtime"]
-        assert down["seconds"] > 0 and down["parts"]["install"] > 0, (mode, down)
-    assert [s["name"] for s in runs["staged"][0]["steps"]][:3] == ["preflight", "prepare", "stop"]
-    assert "prepare" not in [s["name"] for s in runs["unstaged"][0]["steps"]]
+    check_downtime_runs(result)
     # The rollback and uv's sync race several rounds per repetition, each checked byte-exact.
     rollback = next(r for r in result["rows"] if r["step"] == "rollback")
     assert result["rollback_rounds"] == 3
@@ -126,14 +119,7 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     assert result["false_patches"] == [0]
     assert result["edited_found_exactly"] == [True]
     assert result["rollback"]["byte_exact"] is True
-    # The same upgrade run by the `rewheel` command, unstaged and staged, each with its downtime.
-    runs = result["downtime"]["runs"]
-    assert [len(runs["unstaged"]), len(runs["staged"])] == [1, 1]
-    for mode in ("unstaged", "staged"):
-        down = runs[mode][0]["downtime"]
-        assert down["seconds"] > 0 and down["parts"]["install"] > 0, (mode, down)
-    assert [s["name"] for s in runs["staged"][0]["steps"]][:3] == ["preflight", "prepare", "stop"]
-    assert "prepare" not in [s["name"] for s in runs["unstaged"][0]["steps"]]
+    check_downtime_runs(result)
     assert result["diff"]["packages"] >= 1 and result["diff"]["files"] >= 1
     # Each rollback says what it wrote and what it proved identical (files the upgrade or the
     # reinstall unpacked with the snapshot's bytes; tests/test_restore_reinstall.py checks the
@@ -173,3 +159,17 @@ def test_startup_rows_time_the_installed_command(tmp_path: Path) -> None:
         assert isinstance(r["pass"], bool) and "target <=" in r["note"], r
     assert {k: v["target_s"] for k, v in out["startup"].items()} == STARTUP_TARGETS_S
     assert all(v["pass"] == (v["seconds"] <= v["target_s"]) for v in out["startup"].values())
+
+
+def check_downtime_runs(result: dict) -> None:
+    """The same upgrade run by the `rewheel` command, unstaged and staged, each with its
+    downtime; the staged one prepared and snapshotted while the service served."""
+    runs = result["downtime"]["runs"]
+    assert [len(runs["unstaged"]), len(runs["staged"])] == [1, 1]
+    for mode in ("unstaged", "staged"):
+        down = runs[mode][0]["downtime"]
+        assert down["seconds"] > 0 and down["parts"]["install"] > 0, (mode, down)
+    assert [s["name"] for s in runs["staged"][0]["steps"]][:5] == ["preflight", "prepare", "snapshot", "stop",
+                                                                   "snapshot-check"]
+    assert [s["name"] for s in runs["unstaged"][0]["steps"]][:3] == ["preflight", "stop", "snapshot"]
+
