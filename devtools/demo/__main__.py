@@ -231,9 +231,11 @@ def play(demo: Demo) -> None:
     demo.check("the run showed dev313 -> dev344", "dev313" in text and "dev344" in text)
     steps = [r.get("name") for r in (run.records if run else []) if r.get("event") == "step"]
     start = (run.first("started") or {}) if run else {}
-    demo.check("the run was staged: prepared and pre-checked while the service served, installed offline",
-               bool(start.get("staged")) and bool(start.get("prepared")) and steps[:1] == ["stop"],
-               f"staged={start.get('staged')}, first step {steps[:1]}")
+    demo.check("the run was staged: prepared, pre-checked and snapshotted while the service served, "
+               "installed offline",
+               bool(start.get("staged")) and bool(start.get("prepared"))
+               and steps[:3] == ["snapshot", "stop", "snapshot-check"],
+               f"staged={start.get('staged')}, first steps {steps[:3]}")
     down = fin.get("downtime") or {}
     demo.check("the downtime is reported, until the old service answered again (with the revert)",
                down.get("seconds", 0) > 0 and down.get("parts", {}).get("revert", 0) > 0
