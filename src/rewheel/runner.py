@@ -1056,7 +1056,7 @@ class _Cycle:
         serves, see `check_snapshot`; its cleanup paths wait for the stop)."""
         from rewheel import patches as patchmod
 
-        with _Step(self, "snapshot", served=served) if served else _Step(self, "snapshot"):
+        with _Step(self, "snapshot", served=served):
             dists = self.t.env.distributions()
             fetcher = self.host.fetcher(self.t.recipe)
             try:
@@ -1076,7 +1076,7 @@ class _Cycle:
             self.report.patches = list(self.scan.patches)
             self.report.patch_files = [str(p) for p in patchmod.save_patches(self.scan, run_dir)]
             self.report.hazards = sorted(patchmod.hazard_packages(self.scan))
-            if self.t.recipe.cleanup_paths and not served:
+            if not served:
                 self.stash_cleanup()
 
     def stash_cleanup(self) -> None:
@@ -1393,14 +1393,15 @@ class _Cycle:
         names = {"stop": "stop", "snapshot": "snapshot", "reinstall": "install", "smoke": "smoke"}
         # Only what ran in the window: a staged run's snapshot was taken before the stop, and
         # its check (and a snapshot taken again) after it.
+        # A step's first run counts (the revert's own stop and start are recorded before it).
         stop_at = next((i for i, s in enumerate(before_revert) if s.name == "stop"), 0)
+        counted: set[str] = set()
         for step in before_revert[stop_at:]:
             if step.name == "snapshot-check":
                 parts["snapshot"] += step.seconds
-                continue
-            part = names.get(step.name)
-            if part and not parts[part]:
-                parts[part] = step.seconds
+            elif step.name in names and step.name not in counted:
+                counted.add(step.name)
+                parts[names[step.name]] += step.seconds
         first = [st for st in self.svc.starts if st[0] >= self.down_t0
                  and (self.revert_t0 is None or st[0] < self.revert_t0)]
         if first:
