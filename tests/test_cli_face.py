@@ -130,3 +130,53 @@ def test_help_imports_no_heavy_module() -> None:
     cp = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert cp.returncode == 0, cp.stderr
     assert "LOADED []" in cp.stdout, cp.stdout
+
+
+def test_a_json_command_in_a_pipe_does_not_import_rich(tmp_path: Path) -> None:
+    """A script's `rollback --json` (stderr a pipe, not a terminal) writes its progress lines
+    without importing rich (about 50 ms of its start-up); with colour forced, rich is used."""
+    py = make_venv(tmp_path / "env")
+    snap = json.loads(rewheel_cli("snapshot", "--python", str(py), "--json").stdout)["id"]
+    code = ("import sys\nfrom rewheel import cli\nsys.argv = ['rewheel', *sys.argv[1:]]\n"
+            "try:\n    cli.main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "print('RICH', 'rich.console' in sys.modules, 'EXIT', code, file=sys.stderr)")
+    argv = [sys.executable, "-c", code, "rollback", "--python", str(py), snap, "--yes", "--no-undo", "--json"]
+    plain = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                           env={k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")})
+    assert "RICH False EXIT 0" in plain.stderr, plain.stderr
+    assert f"restoring snapshot {snap} (manual) into {py.parent.parent}\n" in plain.stderr
+    assert json.loads(plain.stdout)["restore"]["snapshot_id"] == snap
+    forced = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "FORCE_COLOR": "1"})
+    assert "RICH True EXIT 0" in forced.stderr, forced.stderr
+
+
+@pytest.mark.parametrize("args, kw", [
+    (("restoring snapshot ab12 (pre-upgrade) into /srv/env",), {"highlight": False, "markup": False}),
+    (("a [bold]path[/bold] with brackets",), {"markup": False}),
+    (("  │ uv output line",), {"style": "dim", "highlight": False, "markup": False}),
+    (("markup [bold]on[/]",), {}),
+    (("a\ttab",), {"markup": False}),
+    (("two", "parts"), {"end": "!\n"}),
+    ((), {}),
+])
+def test_plain_stderr_writes_what_rich_writes_to_a_pipe(args: tuple[str, ...], kw: dict,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain console and rich's, both on a stream that is not a terminal, write the same
+    bytes for everything rewheel prints there (what the plain one cannot do, it hands to rich)."""
+    import io
+
+    from rewheel import cli
+
+    for k in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(k, raising=False)
+    written = []
+    for make in (cli._PlainStderr, cli._stderr_console):
+        buf = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", buf)
+        assert cli._PlainStderr.fits()
+        make().print(*args, **kw)
+        written.append(buf.getvalue())
+    assert written[0] == written[1]
+    with cli._PlainStderr().status("working") as st:  # nothing to draw on a pipe
+        st.update("still")

@@ -4,6 +4,7 @@ environments, real wheels, every file hashed before and after."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -16,6 +17,7 @@ from rewheel.snapshot import restore as restore_mod
 from rewheel import patches
 from rewheel.environment import Environment
 from rewheel.snapshot import ALIASES, Store, restore_snapshot, take_snapshot, verify
+from rewheel.snapshot.store import Aliases, Found, read_alias_file
 
 COPY = ("--link-mode", "copy")
 
@@ -70,8 +72,11 @@ def test_same_version_files_are_proven_not_rewritten(setup, wheelhouse: Path, la
     # Only the installer's bookkeeping (RECORD, INSTALLER, ...) is written, never a package file.
     assert site(py).joinpath(core).lstat().st_ino == fresh[core]
     # Proven files are remembered: the next restore and a full verify accept them.
-    aliases = json.loads((snap.path / ALIASES).read_text())["paths"]
-    assert any(k.endswith(core) for k in aliases)
+    _roots, aliases = read_alias_file(snap.path / ALIASES)
+    hit = next(k for k in aliases if k.endswith(core))
+    st = site(py).joinpath(core).lstat()
+    assert aliases[hit][:3] == [st.st_ino, st.st_mtime_ns, st.st_size]
+    assert aliases[hit][3] == hashlib.sha256(site(py).joinpath(core).read_bytes()).hexdigest()
     again = restore_snapshot(env, snap)
     assert again.written == 0 and again.deleted == 0 and again.chmodded == 0
     assert verify(env, snap) > 0
@@ -198,3 +203,75 @@ def test_patches_after_a_proven_rollback_trusts_the_proof(setup, wheelhouse: Pat
         fh.write("# hand patch\n")
     found = patches.scan(Environment.inspect(py), store=store, uv_cache=None)
     assert [p.path.rsplit("/", 1)[-1] for p in found.patches] == ["core.py"]
+
+
+def test_alias_file_round_trips_and_a_damaged_one_reads_as_empty(tmp_path: Path) -> None:
+    """The columns come back as written (a big inode, a pre-1970 mtime, an unknown size and
+    sha256, a path that is not UTF-8); later entries replace earlier ones; any cut of the file,
+    or bytes after its end, reads as no aliases at all."""
+    sha = hashlib.sha256(b"x").hexdigest()
+    first = Found()
+    first.add("0/a/b.py", 1, 2, 3, "0" * 64)
+    first.add("1/bin/x", 3, 4, 0, hashlib.sha256(b"").hexdigest())
+    files = Aliases.empty().merged(first)
+    second = Found()
+    second.add("0/a/b.py", 2**64 - 1, -5, 10, sha)
+    second.add("0/c\udcff.so", 7, 1_700_000_000_000_000_000, -1, "0" * 64)
+    files = files.merged(second)
+    files.roots = ["/srv/env", "/usr"]
+    path = tmp_path / ALIASES
+    path.write_bytes(files.to_bytes())
+    roots, back = read_alias_file(path)
+    assert roots == ["/srv/env", "/usr"]
+    assert dict(back.items()) == {"1/bin/x": [3, 4, 0, hashlib.sha256(b"").hexdigest()],
+                                  "0/a/b.py": [2**64 - 1, -5, 10, sha],
+                                  "0/c\udcff.so": [7, 1_700_000_000_000_000_000, None, None]}
+    assert len(back) == 3 and "0/a/b.py" in back and "0/zz" not in back and back.get("0/zz") is None
+    raw = path.read_bytes()
+    for cut in (1, len(raw) // 3, len(raw) - 1):
+        path.write_bytes(raw[:cut])
+        assert len(read_alias_file(path)[1]) == 0
+    path.write_bytes(raw + b"\0junk")
+    assert len(read_alias_file(path)[1]) == 0
+
+
+def test_a_torn_alias_file_costs_relinks_not_a_wrong_restore(setup, wheelhouse: Path) -> None:
+    """A crash may leave the aliases file torn (it is written without an fsync): the next
+    restore believes none of it, relinks what it can no longer prove, and is byte-exact."""
+    py, env, store = setup
+    before = tree_state(env.prefix)
+    snap = take_snapshot(env, store, label="pre", status="pre-upgrade").meta
+    reinstall_all(py, wheelhouse)
+    restore_snapshot(env, snap)
+    raw = (snap.path / ALIASES).read_bytes()
+    (snap.path / ALIASES).write_bytes(raw[: len(raw) // 2])
+    core = site(py) / "toypkg" / "core.py"
+    proven_inode = core.lstat().st_ino
+    again = restore_snapshot(env, snap)
+    assert again.written >= 1 and core.lstat().st_ino != proven_inode  # relinked: no longer proven
+    assert tree_state(env.prefix) == before
+    assert verify(env, snap) > 0
+
+
+def test_an_alias_file_from_an_earlier_rewheel_is_read_and_replaced(setup, wheelhouse: Path) -> None:
+    """A store written by an earlier rewheel has `aliases.json` (JSON columns): its proofs still
+    hold, and the next restore that proves anything writes the new file in its place."""
+    py, env, store = setup
+    before = tree_state(env.prefix)
+    snap = take_snapshot(env, store, label="pre", status="pre-upgrade").meta
+    reinstall_all(py, wheelhouse)
+    restore_snapshot(env, snap)
+    roots, files = read_alias_file(snap.path / ALIASES)
+    keys = list(files)
+    (snap.path / "aliases.json").write_text(json.dumps({
+        "version": 3, "roots": roots, "paths": keys, "inos": [files[k][0] for k in keys],
+        "mtimes": [files[k][1] for k in keys], "sizes": [files[k][2] for k in keys],
+        "shas": [files[k][3] for k in keys]}))
+    (snap.path / ALIASES).unlink()
+    assert dict(read_alias_file(snap.path / ALIASES)[1].items()) == dict(files.items())
+    again = restore_snapshot(env, snap)  # the proofs from the JSON file: nothing to relink
+    assert again.written == 0 and tree_state(env.prefix) == before
+    reinstall_all(py, wheelhouse)
+    restore_snapshot(env, snap)
+    assert (snap.path / ALIASES).exists() and not (snap.path / "aliases.json").exists()
+    assert tree_state(env.prefix) == before

@@ -54,12 +54,70 @@ def _stderr_console() -> Console:
 
 def consoles(json_mode: bool) -> tuple[Console, Console]:
     """(report console, progress console). In JSON mode both human streams go to stderr."""
+    err: Console = _PlainStderr() if _PlainStderr.fits() else _stderr_console()  # type: ignore[assignment]
+    if json_mode:
+        return err, err
     from rich.console import Console
 
-    err = _stderr_console()
     # emoji=False: rewheel writes no `:name:` codes, and text from files must not turn into one.
-    out = err if json_mode else Console(highlight=False, emoji=False)
-    return out, err
+    return Console(highlight=False, emoji=False), err
+
+
+class _PlainStderr:
+    """The stderr console when stderr is not a terminal (a pipe, a log, a script's capture)
+    and nothing forces colour: plain text is written as rich would write it there, and rich
+    itself is imported only for what it must render (markup, a table, an error). A --json
+    command run by a script — a rollback, a snapshot — then never pays for importing rich
+    (about 50 ms). Its status line is nothing, as rich's is on such a stream."""
+
+    _PLAIN_KW = frozenset(("style", "highlight", "markup", "end", "soft_wrap", "emoji"))
+
+    def __init__(self) -> None:
+        self._rich: Console | None = None
+
+    @staticmethod
+    def fits() -> bool:
+        import os
+
+        try:
+            tty = sys.stderr.isatty()
+        except (AttributeError, ValueError):
+            return False
+        return not tty and not any(os.environ.get(k) for k in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"))
+
+    def real(self) -> Console:
+        if self._rich is None:
+            self._rich = _stderr_console()
+        return self._rich
+
+    def print(self, *objects: Any, **kw: Any) -> None:
+        # Only plain strings with nothing for rich to do: no markup to parse, no tab to expand.
+        if (objects and all(type(o) is str for o in objects) and kw.keys() <= self._PLAIN_KW
+                and not any("\t" in o or (kw.get("markup", True) is not False and "[" in o) for o in objects)):
+            sys.stderr.write(" ".join(objects) + kw.get("end", "\n"))
+            sys.stderr.flush()
+            return
+        self.real().print(*objects, **kw)
+
+    def status(self, *args: Any, **kw: Any) -> _NoStatus:
+        return _NoStatus()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real(), name)
+
+
+class _NoStatus:
+    """A status line on a stream that is not a terminal: nothing to draw."""
+
+    def __enter__(self) -> _NoStatus:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+    def update(self, *args: Any, **kw: Any) -> None: ...
 
 
 # `rewheel smoke`: the smoke test or the health check failed (nothing was changed, so no revert).

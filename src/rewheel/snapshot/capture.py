@@ -261,7 +261,7 @@ class _PreviousCopies:
 
 
 class _Aliased:
-    """Files a restore proved to hold a snapshot's bytes under a new inode (`aliases.json`,
+    """Files a restore proved to hold a snapshot's bytes under a new inode (`aliases.bin`,
     see `SameBytes`): after a rollback over a force-reinstall their mtimes are newer than the
     RECORD put back, so RECORD no longer proves them — but the same inode with the same mtime
     and size still holds the bytes whose sha256 the restore recorded. Linked, not copied."""

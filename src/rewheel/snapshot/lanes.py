@@ -208,13 +208,16 @@ def _send(fd: int, msg: tuple[Any, ...]) -> None:
 
 
 def _recv(fd: int) -> tuple[Any, ...]:
-    def exactly(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = os.read(fd, n - len(buf))
-            if not chunk:
+    def exactly(n: int) -> bytearray:
+        # Into one buffer: the last message (the other lane's proofs) is megabytes, read from
+        # the pipe 64 KiB at a time.
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = os.readv(fd, [view[got:]])
+            if not k:
                 raise EOFError("the other lane closed its pipe")
-            buf += chunk
+            got += k
         return buf
 
     (size,) = struct.unpack("<I", exactly(4))

@@ -13,12 +13,15 @@ import csv
 import os
 import stat
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from rewheel.environment import Environment
 from rewheel.snapshot.manifest import Manifest
-from rewheel.snapshot.store import ALIASES, SnapshotMeta, read_alias_file
+from rewheel.snapshot.store import ALIASES, Aliases, Found, SnapshotMeta, read_alias_file
 from rewheel.snapshot.tree import Root, TIE_HASH_MAX, hash_file
+
+_S_ISREG = stat.S_ISREG
+
 
 class SameBytes:
     """Live files a restore may leave in place although they are not the stored inode,
@@ -32,29 +35,29 @@ class SameBytes:
     manifest — another version — or is, with a RECORD that is not the captured one), that
     live RECORD lists it with the manifest's sha256 and size, only one such RECORD claims
     it, and it was not modified after that RECORD was written (RECORD is written last). Once proven, the file's (inode, mtime) is kept beside the snapshot
-    (`aliases.json`): after the rollback the old RECORD is back and the proof no longer
+    (`aliases.bin`): after the rollback the old RECORD is back and the proof no longer
     reads off the tree, but the same inode with the same mtime still holds the same bytes,
     for the next restore and for `verify`. Anything in doubt is relinked, as before."""
 
     def __init__(self, env: Environment, snap: SnapshotMeta, man: Manifest, roots: list[Root]) -> None:
         self.env, self.snap, self.man, self.roots = env, snap, man, roots
         self._live: dict[str, dict[str, tuple[str, str, int]]] | None = None
-        self._alias_file: tuple[list[str], dict[str, list[Any]]] | None = None
-        self.found: dict[str, list[Any]] = {}  # proven by this restore: "ri/path" -> [ino, mtime, size, sha]
+        self._alias_file: tuple[list[str], Aliases] | None = None
+        self.found = Found()  # proven by this restore
 
     @property
     def useless(self) -> bool:
         """Nothing can be proven: no distribution reinstalled at its version, no aliases."""
         return not self.live() and not self.aliases()
 
-    def aliases(self) -> dict[str, list[Any]]:
+    def aliases(self) -> Aliases:
         if self._alias_file is None:
             self._alias_file = read_alias_file(self.snap.path / ALIASES)
         return self._alias_file[1]
 
     @property
-    def alias_file(self) -> tuple[list[str], dict[str, list[Any]]] | None:
-        """`aliases.json` as read (roots, files), or None when nothing read it."""
+    def alias_file(self) -> tuple[list[str], Aliases] | None:
+        """`aliases.bin` as read (roots, files), or None when nothing read it."""
         return self._alias_file
 
     def live(self) -> dict[str, dict[str, tuple[str, str, int]]]:
@@ -136,32 +139,37 @@ class SameBytes:
         aliases = self.aliases()
         if not rows and not aliases:
             return None
-        return FolderProof(rows, spelled, f"{ri}/{rel}/" if rel else f"{ri}/", aliases, p)
+        return FolderProof(rows, spelled, f"{ri}/{rel}/" if rel else f"{ri}/", aliases, aliases.at(), p)
 
     def same(self, fp: FolderProof, name: str, size: int, sha: Callable[[], str | None],
-             lstat: Callable[[], os.stat_result]) -> bool:
+             st: os.stat_result | None, de: os.DirEntry[str] | None = None) -> bool:
         """Whether the live file `name` in the folder `fp` describes (of `size` bytes in the
-        manifest, sha256 from `sha()`; its lstat from `lstat()`) holds the snapshot's bytes.
-        Cheapest first: most files a restore asks about are neither aliased nor reinstalled."""
-        alias = fp.aliases.get(fp.key + name) if fp.aliases else None
+        manifest, sha256 from `sha()`; its lstat `st`, or else taken from `de` when needed)
+        holds the snapshot's bytes. Cheapest first: most files a restore asks about are
+        neither aliased nor reinstalled. (Hot: tens of thousands of calls after a reinstall.)"""
+        # (The alias is compared in its columns: no row is built for it.)
+        ai = fp.alias_at.get(fp.key + name) if fp.alias_at else None
         rec = fp.rows.get(fp.spelled + name) if fp.rows else None
-        if alias is None and rec is None:
+        if ai is None and rec is None:
             return False
-        st = lstat()
-        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+        if st is None:
+            if de is None:
+                return False
+            st = de.stat(follow_symlinks=False)
+        if not _S_ISREG(st.st_mode) or st.st_size != size:
             return False
-        if alias is not None and alias[0] == st.st_ino and alias[1] == st.st_mtime_ns:
+        if ai is not None and fp.aliases.inos[ai] == st.st_ino and fp.aliases.mtimes[ai] == st.st_mtime_ns:
             return True
         if rec is None or rec[1] != str(size) or st.st_mtime_ns > rec[2]:
             return False
         want = sha()
-        if not isinstance(want, str) or rec[0] != _record_hash(want):
+        if not isinstance(want, str) or len(want) != 64 or rec[0] != _record_hash(want):
             return False
         # Written in the same clock tick as RECORD: not provably older, so proven by its bytes
         # where that is cheap (as a snapshot does), else relinked.
         if st.st_mtime_ns == rec[2] and (size > TIE_HASH_MAX or hash_file(fp.path + name) != want):
             return False
-        self.found[fp.key + name] = [st.st_ino, st.st_mtime_ns, size, want]
+        self.found.add(fp.key + name, st.st_ino, st.st_mtime_ns, size, want)
         return True
 
 
@@ -171,7 +179,8 @@ class FolderProof(NamedTuple):
     rows: dict[str, tuple[str, str, int]]
     spelled: str
     key: str
-    aliases: dict[str, list[Any]]
+    aliases: Aliases
+    alias_at: dict[str, int]  # aliases' row by key
     path: str
 
 

@@ -29,7 +29,7 @@ from rewheel.snapshot.capture import clone_file, copy_hashed
 from rewheel.snapshot.lanes import LaneWork, Peer, auto_lanes
 from rewheel.snapshot.manifest import Entry, Folder, Manifest, ManifestDamaged, bad_entry, match_roots
 from rewheel.snapshot.proof import FolderProof, SameBytes
-from rewheel.snapshot.store import SnapshotMeta, save_aliases
+from rewheel.snapshot.store import Found, SnapshotMeta, save_aliases
 from rewheel.snapshot.tree import (Progress, Root, STAGING_PREFIX, exclusion, kind_of, nested_prefix, safe_rel,
                                    scope_of, walk)
 
@@ -231,8 +231,6 @@ class _Restore:
         # an upgrade since); None once nothing can be proven here.
         self.same: SameBytes | None = SameBytes(env, snap, man, roots)
         self.same_checked = False
-        self.proof_of: tuple[int, str] | None = None  # the folder `proof` is for
-        self.proof: FolderProof | None = None
         # `REWHEEL_FAULT_AT=restore-commit:N`: SIGKILL this process once it has put N files in
         # place (crash-safety tests kill at a real point inside the commit).
         fault = os.environ.get("REWHEEL_FAULT_AT", "")
@@ -280,6 +278,7 @@ class _Restore:
         prefix = f"{rel}/" if rel else ""
         skip = self.skip.get(path)
         matched = 0
+        proof: FolderProof | None | bool = None  # None: not looked up yet; False: nothing to prove here
         with os.scandir(fd) as it:
             for de in it:
                 name = de.name
@@ -308,13 +307,18 @@ class _Restore:
                             if mode_of(lst.st_mode) != modes[i]:
                                 chmods.append(f.entry(ri, rel, i, sha=False))
                             continue
-                    if self.same is not None and self.proven_same(f, ri, rel, i, path, de, lst):
-                        pst = de.stat(follow_symlinks=False)
-                        if mode_of(pst.st_mode) != modes[i]:
-                            # Its mtime is the reinstall's, not the manifest's: the check
-                            # after the commit compares the mode only.
-                            chmods.append(f.entry(ri, rel, i, sha=False)._replace(mtime_ns=pst.st_mtime_ns))
-                        continue
+                    if self.same is not None and proof is not False:
+                        if proof is None:  # the folder's proof, once, at its first such file
+                            proof = self.folder_proof(ri, rel, path)
+                        if proof is not False and self.same is not None and self.same.same(
+                                proof, name, sizes[i], lambda i=i: f.sha(i), lst, de):
+                            self.proven += 1
+                            pst = de.stat(follow_symlinks=False)  # (cached by the DirEntry)
+                            if mode_of(pst.st_mode) != modes[i]:
+                                # Its mtime is the reinstall's, not the manifest's: the check
+                                # after the commit compares the mode only.
+                                chmods.append(f.entry(ri, rel, i, sha=False)._replace(mtime_ns=pst.st_mtime_ns))
+                            continue
                 elif kind == "d":
                     if de.is_dir(follow_symlinks=False):
                         sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
@@ -348,24 +352,18 @@ class _Restore:
             if d.touched or d.chmods or d.attrs_off:
                 self.dirs.append(d)
 
-    def proven_same(self, f: Folder, ri: int, rel: str, i: int, path: str, de: os.DirEntry[str],
-                    lst: os.stat_result | None) -> bool:
-        """A changed-looking file whose bytes are proven the snapshot's (see `SameBytes`)."""
+    def folder_proof(self, ri: int, rel: str, path: str) -> FolderProof | bool:
+        """What proves files of folder `rel` the snapshot's (see `SameBytes`), or False when
+        nothing can here (and, once nothing can in this tree, no further work for it)."""
         same = self.same
         assert same is not None
         if not self.same_checked:
             self.same_checked = True
             if same.useless:
-                self.same = None  # nothing to prove in this tree: no further work for it
+                self.same = None
                 return False
-        if self.proof_of != (ri, rel):
-            self.proof_of, self.proof = (ri, rel), same.folder(ri, rel, path)
-        if self.proof is None:
-            return False
-        ok = same.same(self.proof, f.names[i], f.sizes[i], lambda: f.sha(i),
-                       lambda: lst or de.stat(follow_symlinks=False))
-        self.proven += ok
-        return ok
+        fp = same.folder(ri, rel, path)
+        return False if fp is None else fp
 
     def pass_through(self, ri: int, rel: str, path: str, f: Folder, fd: int) -> None:
         """A folder another lane compares: only go down to the folders below it (known from
@@ -734,7 +732,7 @@ class _Restore:
                 "chmodded": sum(len(d.chmods) for d in self.dirs),
                 "folders_rebuilt": sum(len(d.missing) for d in self.dirs), "others": self.others,
                 "displaced": list(self.staging.values()), "proven": self.proven,
-                "aliases": self.same.found if self.same is not None else {}}
+                "aliases": self.same.found.columns() if self.same is not None else Found().columns()}
 
     def check_folder(self, ri: int, rel: str, path: str, e: Entry | None, problems: list[str],
                      deep: bool) -> None:
@@ -839,6 +837,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
         # returns or raises, so a restore reported done is on disk. It starts once both
         # lanes have committed, so it covers what each wrote.
         syncer = threading.Thread(target=os.sync, name="rewheel-sync", daemon=True)
+        saver: threading.Thread | None = None
         back: RestoreResult | None = None
         other: dict[str, Any] = {}
         try:
@@ -848,15 +847,19 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                 syncer.start()
                 problems = [] if full_verify else r.verify()
                 done = r.summary()
+                found = Found(*done.pop("aliases"))
                 if peer is not None:
                     other = peer.done()
                     problems += other.pop("problems")
-                    other_aliases = other.pop("aliases")
-                    done = {k: v + other[k] for k, v in done.items() if k != "aliases"}
-                    done["aliases"] = {**r.summary()["aliases"], **other_aliases}
-                # Proven before the commit, true whatever the verification finds.
-                save_aliases(snap, done["aliases"], [x.path for x in r.roots],
-                             known=r.same.alias_file if r.same is not None else None)
+                    found.extend(Found(*other.pop("aliases")))
+                    done = {k: v + other[k] for k, v in done.items()}
+                # Proven before the commit, true whatever the verification finds. Written
+                # while this thread checks the result and deletes what was moved out (system
+                # calls, which let it run).
+                if len(found):
+                    saver = threading.Thread(target=save_aliases, name="rewheel-aliases", daemon=True, args=(
+                        snap, found, [x.path for x in r.roots], r.same.alias_file if r.same is not None else None))
+                    saver.start()
                 if full_verify:
                     verified = verify(env, snap, r.man)
                 else:
@@ -881,6 +884,8 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                 if not defer_removal and back is not None:
                     remove_displaced(back)  # while the other lane deletes what it moved out
                 peer.reap()
+            if saver is not None:
+                saver.join()
         mark("finish")
     # `seconds`: until the environment is back, verified and on disk. Deleting what was
     # moved out of it is counted apart (`removal_seconds`), whenever it happens.
@@ -978,7 +983,7 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
         if problem and problem.startswith("content differs") and roots[ri].whole:
             folder, _, name = rel.rpartition("/")
             fp = same.folder(ri, folder, os.path.join(roots[ri].path, folder))
-            if fp is None or not same.same(fp, name, e.size, lambda e=e: e.sha256, lambda st=st: st):
+            if fp is None or not same.same(fp, name, e.size, lambda e=e: e.sha256, st):
                 problems.append(problem)
                 continue
             problem = _entry_problem(e._replace(mtime_ns=st.st_mtime_ns), st, path)  # its mode, still

@@ -8,10 +8,14 @@ files proven to hold a snapshot's bytes, so a later restore need not prove them 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sys
 import time
+from array import array
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,31 +183,183 @@ class Store:
         return removed
 
 
-ALIASES = "aliases.json"  # in a snapshot's folder: live files proven to hold its bytes
+ALIASES = "aliases.bin"  # in a snapshot's folder: live files proven to hold its bytes
+_ALIASES_V3 = "aliases.json"  # what rewheel wrote before (read when there is no ALIASES)
+_MAGIC = b"rewheel aliases 4\n"
+_NO_SHA = bytes(32)
 
 
-def read_alias_file(path: Path) -> tuple[list[str], dict[str, list[Any]]]:
-    """`aliases.json`: the roots its keys index (real paths; empty in version 2) and, by
-    "root/path", [inode, mtime_ns, size, sha256] (size and sha256 None in version 2). None
-    yet, or a damaged one, is empty: it only costs relinks and copies."""
+class Found:
+    """Files one restore proved (see `SameBytes`), as columns: "root/path", inode, mtime_ns,
+    size, sha256 (hex). Columns, not a row per file, because the second lane sends its own
+    back through a pipe and the aliases file is written from them (tens of thousands each)."""
+
+    def __init__(self, keys: list[str] | None = None, inos: list[int] | None = None,
+                 mtimes: list[int] | None = None, sizes: list[int] | None = None,
+                 shas: list[str] | None = None) -> None:
+        self.keys, self.inos, self.mtimes = keys or [], inos or [], mtimes or []
+        self.sizes, self.shas = sizes or [], shas or []
+
+    def add(self, key: str, ino: int, mtime_ns: int, size: int, sha: str) -> None:
+        self.keys.append(key)
+        self.inos.append(ino)
+        self.mtimes.append(mtime_ns)
+        self.sizes.append(size)
+        self.shas.append(sha)
+
+    def columns(self) -> tuple[list[str], list[int], list[int], list[int], list[str]]:
+        return self.keys, self.inos, self.mtimes, self.sizes, self.shas
+
+    def extend(self, other: Found) -> None:
+        for mine, theirs in zip(self.columns(), other.columns(), strict=True):
+            mine.extend(theirs)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class Aliases(Mapping[str, list[Any]]):
+    """The aliases file as columns: by "root/path", [inode, mtime_ns, size, sha256] (size
+    and sha256 None where unknown). Kept as the columns it was read as, so reading tens of
+    thousands of entries costs a few array copies, not an object per entry; a row is built
+    when it is looked up."""
+
+    def __init__(self, roots: list[str], keys: list[str], inos: array[int], mtimes: array[int],
+                 sizes: array[int], shas: bytes) -> None:
+        self.roots, self.keys_, self.inos, self.mtimes, self.sizes, self.shas = roots, keys, inos, mtimes, sizes, shas
+        self._index: dict[str, int] | None = None
+
+    @classmethod
+    def empty(cls) -> Aliases:
+        return cls([], [], array("Q"), array("q"), array("q"), b"")
+
+    def at(self) -> dict[str, int]:
+        """Each key's row."""
+        if self._index is None:
+            self._index = dict(zip(self.keys_, range(len(self.keys_)), strict=True))
+        return self._index
+
+    def row(self, i: int) -> list[Any]:
+        sha = self.shas[32 * i:32 * i + 32]
+        size = self.sizes[i]
+        return [self.inos[i], self.mtimes[i], size if size >= 0 else None, None if sha == _NO_SHA else sha.hex()]
+
+    def __getitem__(self, key: str) -> list[Any]:
+        return self.row(self.at()[key])
+
+    def get(self, key: str, default: Any = None) -> Any:  # the hot lookup: one dict probe
+        i = self.at().get(key)
+        return default if i is None else self.row(i)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.at()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys_)
+
+    def __len__(self) -> int:
+        return len(self.keys_)
+
+    def merged(self, found: Found) -> Aliases:
+        """These entries, with `found`'s added or replacing them."""
+        new = set(found.keys)
+        keep = [i for i, k in enumerate(self.keys_) if k not in new]
+        inos, mtimes, sizes = (array(c.typecode, [c[i] for i in keep]) for c in (self.inos, self.mtimes, self.sizes))
+        inos.extend(found.inos)
+        mtimes.extend(found.mtimes)
+        sizes.extend(found.sizes)
+        return Aliases(self.roots, [self.keys_[i] for i in keep] + found.keys, inos, mtimes, sizes,
+                       b"".join([self.shas[32 * i:32 * i + 32] for i in keep]) + bytes.fromhex("".join(found.shas)))
+
+    def to_bytes(self) -> bytes:
+        keys = "\0".join(self.keys_).encode("utf-8", "surrogateescape")
+        # The keys' length is in the header: a file cut short anywhere reads as damaged.
+        head = json.dumps({"roots": self.roots, "n": len(self.keys_), "keys_bytes": len(keys)}).encode()
+        cols = [self.inos, self.mtimes, self.sizes]
+        if sys.byteorder != "little":
+            cols = [array(c.typecode, c) for c in cols]
+            for c in cols:
+                c.byteswap()
+        return b"".join([_MAGIC, len(head).to_bytes(4, "little"), head, *(c.tobytes() for c in cols), self.shas,
+                         keys])
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Aliases:
+        """Raises ValueError (or KeyError, TypeError) when the bytes are not a whole file."""
+        if not raw.startswith(_MAGIC):
+            raise ValueError("not an aliases file")
+        at = len(_MAGIC)
+        hl = int.from_bytes(raw[at:at + 4], "little")
+        head = json.loads(raw[at + 4:at + 4 + hl])
+        n, roots = head["n"], head["roots"]
+        if type(n) is not int or n < 0 or not isinstance(roots, list) or not all(type(r) is str for r in roots):
+            raise ValueError("a malformed header")
+        at += 4 + hl
+        cols = []
+        for code in "Qqq":
+            c = array(code)
+            c.frombytes(raw[at:at + 8 * n])
+            if len(c) != n:
+                raise ValueError("a short column")
+            if sys.byteorder != "little":
+                c.byteswap()
+            cols.append(c)
+            at += 8 * n
+        shas = raw[at:at + 32 * n]
+        at += 32 * n
+        blob = raw[at:]
+        keys = blob.decode("utf-8", "surrogateescape").split("\0") if n else []
+        if len(shas) != 32 * n or len(keys) != n or len(blob) != head["keys_bytes"]:
+            raise ValueError("a short file")
+        return cls(roots, keys, *cols, shas)
+
+
+def _sha_hex(sha: Any) -> str:
+    """A sha256 as 64 hex digits; an unknown one as zeros (read back as None)."""
+    if isinstance(sha, str) and len(sha) == 64:
+        try:
+            bytes.fromhex(sha)
+            return sha
+        except ValueError:
+            pass
+    return "0" * 64
+
+
+def read_alias_file(path: Path) -> tuple[list[str], Aliases]:
+    """A snapshot's aliases file (`path`: its ALIASES): the roots its keys index (real
+    paths) and its entries (see `Aliases`). None yet, or a damaged one, is empty: it only
+    costs relinks and copies. One written by an earlier rewheel (JSON) is read as well."""
+    try:
+        files = Aliases.from_bytes(path.read_bytes())
+        return files.roots, files
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError, OverflowError):
+        return [], Aliases.empty()
+    return _read_v3(path.with_name(_ALIASES_V3))
+
+
+def _read_v3(path: Path) -> tuple[list[str], Aliases]:
     try:
         doc = json.loads(path.read_text())
         keys, inos, mtimes = doc["paths"], doc["inos"], doc["mtimes"]
         sizes, shas = doc.get("sizes") or [None] * len(keys), doc.get("shas") or [None] * len(keys)
         roots = doc.get("roots") or []
         if not (len(keys) == len(inos) == len(mtimes) == len(sizes) == len(shas)) or not isinstance(roots, list):
-            return [], {}
-        return ([r for r in roots if type(r) is str],
-                {k: [i, m, z if type(z) is int else None, h if type(h) is str and len(h) == 64 else None]
-                 for k, i, m, z, h in zip(keys, inos, mtimes, sizes, shas, strict=True)
-                 if type(k) is str and type(i) is int and type(m) is int})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return [], {}
+            return [], Aliases.empty()
+        found = Found()
+        for k, i, m, z, h in zip(keys, inos, mtimes, sizes, shas, strict=True):
+            if type(k) is str and type(i) is int and type(m) is int:
+                found.add(k, i, m, z if type(z) is int else -1, _sha_hex(h))
+        roots = [r for r in roots if type(r) is str]
+        return roots, Aliases(roots, [], array("Q"), array("q"), array("q"), b"").merged(found)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
+        return [], Aliases.empty()
 
 
 def aliased_files(store: Store) -> dict[str, list[Any]]:
     """Every file a restore into this store's environment proved to hold a snapshot's bytes
-    (`aliases.json` of each snapshot), by real absolute path: [inode, mtime_ns, size,
+    (`aliases.bin` of each snapshot), by real absolute path: [inode, mtime_ns, size,
     sha256]. Newer snapshots' proofs win. Such a file's mtime is newer than the RECORD a
     rollback put back, so RECORD no longer proves it pristine; the same inode with the same
     mtime and size still holds the recorded bytes."""
@@ -225,31 +381,30 @@ def aliased_files(store: Store) -> dict[str, list[Any]]:
     return by
 
 
-def save_aliases(snap: SnapshotMeta, found: dict[str, list[Any]], roots: list[str],
-                 known: tuple[list[str], dict[str, list[Any]]] | None = None) -> None:
+def save_aliases(snap: SnapshotMeta, found: Found, roots: list[str],
+                 known: tuple[list[str], Aliases] | None = None) -> None:
     """Remember the files a restore proved identical (see `SameBytes`), with their size and
     sha256: the next restore and `verify` accept them, and the next snapshot links them
     instead of copying them (their mtimes are newer than the RECORD put back, so RECORD no
     longer proves them). Best effort: without it those relink and copy, which is also right.
     `known`: the file as the restore already read it (merged into, not read again).
 
-    Not fsynced: it is a cache of proofs, each still checked against the inode and mtime it
-    names, so a crash that loses the newest one costs relinks, and a torn one reads as none.
-    (A reinstall-all rollback proves ~52,000 files: a 10 MB write whose fsync, racing the
-    restore's own flush, cost a fifth of the rollback.)"""
+    Columns of fixed-size numbers and digests (see `Aliases`): a reinstall-all rollback proves
+    ~52,000 files, and this file is written by every such restore and read by the next, in each
+    of its lanes (as JSON, a tenth of a second each way). Not fsynced: it is a cache of proofs,
+    each still checked against the inode and mtime it names, so a crash that loses the newest
+    one costs relinks, and a torn one reads as none."""
     if not found:
         return
     path = snap.path / ALIASES
     try:
         old_roots, files = known if known is not None else read_alias_file(path)
         if old_roots and old_roots != roots:
-            files = {}  # keyed by other roots: start again
-        files.update(found)
-        # Columns: several times cheaper to write and read than one small list per file.
-        keys = list(files)
-        atomic_write(path, json.dumps({
-            "version": 3, "roots": roots, "paths": keys, "inos": [files[k][0] for k in keys],
-            "mtimes": [files[k][1] for k in keys], "sizes": [files[k][2] for k in keys],
-            "shas": [files[k][3] for k in keys]}, separators=(",", ":")), durable=False)
-    except OSError:
+            files = Aliases.empty()  # keyed by other roots: start again
+        merged = files.merged(found)
+        merged.roots = roots
+        atomic_write(path, merged.to_bytes(), durable=False)
+        with contextlib.suppress(FileNotFoundError):
+            (snap.path / _ALIASES_V3).unlink()  # merged into the new one
+    except (OSError, OverflowError, ValueError):
         pass
