@@ -96,3 +96,27 @@ def test_an_internal_error_names_its_traceback_file_and_exits_5(venv: Path, rewh
     text = tb.read_text()
     assert text.startswith(f"rewheel history --python {venv} --json\n")
     assert "Traceback (most recent call last):" in text and "TypeError" in text
+
+
+def test_an_early_probe_answers_as_inspect_does(venv: Path, tmp_path: Path) -> None:
+    """The CLI starts the interpreter probe before it imports the runner: `inspect` then
+    collects that answer, with the same result, and the same error for what is no
+    interpreter, as a probe it starts itself."""
+    from rewheel import environment
+    from rewheel.errors import TargetError
+
+    plain = environment.Environment.inspect(venv)
+    environment.probe_early(venv)
+    assert str(venv) in environment._early_probes
+    assert environment.Environment.inspect(venv) == plain
+    assert not environment._early_probes  # collected, not left behind
+    text = tmp_path / "notes.txt"
+    text.write_text("print('hi')\n")  # a file, not executable: the start itself fails
+    with pytest.raises(TargetError) as alone:
+        environment.Environment.inspect(text)
+    environment.probe_early(text)
+    with pytest.raises(TargetError) as early:
+        environment.Environment.inspect(text)
+    assert early.value.message == alone.value.message and "cannot be run" in early.value.message
+    environment.probe_early(tmp_path / "missing")  # left to inspect, which names it
+    assert not environment._early_probes

@@ -275,9 +275,13 @@ def main() -> None:
 
 # ---- commands: one function each; parse, call one core function, render. ----
 def _target(target: str | None, python: str | None):  # -> runner.Target
-    from rewheel import recipe, runner
+    from rewheel import environment, recipe
 
-    return runner.open_target(recipe.load_target(target, python))
+    r = recipe.load_target(target, python)
+    environment.probe_early(r.python)  # the interpreter answers while the runner imports
+    from rewheel import runner
+
+    return runner.open_target(r)
 
 
 def _refuse_empty_ref(name: str, ref: str | None, *, default: bool = True) -> None:

@@ -34,6 +34,19 @@ print(json.dumps({
 
 
 
+_early_probes: dict[str, proc.Started] = {}
+
+
+def probe_early(python: str | os.PathLike[str]) -> None:
+    """Start the interpreter probe of `Environment.inspect(python)` now: it runs (a Python
+    start-up, tens of milliseconds) while this process imports what its command needs, and
+    `inspect` of the same path collects its answer. Anything wrong with the path is left for
+    `inspect` to report."""
+    key = str(Path(python))
+    if key not in _early_probes and os.path.isfile(key):
+        _early_probes[key] = proc.start([key, "-I", "-c", _PROBE])
+
+
 @dataclass(frozen=True)
 class RecordEntry:
     """One row of a RECORD file. `path` is absolute and normalised."""
@@ -229,7 +242,8 @@ class Environment:
             raise TargetError(f"interpreter {py} is a folder, not an interpreter",
                               hint="give the environment's python, e.g. /root/ml-env/bin/python")
         try:
-            res = proc.run([str(py), "-I", "-c", _PROBE], timeout=60)
+            early = _early_probes.pop(str(py), None)
+            res = early.wait(timeout=60) if early is not None else proc.run([str(py), "-I", "-c", _PROBE], timeout=60)
         except OSError as exc:  # a text file, no permission to run it, a broken binary
             raise TargetError(f"interpreter {py} cannot be run: {exc.strerror or exc}",
                               hint="give the environment's python, e.g. /root/ml-env/bin/python") from None

@@ -84,6 +84,38 @@ def run(argv: Sequence[str], *, timeout: float | None = None,
                      seconds=time.monotonic() - start)
 
 
+class Started:
+    """A child started by `start`, its output collected by `wait` — what `run` does, in two
+    halves, so that the caller works while the child runs."""
+
+    def __init__(self, argv: Sequence[str], popen: subprocess.Popen[str] | None, error: OSError | None) -> None:
+        self.argv, self.popen, self.error = list(argv), popen, error
+        self.t0 = time.monotonic()
+
+    def wait(self, timeout: float | None = None) -> Completed:
+        """The child's result (as `run` gives it); an OSError from its start is raised here."""
+        if self.error is not None or self.popen is None:
+            raise self.error or OSError("not started")
+        try:
+            out, err = self.popen.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            out, err = self.popen.communicate()
+            return Completed(self.argv, -9, out or "", err or "", timed_out=True, seconds=time.monotonic() - self.t0)
+        return Completed(self.argv, self.popen.returncode, out, err, seconds=time.monotonic() - self.t0)
+
+
+def start(argv: Sequence[str]) -> Started:
+    """Start argv now, its stdout and stderr captured as text; `Started.wait` collects them."""
+    resolved = _resolve(argv, None)
+    try:
+        popen = subprocess.Popen(resolved, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                 text=True, errors="replace")
+    except OSError as exc:
+        return Started(argv, None, exc)
+    return Started(argv, popen, None)
+
+
 def kill_group(pgid: int, grace_s: float = 5.0, *, gone_wait_s: float = 5.0) -> bool:
     """SIGTERM a process group, then SIGKILL whatever is left after `grace_s`; then wait (up to
     `gone_wait_s`) until no member is left (a zombie, dead but not yet reaped, counts as gone).
