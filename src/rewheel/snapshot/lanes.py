@@ -31,6 +31,7 @@ class Lane(Protocol):
     def commit(self) -> None: ...
     def verify(self) -> list[str]: ...
     def summary(self) -> dict[str, Any]: ...
+    def proofs(self) -> tuple[list[Any], ...]: ...
     def discard_staging(self) -> None: ...
 
 
@@ -71,7 +72,7 @@ _ERRORS: dict[str, type[RewheelError]] = {c.__name__: c for c in (SnapshotDamage
 
 class Peer:
     """The second lane of a restore: a forked process, and a pipe each way. It sends
-    ("staged",) or ("failed", …) once its folders are compared, checked and staged, waits
+    ("staged", its proofs) or ("failed", …) once its folders are compared, checked and staged, waits
     for "go" (or "stop", or the end of the pipe: it then discards its staging and exits),
     commits and sends ("committed",), verifies and sends ("done", summary) — or
     ("failed", error class, message, hint) at any point."""
@@ -109,10 +110,12 @@ class Peer:
             raise RestoreError(f"the restore's second process ended without reporting ({exc or 'no reply'})",
                                hint="run the rollback again; the restore is idempotent") from None
 
-    def staged(self) -> None:
+    def staged(self) -> tuple[list[Any], ...]:
+        """Wait until the other lane has staged; what it proved (see `Lane.proofs`)."""
         msg = self._recv()
         if msg[0] != "staged":
             raise _error_from(msg)
+        return msg[1]
 
     def go(self) -> None:
         _send(self.wfd, ("go",))
@@ -153,7 +156,7 @@ def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], wo
         _send(wfd, _error_msg(exc))
         return
     try:
-        _send(wfd, ("staged",))
+        _send(wfd, ("staged", r.proofs()))  # known before the commit, written meanwhile
         go = _recv(rfd)[0] == "go"
     except (EOFError, OSError, ValueError):  # the first lane stopped (and closed its end) first
         go = False

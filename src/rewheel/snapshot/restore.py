@@ -731,8 +731,11 @@ class _Restore:
         return {"written": self.written, "deleted": sum(len(d.extras) for d in self.dirs),
                 "chmodded": sum(len(d.chmods) for d in self.dirs),
                 "folders_rebuilt": sum(len(d.missing) for d in self.dirs), "others": self.others,
-                "displaced": list(self.staging.values()), "proven": self.proven,
-                "aliases": self.same.found.columns() if self.same is not None else Found().columns()}
+                "displaced": list(self.staging.values()), "proven": self.proven}
+
+    def proofs(self) -> tuple[list[Any], ...]:
+        """The files this lane proved hold the snapshot's bytes (`Found`'s columns)."""
+        return (self.same.found if self.same is not None else Found()).columns()
 
     def check_folder(self, ri: int, rel: str, path: str, e: Entry | None, problems: list[str],
                      deep: bool) -> None:
@@ -817,10 +820,19 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
             if peer is not None:
                 peer.stop()
             raise
+        saver: threading.Thread | None = None
         try:
+            found = Found(*r.proofs())
             if peer is not None:
-                peer.staged()  # raises what stopped the other lane, if anything did
+                found.extend(Found(*peer.staged()))  # raises what stopped the other lane, if anything did
                 mark("stage")
+            if len(found):
+                # Proven before the commit, true whatever it or the verification finds: written
+                # while this process commits and verifies (system calls, which let it run).
+                saver = threading.Thread(target=save_aliases, name="rewheel-aliases", daemon=True, args=(
+                    snap, found, [x.path for x in r.roots], r.same.alias_file if r.same is not None else None))
+                saver.start()
+            if peer is not None:
                 peer.go()
             try:
                 r.commit()
@@ -831,13 +843,14 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
             r.discard_staging()
             if peer is not None:
                 peer.stop()
+            if saver is not None:
+                saver.join()
             raise
         # The flush runs while the verification reads the tree back and the plan is freed
         # (the kernel does the one, Python the others); it has finished before this
         # returns or raises, so a restore reported done is on disk. It starts once both
         # lanes have committed, so it covers what each wrote.
         syncer = threading.Thread(target=os.sync, name="rewheel-sync", daemon=True)
-        saver: threading.Thread | None = None
         back: RestoreResult | None = None
         other: dict[str, Any] = {}
         try:
@@ -847,19 +860,10 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                 syncer.start()
                 problems = [] if full_verify else r.verify()
                 done = r.summary()
-                found = Found(*done.pop("aliases"))
                 if peer is not None:
                     other = peer.done()
                     problems += other.pop("problems")
-                    found.extend(Found(*other.pop("aliases")))
                     done = {k: v + other[k] for k, v in done.items()}
-                # Proven before the commit, true whatever the verification finds. Written
-                # while this thread checks the result and deletes what was moved out (system
-                # calls, which let it run).
-                if len(found):
-                    saver = threading.Thread(target=save_aliases, name="rewheel-aliases", daemon=True, args=(
-                        snap, found, [x.path for x in r.roots], r.same.alias_file if r.same is not None else None))
-                    saver.start()
                 if full_verify:
                     verified = verify(env, snap, r.man)
                 else:
