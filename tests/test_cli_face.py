@@ -180,3 +180,44 @@ def test_plain_stderr_writes_what_rich_writes_to_a_pipe(args: tuple[str, ...], k
     assert written[0] == written[1]
     with cli._PlainStderr().status("working") as st:  # nothing to draw on a pipe
         st.update("still")
+
+
+def _click_params(cmd) -> list[tuple]:
+    return [(p.name, tuple(p.opts), tuple(p.secondary_opts), p.required, p.nargs, p.multiple, repr(p.default))
+            for p in cmd.params]
+
+
+def test_a_command_run_alone_is_built_and_parsed_as_the_whole_app_does() -> None:
+    """`main` builds only the named command's click parameters (`_app_for`): each command
+    must come out with exactly the parameters, and the usage errors, of the whole app."""
+    import click
+    import typer.main
+    from typer.testing import CliRunner
+
+    from rewheel import cli
+
+    whole = typer.main.get_command(cli.app)
+    assert isinstance(whole, click.Group)
+    names = sorted(whole.commands)
+    assert set(COMMANDS) <= set(names) and "fleet-report" in names
+    runner = CliRunner()
+    for name in names:
+        one = cli._app_for([name, "--json"])
+        assert one is not cli.app
+        alone = typer.main.get_command(one)
+        assert sorted(alone.commands) == [name]  # a group still: `rewheel NAME ...` reads the same
+        assert _click_params(alone.commands[name]) == _click_params(whole.commands[name]), name
+        assert _click_params(alone) == _click_params(whole)  # --plain, --version
+        for args in ([name, "--no-such-option"], [name, "--help"]):
+            a, b = runner.invoke(one, args), runner.invoke(cli.app, args)
+            assert (a.exit_code, a.output) == (b.exit_code, b.output), args
+    assert cli._app_for(["--plain", "history", "x"]) is not cli.app
+    # No command, a typo or a global option first: the whole app (its help lists every command).
+    for args in ([], ["--help"], ["--version"], ["rollbak"], ["--plain"]):
+        assert cli._app_for(args) is cli.app, args
+
+
+def test_a_mistyped_command_is_suggested_once() -> None:
+    cp = rewheel_cli("rollbak")
+    assert cp.returncode == 2
+    assert cp.stderr.count("Did you mean 'rollback'?") == 1, cp.stderr

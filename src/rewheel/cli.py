@@ -6,7 +6,9 @@ goes to stdout and any human text to stderr; without it the human report goes to
 
 from __future__ import annotations
 
+import copy
 import functools
+import gc
 import json
 import signal
 import sys
@@ -28,8 +30,9 @@ if TYPE_CHECKING:
 
 # Plain click help (rich_markup_mode=None): one line per option with its placeholder word,
 # the same on every terminal and in a pipe, and `--help` starts without rich's help renderer.
+# suggest_commands off: click itself says "Did you mean ...?" (typer's would say it twice).
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  rich_markup_mode=None,
+                  rich_markup_mode=None, suggest_commands=False,
                   help="Upgrade a service's Python environment and keep the upgrade only once it is proven.\n\n"
                        "RECIPE is a recipe file; TARGET a recipe file, or an environment given with "
                        "--python PATH; SNAPSHOT a snapshot id, a unique prefix of one, or its exact label "
@@ -248,15 +251,27 @@ def install_signal_handlers() -> None:
 
 
 def main() -> None:
+    try:
+        _main()
+    finally:
+        # The command has answered. The interpreter's collections at exit would walk every
+        # object still alive (some 40 ms after a restore) only to free memory that the
+        # process gives back as it ends; frozen objects are left out of them. Exit handlers,
+        # the flushing of open files and the finalizers of objects not in cycles still run.
+        gc.freeze()
+
+
+def _main() -> None:
     install_signal_handlers()
     sys.argv[1:] = _plain_first(sys.argv[1:])
+    this = _app_for(sys.argv[1:])
     if "--json" not in sys.argv[1:]:
-        app()
+        this()
         return
     # A usage error (unknown option, missing argument) is reported by typer before any
     # command runs, as human text only; with --json a script still gets one JSON document.
     try:
-        code = app(standalone_mode=False)
+        code = this(standalone_mode=False)
     except typer.Abort:
         _stderr_console().print("aborted", markup=False)
         sys.exit(EXIT_ABORTED)
@@ -373,9 +388,9 @@ def snapshot(target: TargetArg = None, python: PythonOpt = None,
              label: Annotated[str, typer.Option("--label", metavar="LABEL", help="A label for the snapshot.")] = "",
              json_out: JsonOpt = False) -> None:
     """Take a snapshot of the environment now."""
-    from rewheel import runner
-
     t = _target(target, python)
+    from rewheel import runner  # (after the probe has started: see _target)
+
     out, err = consoles(json_out)
     cb, status = _progress(err)
     with status:
@@ -387,9 +402,9 @@ def snapshot(target: TargetArg = None, python: PythonOpt = None,
 @handles_errors
 def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOpt = False) -> None:
     """Snapshots and runs, newest first, with status and key versions."""
-    from rewheel import runner
-
     t = _target(target, python)
+    from rewheel import runner  # (after the probe has started: see _target)
+
     result = runner.history(t)
     out, err = consoles(json_out)
     show(out, json_out, result, report.render_history)
@@ -407,10 +422,10 @@ def rollback(target: TargetArg = None,
              no_undo: Annotated[bool, typer.Option("--no-undo", help="Do not snapshot the state it replaces first (faster; it cannot be undone).")] = False,
              json_out: JsonOpt = False) -> None:
     """Restore a snapshot (stops and starts the service when given a recipe)."""
-    from rewheel import runner
-
     target, snapshot_id = _target_and_ref(target, snapshot_id, python)
     t = _target(target, python)
+    from rewheel import runner  # (after the probe has started: see _target)
+
     runner.refuse_system_interpreter(t)  # before a question or a snapshot lookup
     out, err = consoles(json_out)
     snap = t.store.get(snapshot_id) if snapshot_id is not None else runner.default_rollback_snapshot(t.store)
@@ -701,10 +716,11 @@ def unpin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Arg
 
 def _set_pinned(target: str | None, snapshot_id: str | None, python: str | None, json_out: bool,
                 pinned: bool) -> None:
-    from rewheel import runner
-
     target, ref = _target_and_ref(target, snapshot_id, python, required=True)
-    result = runner.set_pinned(_target(target, python), ref, pinned)
+    t = _target(target, python)
+    from rewheel import runner  # (after the probe has started: see _target)
+
+    result = runner.set_pinned(t, ref, pinned)
     out, _ = consoles(json_out)
     show(out, json_out, result, report.render_pin)
 
@@ -714,10 +730,10 @@ def _set_pinned(target: str | None, snapshot_id: str | None, python: str | None,
 def forget(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
            python: PythonOpt = None, yes: YesOpt = False, json_out: JsonOpt = False) -> None:
     """Remove one snapshot from the store (not a pinned one, nor one an interrupted run needs)."""
-    from rewheel import runner
-
     target, ref = _target_and_ref(target, snapshot_id, python, required=True)
     t = _target(target, python)
+    from rewheel import runner  # (after the probe has started: see _target)
+
     snap = runner.forget_target(t, ref)  # refused (exit 2) before the question
     confirm(report.clean(f"Remove snapshot {snap.id} ({snap.label or snap.status}, {snap.created_iso}) "
                          f"of {t.env.prefix}? It cannot be restored afterwards", lines=False), yes)
@@ -774,6 +790,28 @@ def _plain_first(args: list[str]) -> list[str]:
     if "--plain" not in args[:cut] or args[:1] == ["--plain"]:
         return args
     return ["--plain", *(a for a in args[:cut] if a != "--plain"), *args[cut:]]
+
+
+def _app_for(args: list[str]) -> typer.Typer:
+    """The app with only the command that `args` names, or the whole app.
+
+    Typer builds the click parameters of every registered command at each start (about
+    30 ms for these); running one command needs only its own, and parses, checks and
+    reports usage errors exactly as the whole app does. Anything else (no command, a typo,
+    a global option such as `--help` before one) gets the whole app, whose messages list
+    every command."""
+    i = 0
+    while i < len(args) and args[i] == "--plain":
+        i += 1
+    if i == len(args) or args[i].startswith("-"):
+        return app
+    named = [c for c in app.registered_commands
+             if (c.name or (c.callback.__name__.replace("_", "-") if c.callback else None)) == args[i]]
+    if len(named) != 1:
+        return app
+    one = copy.copy(app)
+    one.registered_commands = named
+    return one
 
 
 def _print_version(value: bool) -> None:

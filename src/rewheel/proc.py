@@ -116,6 +116,15 @@ def start(argv: Sequence[str]) -> Started:
     return Started(argv, popen, None)
 
 
+def detach(argv: Sequence[str]) -> None:
+    """Start argv and leave it running, never waited for: its own session, stdin, stdout and
+    stderr on /dev/null (a caller reading this process's output is not held up by it), and no
+    descriptor of this process (it never holds the environment lock). For work that need not
+    hold up this command's exit, such as deleting a folder already out of every user's way."""
+    subprocess.Popen(_resolve(argv, None), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def kill_group(pgid: int, grace_s: float = 5.0, *, gone_wait_s: float = 5.0) -> bool:
     """SIGTERM a process group, then SIGKILL whatever is left after `grace_s`; then wait (up to
     `gone_wait_s`) until no member is left (a zombie, dead but not yet reaped, counts as gone).

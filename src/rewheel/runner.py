@@ -21,7 +21,7 @@ from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
 from rewheel.recipe import Recipe
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, SnapshotResult, Store,
-                              remove_displaced, restore_lanes_setting, restore_snapshot, take_snapshot,
+                              discard_displaced, restore_lanes_setting, restore_snapshot, take_snapshot,
                               unstash_cleanup)
 
 if TYPE_CHECKING:
@@ -476,7 +476,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                 except ServiceError as exc:
                     failed = exc
         finally:
-            remove_displaced(res)
+            discard_displaced(res, t.store.home)  # the store's trash: deleted once this has exited
         if interrupted is not None:
             # The files are the snapshot's now, whether or not the service came back.
             interrupted.append("finished", status="rolled-back", by_run=j.id)
@@ -1516,7 +1516,7 @@ class _Cycle:
                     revert.service_skipped = "the service was not running before the run: left stopped"
                     self.say(revert.service_skipped)
             finally:
-                remove_displaced(res)  # the failed build's folders, moved out by the restore
+                discard_displaced(res, self.t.store.home)  # the failed build's folders, moved out by the restore
         except RewheelError as exc:
             revert.error = str(exc)
             self.report.steps.append(StepRecord.since("revert", False, t0))

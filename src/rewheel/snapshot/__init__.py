@@ -25,7 +25,7 @@ The package, by idea (each module imports only those above it):
 - `capture`  — `take_snapshot`, `estimate_snapshot`, linking, hashed and sparse copies
 - `proof`    — same-bytes proof of a reinstalled file (RECORD rows, aliases)
 - `lanes`    — the second restore lane: forked peer, pipes, messages
-- `restore`  — `restore_snapshot`, `verify`, `remove_displaced`, the damage checks
+- `restore`  — `restore_snapshot`, `verify`, `remove_displaced`/`discard_displaced`, the damage checks
 - `cleanup`  — `[cleanup]` stashing and unstashing, and what it may never touch
 - `integrity` — `verify_snapshot`: stored bytes against the manifest (fast: stat; full: sha256)
 
@@ -40,7 +40,8 @@ from rewheel.snapshot.cleanup import (SYSTEM_FOLDERS, cleanup_matches, cleanup_r
                                       stash_cleanup, unstash_cleanup)
 from rewheel.snapshot.lanes import LANES_MIN_FILES, restore_lanes_setting
 from rewheel.snapshot.manifest import MANIFEST_VERSION, Entry, Folder, Manifest, ManifestDamaged, match_roots
-from rewheel.snapshot.restore import RestoreResult, remove_displaced, restore_snapshot, share_folders, verify
+from rewheel.snapshot.restore import (RestoreResult, discard_displaced, remove_displaced, restore_snapshot,
+                                      share_folders, verify)
 from rewheel.snapshot.store import ALIASES, SnapshotMeta, Store
 from rewheel.snapshot.integrity import (Damage, StoreVerify, VerifyResult, damaged_files, verify_snapshot,
                                         verify_store)
@@ -51,7 +52,7 @@ __all__ = [
     "ALIASES", "LANES_MIN_FILES", "MANIFEST_VERSION", "STAGING_PREFIX", "SYSTEM_FOLDERS", "Entry", "Folder", "Manifest",
     "ManifestDamaged", "Progress", "RestoreError", "RestoreResult", "Root", "SnapshotDamaged", "SnapshotError",
     "SnapshotMeta", "SnapshotResult", "Store", "cleanup_matches", "cleanup_refusal", "copy_hashed",
-    "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix", "pending_cleanup",
+    "discard_displaced", "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix", "pending_cleanup",
     "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting", "restore_snapshot",
     "scope_of", "share_folders", "stash_cleanup", "take_snapshot", "unstash_cleanup", "verify", "walk",
     "Damage", "StoreVerify", "VerifyResult", "damaged_files", "verify_snapshot", "verify_store",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import marshal
 import os
-import shutil
 import signal
 import struct
 import sys
@@ -81,8 +80,7 @@ class Peer:
         self.pid, self.rfd, self.wfd = pid, rfd, wfd
 
     @classmethod
-    def start(cls, env: Environment, snap: SnapshotMeta, live_roots: list[Root], work: LaneWork, *,
-              remove: bool = False) -> Peer:
+    def start(cls, env: Environment, snap: SnapshotMeta, live_roots: list[Root], work: LaneWork) -> Peer:
         up_r, up_w = os.pipe()
         down_r, down_w = os.pipe()
         with warnings.catch_warnings():
@@ -95,7 +93,7 @@ class Peer:
             try:
                 os.close(up_r)
                 os.close(down_w)
-                _lane_child(env, snap, live_roots, work, down_r, up_w, remove)
+                _lane_child(env, snap, live_roots, work, down_r, up_w)
                 code = 0
             finally:
                 os._exit(code)
@@ -145,8 +143,8 @@ class Peer:
             os.waitpid(self.pid, 0)
 
 
-def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], work: LaneWork, rfd: int, wfd: int,
-                remove: bool = False) -> None:
+def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], work: LaneWork, rfd: int,
+                wfd: int) -> None:
     """The body of the second lane (in the forked process)."""
     with contextlib.suppress(ValueError):  # (not the main thread: then Ctrl-C never reaches this one)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first lane decides; Ctrl-C reaches it
@@ -173,16 +171,8 @@ def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], wo
             exc = work.failed_midway(env, snap, exc)
         _send(wfd, _error_msg(exc))
         return
-    done = r.summary()
-    if remove and not problems:
-        # What this lane moved out is deleted here, on the second CPU, while the first lane
-        # deletes its own; the first waits for this process before it returns.
-        displaced, done["displaced"] = done["displaced"], []
-        _send(wfd, ("done", {**done, "problems": problems}))
-        for path in displaced:
-            shutil.rmtree(path, ignore_errors=True)
-        return
-    _send(wfd, ("done", {**done, "problems": problems}))
+    # What this lane moved out goes with its summary: the first lane takes it all away.
+    _send(wfd, ("done", {**r.summary(), "problems": problems}))
 
 
 def _error_msg(exc: BaseException) -> tuple[Any, ...]:

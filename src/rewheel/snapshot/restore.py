@@ -2,7 +2,7 @@
 
 Owns: `restore_snapshot` (compare folder by folder, check everything, stage, commit,
 sync, verify; `_Restore` does one lane's share), `RestoreResult`, `verify`,
-`remove_displaced`, and the checks that refuse a damaged snapshot before anything changes.
+`remove_displaced` / `discard_displaced` (the store's trash), and the checks that refuse a damaged snapshot before anything changes.
 The second lane's process is `lanes`; the same-bytes proof is `proof`.
 """
 
@@ -16,6 +16,7 @@ import secrets
 import shutil
 import signal
 import stat
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rewheel import proc
 from rewheel.environment import Environment
-from rewheel.errors import RestoreError, SnapshotDamaged
+from rewheel.errors import RestoreError, RewheelError, SnapshotDamaged
 from rewheel.snapshot.capture import clone_file, copy_hashed
 from rewheel.snapshot.lanes import LaneWork, Peer, auto_lanes
 from rewheel.snapshot.manifest import Entry, Folder, Manifest, ManifestDamaged, bad_entry, match_roots
@@ -32,6 +34,12 @@ from rewheel.snapshot.proof import FolderProof, SameBytes
 from rewheel.snapshot.store import Found, SnapshotMeta, save_aliases
 from rewheel.snapshot.tree import (Progress, Root, STAGING_PREFIX, exclusion, kind_of, nested_prefix, safe_rel,
                                    scope_of, walk)
+
+# Under the store's home: what restores moved out of environments, while a detached `rm`
+# deletes it (`discard_displaced`); a folder older than this is left from one that was stopped.
+TRASH = "trash"
+TRASH_STALE_S = 3600.0
+
 
 @dataclass
 class RestoreResult:
@@ -787,8 +795,9 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
     shared file found at another inode needs none), and work in proportion to what
     changed: a link and an unlink per replaced file. Folders that must go (a failed
     build's new subpackages and dist-info) leave in one rename each and are deleted after
-    the environment is back — by the caller, once it has restarted the service, with
-    `defer_removal=True` (`RestoreResult.displaced`, `remove_displaced`).
+    the environment is back: in the background, from the store's trash (`discard_displaced`),
+    or by the caller, once it has restarted the service, with `defer_removal=True`
+    (`RestoreResult.displaced`, `remove_displaced`).
 
     With `lanes=2` (the default on two or more CPUs, for a snapshot of LANES_MIN_FILES files
     or more) the folders are shared out between this process and a forked one, which
@@ -812,8 +821,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
         _remove_stale_staging(live_roots)
         # The other lane is forked before the manifest is read: each reads its own copy
         # (in parallel), so neither pays for copy-on-write pages of the other's objects.
-        peer = Peer.start(env, snap, live_roots, LaneWork(_prepare, _failed_midway),
-                          remove=not defer_removal) if n == 2 else None
+        peer = Peer.start(env, snap, live_roots, LaneWork(_prepare, _failed_midway)) if n == 2 else None
         try:
             r = _prepare(env, snap, live_roots, (0, 2) if peer else None, progress, mark)
         except BaseException:
@@ -851,7 +859,6 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
         # returns or raises, so a restore reported done is on disk. It starts once both
         # lanes have committed, so it covers what each wrote.
         syncer = threading.Thread(target=os.sync, name="rewheel-sync", daemon=True)
-        back: RestoreResult | None = None
         other: dict[str, Any] = {}
         try:
             try:
@@ -875,7 +882,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                     shutil.rmtree(p, ignore_errors=True)
                 raise
             mark("verify")
-            res = back = RestoreResult(snap.id, done["written"], done["deleted"], done["chmodded"],
+            res = RestoreResult(snap.id, done["written"], done["deleted"], done["chmodded"],
                                        verified - done["written"] - done["chmodded"], verified, 0.0,
                                        folders_rebuilt=done["folders_rebuilt"], displaced=done["displaced"],
                                        phases=phases, lanes=n, proven_same=done["proven"])
@@ -885,18 +892,15 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                 syncer.join()
             t_back = time.perf_counter()
             if peer is not None:
-                if not defer_removal and back is not None:
-                    remove_displaced(back)  # while the other lane deletes what it moved out
                 peer.reap()
             if saver is not None:
                 saver.join()
         mark("finish")
-    # `seconds`: until the environment is back, verified and on disk. Deleting what was
-    # moved out of it is counted apart (`removal_seconds`), whenever it happens.
+    # `seconds`: until the environment is back, verified and on disk. Taking what was moved
+    # out of it away is counted apart (`removal_seconds`), whenever it happens.
     res.seconds = t_back - t0
     if not defer_removal:
-        remove_displaced(res)
-        res.removal_seconds = time.perf_counter() - t_back
+        discard_displaced(res, snap.home)
     return res
 
 
@@ -962,6 +966,56 @@ def remove_displaced(res: RestoreResult) -> float:
     res.displaced = []
     res.removal_seconds = time.monotonic() - t0
     return res.removal_seconds
+
+
+def discard_displaced(res: RestoreResult, home: Path) -> float:
+    """Take what a restore moved out of the environment away without waiting for its deletion.
+
+    Each displaced folder leaves by one rename into a fresh folder of the store's `trash`
+    (on the environment's filesystem whenever snapshots are hard links), and a detached
+    `rm -rf` deletes it there after this command has exited: thousands of unlinks that
+    would otherwise hold up the rollback's end. The environment is exact when this returns.
+    What cannot be moved (the store on another filesystem) is deleted here, as
+    `remove_displaced` does; so is everything when no `rm` can be started."""
+    t0 = time.monotonic()
+    left = _into_trash(res.displaced, Path(home) / TRASH) if res.displaced else []
+    for p in left:
+        shutil.rmtree(p, ignore_errors=True)
+    res.displaced = []
+    res.removal_seconds = time.monotonic() - t0
+    return res.removal_seconds
+
+
+def _into_trash(paths: list[str], trash: Path) -> list[str]:
+    """Move `paths` into a new folder of `trash` and start its deletion; the paths not moved."""
+    try:
+        trash.mkdir(mode=0o700, exist_ok=True)
+        bin_ = tempfile.mkdtemp(prefix="restore-", dir=trash)
+    except OSError:
+        return list(paths)
+    left = []
+    for i, p in enumerate(paths):
+        try:
+            os.rename(p, os.path.join(bin_, str(i)))
+        except OSError:  # another filesystem than the store's (EXDEV)
+            left.append(p)
+    if len(left) == len(paths):
+        with contextlib.suppress(OSError):
+            os.rmdir(bin_)
+        return left
+    # What a deletion stopped before its end left (the host went down): swept with this one.
+    stale = []
+    now = time.time()
+    with contextlib.suppress(OSError), os.scandir(trash) as it:
+        for d in it:
+            with contextlib.suppress(OSError):
+                if d.path != bin_ and now - d.stat(follow_symlinks=False).st_mtime > TRASH_STALE_S:
+                    stale.append(d.path)
+    try:
+        proc.detach(["rm", "-rf", "--", bin_, *stale])
+    except (OSError, RewheelError):  # no `rm` to start: deleted here
+        shutil.rmtree(bin_, ignore_errors=True)
+    return left
 
 
 def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) -> int:
