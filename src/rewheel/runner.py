@@ -1516,7 +1516,7 @@ class _Cycle:
                     revert.service_skipped = "the service was not running before the run: left stopped"
                     self.say(revert.service_skipped)
             finally:
-                discard_displaced(res, self.t.store.home)  # the failed build's folders, moved out by the restore
+                discard_displaced(res, self.t.store.home)  # the failed build's folders, into the trash
         except RewheelError as exc:
             revert.error = str(exc)
             self.report.steps.append(StepRecord.since("revert", False, t0))

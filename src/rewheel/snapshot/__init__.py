@@ -52,8 +52,8 @@ __all__ = [
     "ALIASES", "LANES_MIN_FILES", "MANIFEST_VERSION", "STAGING_PREFIX", "SYSTEM_FOLDERS", "Entry", "Folder", "Manifest",
     "ManifestDamaged", "Progress", "RestoreError", "RestoreResult", "Root", "SnapshotDamaged", "SnapshotError",
     "SnapshotMeta", "SnapshotResult", "Store", "cleanup_matches", "cleanup_refusal", "copy_hashed",
-    "discard_displaced", "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix", "pending_cleanup",
-    "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting", "restore_snapshot",
-    "scope_of", "share_folders", "stash_cleanup", "take_snapshot", "unstash_cleanup", "verify", "walk",
+    "discard_displaced", "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix",
+    "pending_cleanup", "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting",
+    "restore_snapshot", "scope_of", "share_folders", "stash_cleanup", "take_snapshot", "unstash_cleanup", "verify", "walk",
     "Damage", "StoreVerify", "VerifyResult", "damaged_files", "verify_snapshot", "verify_store",
 ]

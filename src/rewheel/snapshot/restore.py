@@ -2,7 +2,8 @@
 
 Owns: `restore_snapshot` (compare folder by folder, check everything, stage, commit,
 sync, verify; `_Restore` does one lane's share), `RestoreResult`, `verify`,
-`remove_displaced` / `discard_displaced` (the store's trash), and the checks that refuse a damaged snapshot before anything changes.
+`remove_displaced` / `discard_displaced` (the store's trash), and the checks that refuse a
+damaged snapshot before anything changes.
 The second lane's process is `lanes`; the same-bytes proof is `proof`.
 """
 
@@ -883,9 +884,9 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
                 raise
             mark("verify")
             res = RestoreResult(snap.id, done["written"], done["deleted"], done["chmodded"],
-                                       verified - done["written"] - done["chmodded"], verified, 0.0,
-                                       folders_rebuilt=done["folders_rebuilt"], displaced=done["displaced"],
-                                       phases=phases, lanes=n, proven_same=done["proven"])
+                                verified - done["written"] - done["chmodded"], verified, 0.0,
+                                folders_rebuilt=done["folders_rebuilt"], displaced=done["displaced"],
+                                phases=phases, lanes=n, proven_same=done["proven"])
             del r  # freed here, so the collector has none of it to walk once back on
         finally:
             if syncer.ident is not None:
