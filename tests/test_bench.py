@@ -5,11 +5,15 @@ No timing assertions: ratios are only printed."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 from devtools.bench.harness import BenchConfig, render, run_bench
 from devtools.bench.profile import full_profile, scaled, totals
+from rewheel.errors import RewheelError
 from support_env import REPO
 
 
@@ -86,7 +90,6 @@ def test_cli_writes_results_json(tmp_path: Path) -> None:
 
 
 def test_a_scale_the_disk_cannot_hold_is_refused_before_anything_is_built(tmp_path: Path) -> None:
-    import shutil
     import subprocess
 
     free = shutil.disk_usage(tmp_path).free
@@ -105,7 +108,8 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     byte-exact — on small real wheels from a find-links folder instead of vLLM."""
     cfg = BenchConfig(reps=1, root=tmp_path / "bench", real=True, real_old="toypkg==1.0.0",
                       real_new="toypkg==2.0.0", real_uv_args=("--no-index", "--find-links", str(wheelhouse)),
-                      real_edit=("toypkg/core.py", "toyhelper/__init__.py"), say=lambda m: None)
+                      real_edit=("toypkg/core.py", "toyhelper/__init__.py"), real_disk_need=256 << 20,
+                      say=lambda m: None)
     result = run_bench(cfg)
     assert [r["step"] for r in result["rows"]] == [
         "snapshot", "patches (pristine)", "patches (2 edited)", "diff --json", "diff --stat",
@@ -132,6 +136,19 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     table = render(result)
     assert "toypkg==1.0.0 → toypkg==2.0.0" in table and "rollback (reinstall all)" in table
     json.dumps(result)
+
+
+def test_real_mode_refuses_a_disk_too_small_before_installing(tmp_path: Path, wheelhouse: Path) -> None:
+    """The real mode checks the free disk its releases need before its first install (a
+    vLLM pair's default is 30 GiB; `real_disk_need` sizes it for others), and builds nothing."""
+    need = shutil.disk_usage(tmp_path).free + (1 << 40)
+    cfg = BenchConfig(reps=1, root=tmp_path / "bench", real=True, real_old="toypkg==1.0.0",
+                      real_new="toypkg==2.0.0", real_uv_args=("--no-index", "--find-links", str(wheelhouse)),
+                      real_disk_need=need, say=lambda m: None)
+    with pytest.raises(RewheelError, match=f"needs about {need / 2**30:.1f} GiB free under {tmp_path / 'bench'}"):
+        run_bench(cfg)
+    assert not (tmp_path / "bench" / "real").exists()
+    assert BenchConfig().real_disk_need == 30 << 30
 
 
 def test_startup_rows_time_the_installed_command(tmp_path: Path) -> None:

@@ -52,6 +52,9 @@ class BenchConfig:
     real_new: str = "vllm==0.33.0"
     real_uv_args: tuple[str, ...] = ()  # e.g. ("--index-url", URL) for a mirror
     real_edit: tuple[str, ...] = ()  # the two files the bench edits (default: two of the story's)
+    # Free disk the real mode needs before its first install: both vLLM releases in uv's cache,
+    # the venv's folders and a reinstall's fresh copy. Other releases may need other sizes.
+    real_disk_need: int = 30 << 30
     log_mb: float = DEFAULT_LOG_MB
     full_copy: bool = True  # also time `cp -a` (a full copy of every byte)
     rollback_rounds: int = DEFAULT_ROLLBACK_ROUNDS  # rollback-vs-uv races per repetition
@@ -76,6 +79,8 @@ class BenchConfig:
         cfg.real_new = e.get("BENCH_REAL_NEW", cfg.real_new)
         cfg.real_uv_args = tuple(shlex.split(e.get("BENCH_REAL_UV_ARGS", "")))
         cfg.real_edit = tuple(e.get("BENCH_REAL_EDIT", "").split())
+        if e.get("BENCH_REAL_DISK_GIB"):
+            cfg.real_disk_need = int(float(e["BENCH_REAL_DISK_GIB"]) * 2**30)
         if e.get("BENCH_LOG_MB"):
             cfg.log_mb = float(e["BENCH_LOG_MB"])
         if e.get("BENCH_ROLLBACK_ROUNDS"):

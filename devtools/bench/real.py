@@ -118,12 +118,13 @@ class RealBench:
 
     # Preparation ------------------------------------------------------------------------
     def prepare(self) -> dict[str, Any]:
-        need = 30 << 30  # both releases in uv's cache, the venv's folders, a reinstall's fresh copy
+        need = self.cfg.real_disk_need
         free = shutil.disk_usage(self.cfg.root if self.cfg.root.exists() else self.cfg.root.parent).free
         if not (self.base / "stamp.json").exists() and free < need:
-            raise RewheelError(f"the real benchmark needs about {need >> 30} GiB free under {self.cfg.root}; "
+            raise RewheelError(f"the real benchmark needs about {need / 2**30:.1f} GiB free under {self.cfg.root}; "
                                f"{free / 2**30:.1f} GiB is free",
-                               hint="free some disk or point BENCH_DIR (--dir) elsewhere")
+                               hint="free some disk, point BENCH_DIR (--dir) elsewhere, or set "
+                                    "BENCH_REAL_DISK_GIB for releases smaller than vLLM's")
         stamp = self.base / "stamp.json"
         want = {"old": self.cfg.real_old, "new": self.cfg.real_new, "python": sys.executable,
                 "uv_args": list(self.cfg.real_uv_args)}
