@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import random
 import subprocess
 import sys
@@ -207,3 +208,64 @@ def test_cli_json_and_stat_carry_counts_not_diffs(edited: dict) -> None:
     assert cp.returncode == 0, cp.stderr
     [f] = json.loads(cp.stdout)["files"]
     assert f["path"] == "toypkg/mod.py" and f["diff"].startswith("--- a/toypkg/mod.py\n")
+
+
+# --------------------------------------------------------------------------------------
+# A large diff reads and counts its files in two processes
+# --------------------------------------------------------------------------------------
+def counted(res: diffmod.DiffResult) -> dict[str, tuple]:
+    return {f.path: (f.change, f.added_lines, f.removed_lines, f.binary, f.note) for f in res.files}
+
+
+def test_a_split_diff_counts_what_one_process_counts(edited: dict, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """From SPLIT_MIN_FILES changed files on (here: 1), half the files are read and counted in
+    a forked process: every count, binary flag and note is the one a single process finds,
+    and both processes really did part of the work."""
+    t, snap = edited["target"], edited["snap"]
+    one = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
+    assert len(one) == 5
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    real_fill = diffmod._fill_text
+
+    def recording(fc, *args, **kw):  # the pid of each file's reader, one file per file
+        (calls / fc.path.replace("/", "_")).write_text(str(os.getpid()))
+        return real_fill(fc, *args, **kw)
+
+    monkeypatch.setattr(diffmod, "_fill_text", recording)
+    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    two = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
+    assert two == one
+    pids = {p.read_text() for p in calls.iterdir()}
+    assert len(list(calls.iterdir())) == 5 and str(os.getpid()) in pids and len(pids) == 2
+
+
+def test_a_split_diff_whose_second_process_dies_counts_its_half_itself(edited: dict,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    t, snap = edited["target"], edited["snap"]
+    one = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
+    parent = os.getpid()
+    real_fill = diffmod._fill_text
+
+    def dies_in_the_child(fc, *args, **kw):
+        if os.getpid() != parent:
+            os._exit(9)  # killed mid-way, nothing sent
+        return real_fill(fc, *args, **kw)
+
+    monkeypatch.setattr(diffmod, "_fill_text", dies_in_the_child)
+    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
+
+
+def test_a_shown_diff_is_never_split(edited: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unified diffs (`-p`, `--path`, `--package`) are built in this process: only the
+    counts travel back from the second one."""
+    t, snap = edited["target"], edited["snap"]
+    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(diffmod, "_fill_split", lambda *a: pytest.fail("a shown diff was split"))
+    res = diffmod.diff_target(t.env, t.store, snap.id, path_glob="toypkg/*.py", with_diffs=True)
+    assert all(f.diff for f in res.files) and len(res.files) == 4

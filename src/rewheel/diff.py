@@ -24,12 +24,15 @@ out of file diffs; the package table covers them.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import hashlib
 import os
+import signal
 import stat
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +44,7 @@ from rewheel import versions as vers
 from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotError, UsageError
 from rewheel.snapshot import Manifest, SnapshotMeta, Store
+from rewheel.snapshot.lanes import recv_msg, send_msg
 from rewheel.snapshot.manifest import match_roots
 from rewheel.snapshot.tree import (Progress, Root, exclusion, hash_file, kind_of, provably_pristine, record_index,
                                    scope_of, walk)
@@ -50,6 +54,9 @@ from rewheel.snapshot.tree import (Progress, Root, exclusion, hash_file, kind_of
 INSTALLER_FILES = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"})
 # Larger files are not read for line counts or unified diffs.
 TEXT_LIMIT = 4 << 20
+# From this many changed files on, a diff reads and counts them in two processes (a real
+# release-to-release upgrade changes about 9,000): below it, the fork costs more than it saves.
+SPLIT_MIN_FILES = 1000
 LIVE = "live"
 
 
@@ -649,12 +656,69 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
 
     if line_counts or with_diffs:
         old_side, new_side = _Side(old_snap, old_man), _Side(new_snap, new_man)
-        for fc in files:
-            _fill_text(fc, old_items.get(fc.abs_path), new_items.get(fc.abs_path), old_side,
-                       new_side, with_diffs)
+
+        def fill(fc: FileChange) -> None:
+            _fill_text(fc, old_items.get(fc.abs_path), new_items.get(fc.abs_path), old_side, new_side,
+                       with_diffs)
+
+        if with_diffs or len(files) < SPLIT_MIN_FILES or (os.cpu_count() or 1) < 2:
+            for fc in files:
+                fill(fc)
+        else:
+            _fill_split(files, fill)
     stats["seconds"] = round(time.monotonic() - t0, 3)
     return DiffResult(old_snap.id, new_snap.id if new_snap else LIVE, packages, files, unchanged,
                       stats, {"package": package, "path": path_glob})
+
+
+def _fill_split(files: list[FileChange], fill: Callable[[FileChange], None]) -> None:
+    """`fill` every file, half of them in a forked process: reading both sides, checking the
+    stored side's sha256 and counting lines is per-file work in Python, and a real upgrade
+    changes thousands of files (a second CPU halves it). The child sends back what `fill`
+    set (counts, binary, note); if it dies, its half is done here."""
+    r, w = os.pipe()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about forking a process with threads (a progress display): the
+        # child touches none of their locks — it prints nothing, and leaves by _exit.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.close(r)
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches it
+            out = []
+            for i in range(1, len(files), 2):
+                fc = files[i]
+                fill(fc)
+                out.append((i, fc.added_lines, fc.removed_lines, fc.binary, fc.note))
+            send_msg(w, ("filled", out))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    msg: tuple[Any, ...] | None = None
+    try:
+        for i in range(0, len(files), 2):
+            fill(files[i])
+        with contextlib.suppress(EOFError, OSError, ValueError):
+            msg = recv_msg(r)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        os.close(r)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    if msg is None or msg[0] != "filled":
+        for i in range(1, len(files), 2):
+            fill(files[i])
+        return
+    for i, added, removed, binary, note in msg[1]:
+        fc = files[i]
+        fc.added_lines, fc.removed_lines, fc.binary, fc.note = added, removed, binary, note
 
 
 def _fill_text(fc: FileChange, o: _Item | None, n: _Item | None, old_side: _Side, new_side: _Side,

@@ -103,7 +103,7 @@ class Peer:
 
     def _recv(self) -> tuple[Any, ...]:
         try:
-            return _recv(self.rfd)
+            return recv_msg(self.rfd)
         except (EOFError, OSError, ValueError) as exc:
             raise RestoreError(f"the restore's second process ended without reporting ({exc or 'no reply'})",
                                hint="run the rollback again; the restore is idempotent") from None
@@ -116,7 +116,7 @@ class Peer:
         return msg[1]
 
     def go(self) -> None:
-        _send(self.wfd, ("go",))
+        send_msg(self.wfd, ("go",))
 
     def committed(self) -> None:
         msg = self._recv()
@@ -132,7 +132,7 @@ class Peer:
     def stop(self) -> None:
         """Before the commit: the other lane discards what it staged and exits."""
         with contextlib.suppress(OSError):
-            _send(self.wfd, ("stop",))
+            send_msg(self.wfd, ("stop",))
         self.reap()
 
     def reap(self) -> None:
@@ -151,11 +151,11 @@ def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], wo
     try:
         r = work.prepare(env, snap, live_roots, (1, 2), None, lambda name: None)
     except BaseException as exc:
-        _send(wfd, _error_msg(exc))
+        send_msg(wfd, _error_msg(exc))
         return
     try:
-        _send(wfd, ("staged", r.proofs()))  # known before the commit, written meanwhile
-        go = _recv(rfd)[0] == "go"
+        send_msg(wfd, ("staged", r.proofs()))  # known before the commit, written meanwhile
+        go = recv_msg(rfd)[0] == "go"
     except (EOFError, OSError, ValueError):  # the first lane stopped (and closed its end) first
         go = False
     if not go:
@@ -163,16 +163,16 @@ def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], wo
         return
     try:
         r.commit()
-        _send(wfd, ("committed",))  # the first lane flushes both lanes' writes from here
+        send_msg(wfd, ("committed",))  # the first lane flushes both lanes' writes from here
         problems = r.verify()
     except BaseException as exc:
         r.discard_staging()
         if isinstance(exc, OSError):
             exc = work.failed_midway(env, snap, exc)
-        _send(wfd, _error_msg(exc))
+        send_msg(wfd, _error_msg(exc))
         return
     # What this lane moved out goes with its summary: the first lane takes it all away.
-    _send(wfd, ("done", {**r.summary(), "problems": problems}))
+    send_msg(wfd, ("done", {**r.summary(), "problems": problems}))
 
 
 def _error_msg(exc: BaseException) -> tuple[Any, ...]:
@@ -192,15 +192,16 @@ def _error_from(msg: tuple[Any, ...]) -> BaseException:
     return cls(message, hint=hint)
 
 
-def _send(fd: int, msg: tuple[Any, ...]) -> None:
-    """One message between the lanes: its length, then marshal (both ends are this code)."""
+def send_msg(fd: int, msg: tuple[Any, ...]) -> None:
+    """One message between two processes of rewheel (the lanes; a diff's reader): its length,
+    then marshal (both ends are this code)."""
     data = marshal.dumps(msg)
     view = memoryview(struct.pack("<I", len(data)) + data)
     while view:
         view = view[os.write(fd, view):]
 
 
-def _recv(fd: int) -> tuple[Any, ...]:
+def recv_msg(fd: int) -> tuple[Any, ...]:
     def exactly(n: int) -> bytearray:
         # Into one buffer: the last message (the other lane's proofs) is megabytes, read from
         # the pipe 64 KiB at a time.
