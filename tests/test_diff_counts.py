@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -269,3 +270,26 @@ def test_a_shown_diff_is_never_split(edited: dict, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(diffmod, "_fill_split", lambda *a: pytest.fail("a shown diff was split"))
     res = diffmod.diff_target(t.env, t.store, snap.id, path_glob="toypkg/*.py", with_diffs=True)
     assert all(f.diff for f in res.files) and len(res.files) == 4
+
+
+def test_a_split_diff_whose_second_process_hangs_is_not_waited_for(edited: dict,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second process that never answers (stuck on a lock a thread held at the fork) is
+    killed once it is overdue, and its half counted here."""
+    t, snap = edited["target"], edited["snap"]
+    one = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
+    parent = os.getpid()
+    real_fill = diffmod._fill_text
+
+    def hangs_in_the_child(fc, *args, **kw):
+        if os.getpid() != parent:
+            time.sleep(600)
+        return real_fill(fc, *args, **kw)
+
+    monkeypatch.setattr(diffmod, "_fill_text", hangs_in_the_child)
+    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
+    monkeypatch.setattr(diffmod, "SPLIT_WAIT_MIN_S", 0.5)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    t0 = time.monotonic()
+    assert counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
+    assert time.monotonic() - t0 < 60  # not the child's 600 s

@@ -29,6 +29,7 @@ import difflib
 import fnmatch
 import hashlib
 import os
+import select
 import signal
 import stat
 import time
@@ -57,6 +58,8 @@ TEXT_LIMIT = 4 << 20
 # From this many changed files on, a diff reads and counts them in two processes (a real
 # release-to-release upgrade changes about 9,000): below it, the fork costs more than it saves.
 SPLIT_MIN_FILES = 1000
+# How long, at least, the second process's answer is waited for once this one's half is done.
+SPLIT_WAIT_MIN_S = 10.0
 LIVE = "live"
 
 
@@ -675,7 +678,7 @@ def _fill_split(files: list[FileChange], fill: Callable[[FileChange], None]) -> 
     """`fill` every file, half of them in a forked process: reading both sides, checking the
     stored side's sha256 and counting lines is per-file work in Python, and a real upgrade
     changes thousands of files (a second CPU halves it). The child sends back what `fill`
-    set (counts, binary, note); if it dies, its half is done here."""
+    set (counts, binary, note); if it dies or stays silent, its half is done here."""
     r, w = os.pipe()
     with warnings.catch_warnings():
         # Python 3.12+ warns about forking a process with threads (a progress display): the
@@ -700,10 +703,18 @@ def _fill_split(files: list[FileChange], fill: Callable[[FileChange], None]) -> 
     os.close(w)
     msg: tuple[Any, ...] | None = None
     try:
+        t0 = time.monotonic()
         for i in range(0, len(files), 2):
             fill(files[i])
-        with contextlib.suppress(EOFError, OSError, ValueError):
-            msg = recv_msg(r)
+        # The child's half is as much work as this one: one that is still silent long after
+        # (stuck on a lock a thread of this process held at the fork) is killed, and its
+        # half done here.
+        if select.select([r], [], [], max(SPLIT_WAIT_MIN_S, 3 * (time.monotonic() - t0)))[0]:
+            with contextlib.suppress(EOFError, OSError, ValueError):
+                msg = recv_msg(r)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     except BaseException:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
