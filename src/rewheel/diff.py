@@ -33,7 +33,6 @@ import select
 import signal
 import stat
 import time
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ from rewheel import versions as vers
 from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotError, UsageError
 from rewheel.snapshot import Manifest, SnapshotMeta, Store
-from rewheel.snapshot.lanes import recv_msg, send_msg
+from rewheel.snapshot.lanes import fork_child, recv_msg, send_msg
 from rewheel.snapshot.manifest import match_roots
 from rewheel.snapshot.tree import (Progress, Root, exclusion, hash_file, kind_of, provably_pristine, record_index,
                                    scope_of, walk)
@@ -680,26 +679,17 @@ def _fill_split(files: list[FileChange], fill: Callable[[FileChange], None]) -> 
     changes thousands of files (a second CPU halves it). The child sends back what `fill`
     set (counts, binary, note); if it dies or stays silent, its half is done here."""
     r, w = os.pipe()
-    with warnings.catch_warnings():
-        # Python 3.12+ warns about forking a process with threads (a progress display): the
-        # child touches none of their locks — it prints nothing, and leaves by _exit.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 1
-        try:
-            os.close(r)
-            with contextlib.suppress(ValueError):
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches it
-            out = []
-            for i in range(1, len(files), 2):
-                fc = files[i]
-                fill(fc)
-                out.append((i, fc.added_lines, fc.removed_lines, fc.binary, fc.note))
-            send_msg(w, ("filled", out))
-            code = 0
-        finally:
-            os._exit(code)
+
+    def body() -> None:  # the child's half: the odd files
+        os.close(r)
+        out = []
+        for i in range(1, len(files), 2):
+            fc = files[i]
+            fill(fc)
+            out.append((i, fc.added_lines, fc.removed_lines, fc.binary, fc.note))
+        send_msg(w, ("filled", out))
+
+    pid = fork_child(body)
     os.close(w)
     msg: tuple[Any, ...] | None = None
     try:

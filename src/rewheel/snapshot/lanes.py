@@ -1,7 +1,8 @@
 """The second restore lane: a forked peer that restores half the folders.
 
 Owns: how many lanes a restore uses (`auto_lanes`, `REWHEEL_RESTORE_LANES`), the peer
-process (`Peer`), its body (`_lane_child`) and the messages on the pipes between them.
+process (`Peer`), its body (`_lane_child`) and the messages on the pipes between them;
+`fork_child`, `send_msg` and `recv_msg` also serve a large diff's second process.
 The lane's work itself (prepare, commit, verify) is handed in by `restore`, so this module
 does not import it.
 """
@@ -83,20 +84,13 @@ class Peer:
     def start(cls, env: Environment, snap: SnapshotMeta, live_roots: list[Root], work: LaneWork) -> Peer:
         up_r, up_w = os.pipe()
         down_r, down_w = os.pipe()
-        with warnings.catch_warnings():
-            # Python 3.12+ warns about forking a process with threads (a progress display):
-            # the child touches none of their locks — it prints nothing, and leaves by _exit.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-        if pid == 0:  # the child: never returns
-            code = 1
-            try:
-                os.close(up_r)
-                os.close(down_w)
-                _lane_child(env, snap, live_roots, work, down_r, up_w)
-                code = 0
-            finally:
-                os._exit(code)
+
+        def body() -> None:
+            os.close(up_r)
+            os.close(down_w)
+            _lane_child(env, snap, live_roots, work, down_r, up_w)
+
+        pid = fork_child(body)
         os.close(up_w)
         os.close(down_r)
         return cls(pid, up_r, down_w)
@@ -146,8 +140,6 @@ class Peer:
 def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], work: LaneWork, rfd: int,
                 wfd: int) -> None:
     """The body of the second lane (in the forked process)."""
-    with contextlib.suppress(ValueError):  # (not the main thread: then Ctrl-C never reaches this one)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the first lane decides; Ctrl-C reaches it
     try:
         r = work.prepare(env, snap, live_roots, (1, 2), None, lambda name: None)
     except BaseException as exc:
@@ -190,6 +182,27 @@ def _error_from(msg: tuple[Any, ...]) -> BaseException:
         return RestoreError(f"the restore's second process failed: {name}: {message}",
                             hint="run the rollback again; the restore is idempotent")
     return cls(message, hint=hint)
+
+
+def fork_child(body: Callable[[], None]) -> int:
+    """Fork a process of rewheel's own that runs `body` and exits (0 once it returned, 1 if
+    it raised), never returning into the caller's code; its pid, in the parent. It ignores
+    Ctrl-C: the parent decides, and Ctrl-C reaches it."""
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about forking a process with threads (a progress display): the
+        # child touches none of their locks — it prints nothing, and leaves by _exit.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        with contextlib.suppress(ValueError):  # (not the main thread: then Ctrl-C never reaches this one)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        body()
+        code = 0
+    finally:
+        os._exit(code)
 
 
 def send_msg(fd: int, msg: tuple[Any, ...]) -> None:
