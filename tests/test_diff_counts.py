@@ -214,6 +214,13 @@ def test_cli_json_and_stat_carry_counts_not_diffs(edited: dict) -> None:
 # --------------------------------------------------------------------------------------
 # A large diff reads and counts its files in two processes
 # --------------------------------------------------------------------------------------
+def always_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on every diff that only counts is split, on any machine (as from
+    SPLIT_MIN_FILES changed files on, with two CPUs)."""
+    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+
 def counted(res: diffmod.DiffResult) -> dict[str, tuple]:
     return {f.path: (f.change, f.added_lines, f.removed_lines, f.binary, f.note) for f in res.files}
 
@@ -235,61 +242,43 @@ def test_a_split_diff_counts_what_one_process_counts(edited: dict, tmp_path: Pat
         return real_fill(fc, *args, **kw)
 
     monkeypatch.setattr(diffmod, "_fill_text", recording)
-    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    always_split(monkeypatch)
     two = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
     assert two == one
     pids = {p.read_text() for p in calls.iterdir()}
     assert len(list(calls.iterdir())) == 5 and str(os.getpid()) in pids and len(pids) == 2
 
 
-def test_a_split_diff_whose_second_process_dies_counts_its_half_itself(edited: dict,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    t, snap = edited["target"], edited["snap"]
-    one = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
-    parent = os.getpid()
-    real_fill = diffmod._fill_text
-
-    def dies_in_the_child(fc, *args, **kw):
-        if os.getpid() != parent:
-            os._exit(9)  # killed mid-way, nothing sent
-        return real_fill(fc, *args, **kw)
-
-    monkeypatch.setattr(diffmod, "_fill_text", dies_in_the_child)
-    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
-
-
 def test_a_shown_diff_is_never_split(edited: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """Unified diffs (`-p`, `--path`, `--package`) are built in this process: only the
     counts travel back from the second one."""
     t, snap = edited["target"], edited["snap"]
-    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    always_split(monkeypatch)
     monkeypatch.setattr(diffmod, "_fill_split", lambda *a: pytest.fail("a shown diff was split"))
     res = diffmod.diff_target(t.env, t.store, snap.id, path_glob="toypkg/*.py", with_diffs=True)
     assert all(f.diff for f in res.files) and len(res.files) == 4
 
 
-def test_a_split_diff_whose_second_process_hangs_is_not_waited_for(edited: dict,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A second process that never answers (stuck on a lock a thread held at the fork) is
-    killed once it is overdue, and its half counted here."""
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+def test_a_split_diff_whose_second_process_fails_counts_its_half_itself(edited: dict, fault: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second process that dies mid-way, or never answers (stuck on a lock a thread held at
+    the fork) and is killed once overdue: its half is counted here, the same counts."""
     t, snap = edited["target"], edited["snap"]
     one = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
     parent = os.getpid()
     real_fill = diffmod._fill_text
 
-    def hangs_in_the_child(fc, *args, **kw):
+    def fails_in_the_child(fc, *args, **kw):
         if os.getpid() != parent:
+            if fault == "dies":
+                os._exit(9)  # nothing sent
             time.sleep(600)
         return real_fill(fc, *args, **kw)
 
-    monkeypatch.setattr(diffmod, "_fill_text", hangs_in_the_child)
-    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
+    monkeypatch.setattr(diffmod, "_fill_text", fails_in_the_child)
     monkeypatch.setattr(diffmod, "SPLIT_WAIT_MIN_S", 0.5)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    always_split(monkeypatch)
     t0 = time.monotonic()
     assert counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
     assert time.monotonic() - t0 < 60  # not the child's 600 s
