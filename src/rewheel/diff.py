@@ -702,14 +702,10 @@ def _fill_split(files: list[FileChange], fill: Callable[[FileChange], None]) -> 
         if select.select([r], [], [], max(SPLIT_WAIT_MIN_S, 3 * (time.monotonic() - t0)))[0]:
             with contextlib.suppress(EOFError, OSError, ValueError):
                 msg = recv_msg(r)
-        else:
+    finally:
+        if msg is None:  # overdue, dead already (a no-op then), or this process is failing
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        raise
-    finally:
         os.close(r)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
