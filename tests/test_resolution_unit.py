@@ -58,6 +58,18 @@ def test_an_extra_specifier_joins_the_recipe_package_only() -> None:
     assert _with(["boto3"], "boto3", ">=1.35.0") == ["boto3>=1.35.0"]
 
 
+def test_held_back_asks_for_newer_than_the_public_version_of_a_nightly(tmp_path: Path) -> None:
+    """vLLM nightlies carry local labels (`+g5719a4e4e`), which no ordered comparison may hold."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    asked = _with(["vllm"], "vllm", f">{Version('0.16.0rc2.dev344+g5719a4e4e').public}")
+    req = Requirement(asked[0])
+    assert str(req.specifier) == ">0.16.0rc2.dev344"
+    assert not req.specifier.contains("0.16.0rc2.dev344+g5719a4e4e", prereleases=True)
+    assert req.specifier.contains("0.16.0rc2.dev345+g0000000", prereleases=True)
+
+
 @pytest.mark.parametrize("before, after, reinstalled, status", [
     ({"a": "1"}, {"a": "2"}, True, "upgraded"),
     ({"a": "1"}, {"a": "1", "b": "1"}, False, "upgraded"),  # a distribution added

@@ -308,7 +308,7 @@ def _guard(recipe: Recipe, env: Environment, before: dict[str, str], after: dict
         old, new = before.get(name), after.get(name)
         vo, vn = _version(old), _version(new)
         if vo is not None and vn is not None and vn < vo:
-            cp, _ = _dry_run(recipe, env.python, _with(recipe.install.packages, name, f">={old}"), log, None)
+            cp, _ = _dry_run(recipe, env.python, _with(recipe.install.packages, name, f">={vo.public}"), log, None)
             why = _explanation(cp.stdout.splitlines()) if cp.returncode != 0 else ()
             because = (" uv says: " + " ".join(why)) if why else ""
             raise ResolutionRefused(
@@ -331,7 +331,9 @@ def held_back(recipe: Recipe, env: Environment, after: dict[str, str], log: Path
         vn = _version(new)
         if vn is None:
             continue
-        cp, _ = _dry_run(recipe, env.python, _with(recipe.install.packages, name, f">{new}"), log, None)
+        # `>V` on the public version: a local label (`+g5719a4e4e`, every vLLM nightly) is not
+        # allowed in an ordered comparison, and `>V` already excludes V's local builds.
+        cp, _ = _dry_run(recipe, env.python, _with(recipe.install.packages, name, f">{vn.public}"), log, None)
         lines = [redact(line) for line in cp.stdout.splitlines()]
         if cp.timed_out:
             continue
