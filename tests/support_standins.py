@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -24,6 +23,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+
+from support_systemd import unit_text
 
 TESTS = Path(__file__).resolve().parent
 STANDINS = TESTS / "standins"
@@ -107,26 +108,12 @@ class FakeHost:
                  timeout_stop_s: float | None = None, description: str | None = None,
                  environment: dict[str, str] | None = None, extra: dict[str, str] | None = None) -> Path:
         """Write units/<name>.service in systemd's ini format."""
-        cmd = exec_start if isinstance(exec_start, str) else shlex.join(exec_start)
-        unit: list[str] = ["[Unit]"]
-        if description:
-            unit.append(f"Description={description}")
-        if start_limit_burst is not None:
-            unit.append(f"StartLimitBurst={start_limit_burst}")
-        if start_limit_interval_s is not None:
-            unit.append(f"StartLimitIntervalSec={start_limit_interval_s}")
-        unit += ["", "[Service]", "Type=simple", f"ExecStart={cmd}", f"Restart={restart}",
-                 f"RestartSec={restart_sec}"]
-        if syslog_identifier:
-            unit.append(f"SyslogIdentifier={syslog_identifier}")
-        if timeout_stop_s is not None:
-            unit.append(f"TimeoutStopSec={timeout_stop_s}")
-        if environment:
-            unit.append("Environment=" + " ".join(shlex.quote(f"{k}={v}") for k, v in environment.items()))
-        for k, v in (extra or {}).items():
-            unit.append(f"{k}={v}")
+        text = unit_text(exec_start, restart=restart, restart_sec=restart_sec,
+                         syslog_identifier=syslog_identifier, start_limit_burst=start_limit_burst,
+                         start_limit_interval_s=start_limit_interval_s, timeout_stop_s=timeout_stop_s,
+                         description=description, environment=environment, extra=extra)
         path = self.root / "units" / (name if name.endswith(".service") else f"{name}.service")
-        path.write_text("\n".join(unit) + "\n")
+        path.write_text(text)
         return path
 
     def unit_state(self, name: str) -> dict:
@@ -249,11 +236,12 @@ class FakeHost:
                 pass
 
 
-def make_fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
+def make_fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   tools: Sequence[str] = TOOLS) -> FakeHost:
     root = tmp_path / "fakehost"
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True)
-    for tool in TOOLS:
+    for tool in tools:
         (bin_dir / tool).symlink_to(STANDINS / tool)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("REWHEEL_FAKE_ROOT", str(root))
@@ -264,6 +252,16 @@ def make_fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
 @pytest.fixture
 def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHost]:
     host = make_fake_host(tmp_path, monkeypatch)
+    try:
+        yield host
+    finally:
+        host.cleanup()
+
+
+@pytest.fixture
+def fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHost]:
+    """Only the nvidia-smi stand-in (for tests against a real systemd)."""
+    host = make_fake_host(tmp_path, monkeypatch, tools=("nvidia-smi",))
     try:
         yield host
     finally:
