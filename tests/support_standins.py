@@ -1,10 +1,14 @@
-"""Test support: a fake host with stand-in `systemctl`, `journalctl` and `nvidia-smi`.
+"""Test support: a fake host with stand-in `journalctl` and `nvidia-smi`.
+
+systemd itself is real in the tests (tests/support_systemd.py). What stays stood in: the GPUs
+(`nvidia-smi`: there is no GPU), and a `journalctl` that replays recorded crash logs with
+their original timestamps, which a real journald cannot be fed.
 
 `fake_host` (a pytest fixture, registered in conftest.py) puts `tests/standins` first on
 PATH, points `REWHEEL_FAKE_ROOT` at a fresh folder, and returns a `FakeHost` with helpers to
-define systemd units, GPUs and GPU-holding processes, read the stand-ins' calls and journal,
-and start real service processes. At teardown it stops every unit it started (supervisors
-and their process groups) and kills every process it spawned.
+define GPUs and GPU-holding processes, write the journal, read the stand-ins' calls, and
+start real processes; at teardown it kills every process it spawned. `fake_gpus` is the
+same with only `nvidia-smi`, for tests against a real systemd and its real journal.
 
 Also here: `free_port()`, `http_service_argv(port, ...)` (the tiny real HTTP server in
 tests/services/http_service.py) and `wait_for(predicate)`.
@@ -24,12 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from support_systemd import unit_text
-
 TESTS = Path(__file__).resolve().parent
 STANDINS = TESTS / "standins"
 HTTP_SERVICE = TESTS / "services" / "http_service.py"
-TOOLS = ("systemctl", "journalctl", "nvidia-smi")
+TOOLS = ("journalctl", "nvidia-smi")
 
 
 def free_port() -> int:
@@ -97,44 +99,17 @@ class FakeHost:
         self._monkeypatch = monkeypatch
         self._spawned: list[subprocess.Popen] = []
         self._groups: set[int] = set()
-        for sub in ("units", "journal", "state"):
+        for sub in ("journal",):
             (root / sub).mkdir(parents=True, exist_ok=True)
         (root / "calls.jsonl").touch()
 
-    # --- systemd ---
-    def add_unit(self, name: str, exec_start: Sequence[str] | str, *, restart: str = "no",
-                 restart_sec: float | str = 0.1, syslog_identifier: str | None = None,
-                 start_limit_burst: int | None = None, start_limit_interval_s: float | None = None,
-                 timeout_stop_s: float | None = None, description: str | None = None,
-                 environment: dict[str, str] | None = None, extra: dict[str, str] | None = None) -> Path:
-        """Write units/<name>.service in systemd's ini format."""
-        text = unit_text(exec_start, restart=restart, restart_sec=restart_sec,
-                         syslog_identifier=syslog_identifier, start_limit_burst=start_limit_burst,
-                         start_limit_interval_s=start_limit_interval_s, timeout_stop_s=timeout_stop_s,
-                         description=description, environment=environment, extra=extra)
-        path = self.root / "units" / (name if name.endswith(".service") else f"{name}.service")
-        path.write_text(text)
-        return path
-
-    def unit_state(self, name: str) -> dict:
-        base = name.removesuffix(".service")
-        try:
-            return json.loads((self.root / "state" / f"{base}.json").read_text())
-        except FileNotFoundError:
-            return {}
-
-    def journal(self, name: str) -> list[dict]:
-        path = self.root / "journal" / f"{name.removesuffix('.service')}.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def messages(self, name: str) -> list[str]:
-        return [r["MESSAGE"] for r in self.journal(name)]
-
-    def systemctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bin / "systemctl"), *args], capture_output=True, text=True,
-                              timeout=timeout)
+    # --- the journal the journalctl stand-in reads ---
+    def add_journal(self, unit: str, records: Sequence[dict]) -> None:
+        """Append records (journald's field names) to the unit's journal."""
+        path = self.root / "journal" / f"{unit.removesuffix('.service')}.jsonl"
+        with open(path, "a", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
 
     def journalctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.bin / "journalctl"), *args], capture_output=True, text=True,
@@ -208,18 +183,6 @@ class FakeHost:
         self._groups.add(pgid)
 
     def cleanup(self) -> None:
-        units = self.root / "units"
-        for path in units.glob("*.service"):
-            state = self.unit_state(path.name)
-            sup = int(state.get("SupervisorPID") or 0)
-            if sup and pid_alive(sup):
-                try:
-                    self.systemctl("stop", path.name, timeout=30)
-                except subprocess.TimeoutExpired:
-                    pass
-            for pid in (sup, int(state.get("MainPID") or 0)):
-                if pid:
-                    self._groups.add(pid)
         for pgid in self._groups:
             try:
                 os.killpg(pgid, signal.SIGKILL)

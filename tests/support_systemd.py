@@ -20,6 +20,7 @@ tests skip, saying why, only where systemd-nspawn is missing or not run as root.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -35,6 +36,7 @@ import pytest
 from support_env import REPO
 
 CGROUP = Path("/sys/fs/cgroup")
+MANAGER_STEPS = Path(__file__).resolve().parent / "services" / "manager_steps.py"
 NSENTER_NAMESPACES = ("-m", "-u", "-i", "-n", "-p", "-C")
 # Quiet boot: no machine-id commit (the machine-id is a bound file), no getty on the console.
 KERNEL_ARGS = ("systemd.mask=systemd-machine-id-commit.service", "systemd.mask=console-getty.service")
@@ -207,9 +209,13 @@ class RealSystemd:
         cp = self.journalctl("-u", unit, "-o", "cat")
         return cp.stdout.splitlines()
 
-    def python(self, code: str, *, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """Run Python code inside (the interpreter running the tests, which has rewheel)."""
-        return self.run([sys.executable, "-c", code], timeout=timeout, cwd=REPO)
+    def steps(self, unit: str, *steps: Sequence[object], timeout: float = 180) -> list[dict]:
+        """Drive rewheel's SystemdManager inside (tests/services/manager_steps.py): one result
+        per step, `{"ok", "value"}` or `{"ok": False, "error", "message", "hint"}`."""
+        cp = self.run([sys.executable, str(MANAGER_STEPS), unit, json.dumps([list(s) for s in steps])],
+                      timeout=timeout, cwd=REPO)
+        assert cp.returncode == 0, f"{cp.stdout}\n{cp.stderr}"
+        return json.loads(cp.stdout.splitlines()[-1])
 
     def add_unit(self, name: str, exec_start: Sequence[str] | str, **options: object) -> str:
         """Write a runtime unit (/run/systemd/system) and reload; returns its full name."""

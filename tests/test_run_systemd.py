@@ -5,6 +5,7 @@ as the unit's main process and a stand-in nvidia-smi (the only fake: there is no
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 
@@ -28,9 +29,10 @@ def test_restart_looping_unit_is_detected_and_reverted(systemd_host, real_system
     assert rep["root_cause"]["type"] == "RuntimeError"
     assert "no kernel image is available" in rep["root_cause"]["message"]
     assert "vllm-toy" in rep["diagnosis"]["source"], rep["diagnosis"]
-    # systemd itself logged the crash loop the report names.
+    # systemd itself logged the crash the report names (and, when rewheel was not quicker,
+    # its restart).
     said = real_systemd.messages("vllm-toy")
-    assert any("Scheduled restart job" in m for m in said), said
+    assert "vllm-toy.service: Main process exited, code=exited, status=1/FAILURE" in said, said
     assert any("--query-gpu=index,name,uuid,memory.used,memory.total" in " ".join(c)
                for c in fake_gpus.calls("nvidia-smi"))
 
@@ -93,3 +95,32 @@ def test_why_reads_the_units_journal(systemd_host) -> None:
     assert cp.returncode == 0, cp.stderr
     rc = json.loads(cp.stdout)["root_cause"]
     assert rc and rc["type"] == "RuntimeError" and "no kernel image" in rc["message"], rc
+
+
+def test_an_inactive_unit_stays_inactive_through_a_kept_run_a_reverted_run_and_a_rollback(
+        systemd_host, real_systemd: RealSystemd) -> None:
+    h = systemd_host("2.0.0", "good", start=False)
+    code, rep = h.run_json()
+    assert code == 0, rep["_stderr"]
+    assert rep["status"] == "upgraded" and rep["after"]["toypkg"] == "2.0.0"
+    assert (rep["service_before"], rep["service_judged_by"]) == ("inactive", "systemd")
+    assert real_systemd.show("vllm-toy", "ActiveState")["ActiveState"] == "inactive"
+    kept = h.state()
+    # A build that fails its smoke test is reverted; the unit is still left stopped.
+    h.write_recipe(smoke={"command": ["{python}", "-c", "raise SystemExit('smoke failed on purpose')"],
+                          "timeout_s": 30, "gpus": 2})
+    code, rep = h.run_json()
+    assert code == 1, rep["_stderr"]
+    assert rep["status"] == "reverted" and h.state() == kept
+    # A plain rollback undoes the upgrade still in place (2.0.0 -> 1.0.0), not the reverted
+    # run's snapshot (which is 2.0.0 again), and starts nothing.
+    cp = h.rewheel("rollback", str(h.recipe), "--yes", "--json")
+    assert cp.returncode == 0, cp.stderr
+    doc = json.loads(cp.stdout)
+    assert doc["restore"]["written"] > 0 and doc["service"] is None
+    assert subprocess.run([str(h.python), "-c", "import toypkg; print(toypkg.__version__)"],
+                          capture_output=True, text=True).stdout == "1.0.0\n"
+    assert h.rewheel("status", str(h.recipe), "--json").returncode == 0
+    st = real_systemd.show("vllm-toy", "ActiveState", "ExecMainStartTimestamp")
+    assert st == {"ActiveState": "inactive", "ExecMainStartTimestamp": ""}, st  # never started
+    assert h.served_version() is None
