@@ -375,6 +375,15 @@ def _left_down(j: RunJournal) -> bool:
     return "error" not in fin or any("restart_after_abort_failed" in r for r in j.records)
 
 
+def refuse_broken_tls(t: Target) -> None:
+    """A service's health check needs an HTTP client, and httpx cannot make one while
+    SSL_CERT_FILE names nothing: refused (exit 2, naming it) before anything is stopped."""
+    if t.recipe.service is not None and t.recipe.service.health_url:
+        from rewheel.httpclient import check_tls_env
+
+        check_tls_env()
+
+
 def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bool = True, say: Say = _quiet,
              progress: Progress | None = None) -> RollbackResult:
     """Restore a snapshot; with a recipe that has a service, stop it first and start and
@@ -393,6 +402,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
     # An interrupted rewheel's uv or smoke test that still runs is stopped (and waited for)
     # when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
+    refuse_broken_tls(t)
     with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
         refuse_failed_build(snap, force, t.cli_ref)  # before a journal exists: nothing to close
@@ -1710,6 +1720,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
     # The interrupted rewheel's uv or smoke test, if still running, is stopped (and waited
     # for) when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
+    refuse_broken_tls(t)
     with EnvLock(t.store.env_dir, "resume", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         j = journal.interrupted_run(t.store.env_dir)
         if j is None:

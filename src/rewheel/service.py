@@ -31,7 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import httpx
 
-from rewheel import proc
+from rewheel import httpclient, proc
 from rewheel.errors import PreflightError, ServiceError
 from rewheel.paths import atomic_write
 from rewheel.recipe import ServiceSpec
@@ -489,6 +489,7 @@ class CommandManager:
         but not answered in time."""
         if not self.health_url:
             return False
+        httpclient.check_tls_env()  # not "nothing answers": a broken SSL_CERT_FILE, named
         try:
             httpx.get(self.health_url, timeout=2.0)
         except httpx.TimeoutException as exc:
@@ -738,7 +739,7 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
     within `spec.settle_s` after its first 200; or when the probe fails.
     """
     own_client = client is None
-    http = client if client is not None else httpx.Client(timeout=10.0)
+    http = client if client is not None else httpclient.client(timeout=10.0)
     mono0 = time.monotonic() - max(0.0, time.time() - started_at)
     deadline = mono0 + spec.ready_timeout_s
     what = manager.describe()
