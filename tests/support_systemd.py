@@ -15,7 +15,8 @@ the venvs were made from, and /etc/ssl are bound in.
 to a test and removes the units the test added at its end. Teardown powers the container off
 and removes the cgroups it ran in: the launcher moves itself into a cgroup of its own before
 it execs systemd-nspawn, so whatever the container leaves is found there and killed. The
-tests skip, saying why, only where systemd-nspawn is missing or not run as root.
+tests skip, saying why, only where systemd-nspawn is missing or not run as root — and fail
+instead where `REWHEEL_TESTS_REAL_SYSTEMD=require` (set by .ci/run as root).
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ from support_env import REPO
 CGROUP = Path("/sys/fs/cgroup")
 MANAGER_STEPS = Path(__file__).resolve().parent / "services" / "manager_steps.py"
 NSENTER_NAMESPACES = ("-m", "-u", "-i", "-n", "-p", "-C")
+ENTER_CGROUPS = ("import os, sys\n"
+                 "n = int(sys.argv[1])\n"
+                 "for cg in sys.argv[2:2 + n]:\n"
+                 "    with open(os.path.join(cg, 'cgroup.procs'), 'w') as f:\n"
+                 "        f.write(str(os.getpid()))\n"
+                 "argv = sys.argv[2 + n:]\n"
+                 "os.execvp(argv[0], argv)\n")
 # Quiet boot: no machine-id commit (the machine-id is a bound file), no getty on the console.
 KERNEL_ARGS = ("systemd.mask=systemd-machine-id-commit.service", "systemd.mask=console-getty.service")
 
@@ -122,17 +130,14 @@ class RealSystemd:
         argv += ["-b", "--", *KERNEL_ARGS]
         self.argv = argv
         t0 = time.monotonic()
-        cgroups = self.cgroups
-
-        def own_cgroup() -> None:
-            # In the child before exec: the container and all it spawns then live below it.
-            for cg in cgroups:
-                cg.mkdir(exist_ok=True)
-                (cg / "cgroup.procs").write_text(str(os.getpid()))
-
+        for cg in self.cgroups:
+            cg.mkdir(exist_ok=True)
+        # The launcher moves itself into the cgroups, then becomes systemd-nspawn: the container
+        # and all it spawns live below them (no preexec_fn: this process may have threads).
+        enter = [sys.executable, "-c", ENTER_CGROUPS, str(len(self.cgroups)), *map(str, self.cgroups)]
         with open(self.log_path, "wb") as log:
-            self.nspawn = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                           stderr=subprocess.STDOUT, preexec_fn=own_cgroup)
+            self.nspawn = subprocess.Popen([*enter, *argv], stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT)
         try:
             self.leader = self._wait_leader(t0 + 60)
             self._wait_running(t0 + 60)
@@ -295,6 +300,8 @@ def boot(workdir: Path, binds: Sequence[Path]) -> RealSystemd:
 @pytest.fixture(scope="session")
 def systemd_machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealSystemd]:
     why = unavailable()
+    if why and os.environ.get("REWHEEL_TESTS_REAL_SYSTEMD") == "require":
+        pytest.fail(f"a real systemd is required here (REWHEEL_TESTS_REAL_SYSTEMD=require): {why}")
     if why:
         pytest.skip(why)
     base = tmp_path_factory.getbasetemp()

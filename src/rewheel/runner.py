@@ -278,8 +278,8 @@ def refuse_failed_build(snap: SnapshotMeta, force: bool, cli_ref: str) -> None:
         f"snapshot {snap.id} ({what}) is a failed build: restoring it puts back a build that "
         "failed its checks",
         hint=f"to restore it anyway (to debug it), add --force: `rewheel rollback {cli_ref} {snap.id} "
-             f"--force`; without a SNAPSHOT, rollback picks the newest snapshot taken before an "
-             f"upgrade (`rewheel history {cli_ref}` lists them); nothing was changed")
+             f"--force`; without a SNAPSHOT, rollback picks the snapshot taken before the last "
+             f"upgrade still in place (`rewheel history {cli_ref}` lists them); nothing was changed")
 
 
 # How a run ends whose upgrade is not in place: its pre-upgrade snapshot is what the
