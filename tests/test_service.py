@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rewheel.errors import PreflightError, ServiceError
+from rewheel.errors import PreflightError
 from rewheel.recipe import Probe, ServiceSpec
 from rewheel.service import (CommandManager, HealthCheckFailed, ServiceManager, SystemdManager,
                              make_manager, wait_ready)

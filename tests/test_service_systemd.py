@@ -82,7 +82,7 @@ def test_restart_loop_is_detected_then_systemd_gives_up_and_reset_failed_restart
 
 def test_a_crash_loop_after_the_first_healthy_answer_is_caught_while_settling(real_systemd: RealSystemd) -> None:
     port = free_port()
-    unit = real_systemd.add_unit("flaky", http_service_argv(port, die_after_s=1.0), restart="always",
+    unit = real_systemd.add_unit("flaky", http_service_argv(port, die_after_s=2.0), restart="always",
                                  restart_sec=0.3)
     _, ready, _ = real_systemd.steps(unit, ["start"], ["wait_ready", spec(port, unit, settle_s=30)],
                                      ["stop", 30])
