@@ -1,10 +1,10 @@
 """Test support: a real systemd, booted from the host's own /usr in a container.
 
 `systemd-nspawn -D / --volatile=yes` boots the host's systemd with a throw-away root (nothing
-to download or build; about a second). Without a host systemd, machined or D-Bus it needs
-`--keep-unit --register=no`, so `systemctl -M` cannot reach it: everything runs through
-`nsenter` into all of the container's namespaces (mount, UTS, IPC, network, pid, cgroup), where
-MainPID and ControlGroup mean what they mean on a real host. The network is the host's: health
+to download or build; about half a second, some 40 MB). Without a host systemd, machined or
+D-Bus it needs `--keep-unit --register=no`, so `systemctl -M` cannot reach it: everything
+runs through `nsenter` into all of the container's namespaces (mount, UTS, IPC, network, pid,
+cgroup), where MainPID and ControlGroup mean what they mean on a real host. The network is the host's: health
 URLs on 127.0.0.1 answer on both sides.
 
 What a unit or rewheel runs must exist inside at the same path: the pytest base folder (venvs,
@@ -55,7 +55,7 @@ def unit_text(exec_start: Sequence[str] | str, *, restart: str = "no", restart_s
               start_limit_interval_s: float | None = None, timeout_stop_s: float | None = None,
               description: str | None = None, environment: dict[str, str] | None = None,
               extra: dict[str, str] | None = None) -> str:
-    """A service unit in systemd's ini format (also what the stand-in systemctl reads)."""
+    """A service unit in systemd's ini format."""
     cmd = exec_start if isinstance(exec_start, str) else shlex.join(exec_start)
     unit: list[str] = ["[Unit]"]
     if description:
@@ -160,7 +160,8 @@ class RealSystemd:
                 raise RuntimeError(f"systemd-nspawn exited {self.nspawn.returncode} while booting:\n"
                                    f"{' '.join(self.argv)}\n{self._log_tail()}")
             try:
-                children = Path(f"/proc/{self.nspawn.pid}/task/{self.nspawn.pid}/children").read_text().split()
+                pid = self.nspawn.pid
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
             except OSError:
                 children = []
             for child in children:
