@@ -42,7 +42,7 @@ import httpx
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from rewheel import proc
+from rewheel import httpclient, proc
 from rewheel.errors import CommandNotFound, InstallError, PreflightError, RecipeError, UsageError
 from rewheel.recipe import Recipe
 
@@ -725,7 +725,7 @@ def check_indexes(recipe: Recipe, client: httpx.Client | None = None, *,
         targets.append(("index", spec.index_url))
     targets += [("extra-index", u) for u in spec.extra_index_urls]
     own = client is None
-    client = client or httpx.Client(timeout=INDEX_TIMEOUT_S, follow_redirects=True)
+    client = client or httpclient.client(timeout=INDEX_TIMEOUT_S, follow_redirects=True)
     checks: list[IndexCheck] = []
     try:
         for kind, url in targets:

@@ -36,7 +36,7 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
                              parse_sdist_filename, parse_wheel_filename)
 from packaging.version import Version
 
-from rewheel import proc
+from rewheel import httpclient, proc
 from rewheel.errors import PreflightError, UsageError
 from rewheel.installer import _ACCEPT, INDEX_TIMEOUT_S, find_uv, redact
 from rewheel.paths import ensure_private_dir, state_home
@@ -188,7 +188,7 @@ def index_files(index_url: str, name: str, client: httpx.Client | None = None) -
     canon = canonicalize_name(name)
     page = f"{index_url.rstrip('/')}/{quote(canon)}/"
     own = client is None
-    client = client or httpx.Client(timeout=INDEX_TIMEOUT_S, follow_redirects=True)
+    client = client or httpclient.client(timeout=INDEX_TIMEOUT_S, follow_redirects=True)
     try:
         r = client.get(page, headers={"Accept": _ACCEPT})
     except httpx.HTTPError as exc:
@@ -289,7 +289,7 @@ def compare_commits(repo: str, base: str, head: str, *, client: httpx.Client | N
     if token:
         headers["Authorization"] = f"Bearer {token}"
     own = client is None
-    client = client or httpx.Client(timeout=30.0, follow_redirects=True)
+    client = client or httpclient.client(timeout=30.0, follow_redirects=True)
     commits: list[str] = []
     base_sha = base
     try:

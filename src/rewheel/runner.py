@@ -101,7 +101,7 @@ def protected_snapshots(store: Store) -> set[str]:
     """Snapshots a pending rollback may need: those of unfinished runs, and the newest
     pre-upgrade one (the default rollback target)."""
     keep = {j.snapshot_id for j in journal.list_runs(store.env_dir) if not j.finished and j.snapshot_id}
-    pre = [m for m in store.list() if m.status == "pre-upgrade"]
+    pre = _upgrades_in_place(store, store.list())
     if pre:
         keep.add(pre[0].id)
     return {k for k in keep if k}
@@ -278,15 +278,33 @@ def refuse_failed_build(snap: SnapshotMeta, force: bool, cli_ref: str) -> None:
         f"snapshot {snap.id} ({what}) is a failed build: restoring it puts back a build that "
         "failed its checks",
         hint=f"to restore it anyway (to debug it), add --force: `rewheel rollback {cli_ref} {snap.id} "
-             f"--force`; without a SNAPSHOT, rollback picks the newest snapshot taken before an "
-             f"upgrade (`rewheel history {cli_ref}` lists them); nothing was changed")
+             f"--force`; without a SNAPSHOT, rollback picks the snapshot taken before the last "
+             f"upgrade still in place (`rewheel history {cli_ref}` lists them); nothing was changed")
+
+
+# How a run ends whose upgrade is not in place: its pre-upgrade snapshot is what the
+# environment already is again, so a plain rollback to it would undo nothing.
+UNDONE_RUNS = ("reverted", "rejected", "aborted")
+
+
+def _reverted_snapshots(store: Store, metas: list[SnapshotMeta]) -> set[str]:
+    """The pre-upgrade snapshots of runs whose upgrade was undone (reverted, rejected, aborted)."""
+    undone = {j.id for j in journal.list_runs(store.env_dir) if j.status in UNDONE_RUNS}
+    return {m.id for m in metas if m.status == "pre-upgrade" and m.run_id in undone}
+
+
+def _upgrades_in_place(store: Store, metas: list[SnapshotMeta]) -> list[SnapshotMeta]:
+    """Pre-upgrade snapshots, newest first, of upgrades still in place."""
+    reverted = _reverted_snapshots(store, metas)
+    return [m for m in metas if m.status == "pre-upgrade" and m.id not in reverted]
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     """The snapshot an interrupted run began from; else the newest snapshot taken before an
-    upgrade; else the newest snapshot at all — never a failed build (those need to be named,
-    with --force), and an undo point (`pre-rollback`) only when nothing else is left: a
-    second plain `rollback` must not undo the first."""
+    upgrade still in place (a reverted run's pre-upgrade snapshot is what the revert already
+    put back: never the default); else the newest snapshot at all — never a failed build
+    (those need to be named, with --force), and an undo point (`pre-rollback`) only when
+    nothing else is left: a second plain `rollback` must not undo the first."""
     interrupted = journal.interrupted_run(store.env_dir)
     if interrupted and interrupted.snapshot_id:
         snap = store.get(interrupted.snapshot_id)
@@ -296,11 +314,18 @@ def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     if not metas:
         raise SnapshotError("no snapshots exist for this environment",
                             hint="`rewheel snapshot TARGET` takes one")
-    pre = [m for m in metas if m.status == "pre-upgrade"]
+    pre = _upgrades_in_place(store, metas)
     if pre:
         return pre[0]
-    usable = [m for m in metas if not is_failed_build(m)]
+    reverted = _reverted_snapshots(store, metas)
+    usable = [m for m in metas if not is_failed_build(m) and m.id not in reverted]
     usable = [m for m in usable if m.status != PRE_ROLLBACK] or usable
+    if not usable and reverted:
+        raise SnapshotError("no upgrade is in place to undo: every upgrade of this environment was reverted, "
+                            f"and its revert already restored the snapshot taken before it "
+                            f"({', '.join(m.id for m in metas if m.id in reverted)})",
+                            hint="`rewheel history TARGET` lists the snapshots; name one to restore it; "
+                                 "nothing was changed")
     if not usable:
         raise SnapshotError(f"every snapshot of this environment is a failed build ({', '.join(m.id for m in metas)}): "
                             "there is no default rollback target",
@@ -350,6 +375,15 @@ def _left_down(j: RunJournal) -> bool:
     return "error" not in fin or any("restart_after_abort_failed" in r for r in j.records)
 
 
+def refuse_broken_tls(t: Target) -> None:
+    """A service's health check needs an HTTP client, and httpx cannot make one while
+    SSL_CERT_FILE names nothing: refused (exit 2, naming it) before anything is stopped."""
+    if t.recipe.service is not None and t.recipe.service.health_url:
+        from rewheel.httpclient import check_tls_env
+
+        check_tls_env()
+
+
 def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bool = True, say: Say = _quiet,
              progress: Progress | None = None) -> RollbackResult:
     """Restore a snapshot; with a recipe that has a service, stop it first and start and
@@ -368,6 +402,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
     # An interrupted rewheel's uv or smoke test that still runs is stopped (and waited for)
     # when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
+    refuse_broken_tls(t)
     with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
         refuse_failed_build(snap, force, t.cli_ref)  # before a journal exists: nothing to close
@@ -1807,6 +1842,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
     # The interrupted rewheel's uv or smoke test, if still running, is stopped (and waited
     # for) when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
+    refuse_broken_tls(t)
     with EnvLock(t.store.env_dir, "resume", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         j = journal.interrupted_run(t.store.env_dir)
         if j is None:
