@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rewheel import journal
 from rewheel.environment import Environment
-from rewheel.errors import ServiceError, SnapshotDamaged, SnapshotError
+from rewheel.errors import RewheelError, ServiceError, SnapshotDamaged, SnapshotError
 from rewheel.host import Host
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
@@ -1613,8 +1613,11 @@ class _Cycle:
         """Snapshot the failed build before restoring, so it can be diffed and inspected later
         (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
         this costs little; if it fails, the restore goes ahead anyway."""
-        if self.j.kind != "run" or self.j.first("failed-snapshot") is not None:
-            return  # only a failed upgrade is worth keeping, and only once
+        restoring = any(r["event"] == "step" and r.get("name") == "restore" for r in self.j.records)
+        if self.j.kind != "run" or self.j.first("failed-snapshot") is not None or restoring:
+            # Only a failed upgrade is worth keeping, and only once; never a half-restored one
+            # (a revert interrupted in its restore, finished by `resume`).
+            return
         try:
             res = take_snapshot(self.t.env, self.t.store, label=f"failed upgrade of run {self.j.id}",
                                 status="failed-upgrade", run_id=self.j.id, progress=self.progress,
@@ -1783,6 +1786,8 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
             cyc.j.append("finished", status="failed", kept_failed_state=True, before=cyc.report.before,
                          after=cyc.report.after, downtime=_to_json(cyc.report.downtime))
             return cyc.report
+        # A signal (Ctrl-C, SIGTERM, SIGHUP) or a kill during the revert leaves the run open in
+        # its journal: `resume` finishes the restore. Only an ended revert closes it.
         try:
             cyc.revert(reason)
         except RewheelError as rexc:
@@ -1790,11 +1795,10 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
             cyc.report.status = "failed"
             cyc.report.revert = cyc.report.revert or RevertRecord(reason)
             cyc.report.revert.error, cyc.report.revert.hint = rexc.message, rexc.hint
-        finally:
-            cyc.report.downtime = cyc.downtime()
-            cyc.j.append("finished", status=cyc.report.status, reason=reason,
-                         before=cyc.report.before, after=cyc.report.after,
-                         root_cause=_to_json(cyc.report.root_cause), downtime=_to_json(cyc.report.downtime))
+        cyc.report.downtime = cyc.downtime()
+        cyc.j.append("finished", status=cyc.report.status, reason=reason,
+                     before=cyc.report.before, after=cyc.report.after,
+                     root_cause=_to_json(cyc.report.root_cause), downtime=_to_json(cyc.report.downtime))
         return cyc.report
     cyc.report.downtime = cyc.downtime()
     cyc.finish_file_diff()  # the service answers already: outside the downtime
@@ -1886,13 +1890,19 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
             return ResumeResult("aborted", j.id, "nothing had been changed; service restored as it was", cyc.report,
                                 stopped_processes=lk.stopped)
 
-        try:
-            cyc.revert(f"resuming interrupted {j.kind} {j.id} (last step: {j.last_step})")
-        finally:
+        def close() -> None:
             j.append("finished", status=cyc.report.status, resumed=True, after=cyc.report.after,
                      root_cause=_to_json(cyc.report.root_cause))
             # Older interrupted journals below this one describe states already overwritten.
             close_superseded(t.store.env_dir, j)
+
+        # Interrupted again (a signal, a kill): the run stays open for the next `resume`.
+        try:
+            cyc.revert(f"resuming interrupted {j.kind} {j.id} (last step: {j.last_step})")
+        except RewheelError:
+            close()
+            raise
+        close()
         return ResumeResult("reverted", j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report,
                             stopped_processes=lk.stopped)
 
