@@ -368,7 +368,7 @@ def look_around_commands(stage: Path) -> list[str]:
             f"{where}/rewheel diff {where}/demo.toml",
             f"{where}/rewheel why {where}/home/envs/*/runs/*/smoke.log",
             f"{where}/rewheel check {where}/demo.toml",
-            f"{where}/rewheel rollback {where}/demo.toml --yes"]
+            f"{where}/rewheel status {where}/demo.toml"]
 
 
 def print_look_around(console: Console, stage: Path) -> None:
