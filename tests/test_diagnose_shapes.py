@@ -24,7 +24,12 @@ SHAPES = ["wrap_docker_compose", "wrap_kubectl_prefix", "wrap_ci_timestamps", "j
           "ray_nested_task_error", "ipython_traceback", "pytest_failure", "torchrun_child_failed",
           "shutdown_cascade_after_nccl", "smoke_runner_lines_end_message", "ray_task_pid_prefix",
           "pytest_short_traceback", "nccl_watchdog_terminate", "torchrun_child_signal",
-          "faulthandler_segfault", "json_escaped_traceback", "quoted_in_reply"]
+          "faulthandler_segfault", "json_escaped_traceback", "quoted_in_reply",
+          # third round: prefixes before / stacked on a traceback, tracebacks inside a message,
+          # ranks interleaved without prefixes, crashes without a Python traceback
+          "ray_prefix_midline_traceback", "stacked_prefixes_skypilot", "docker_desktop_engine_core",
+          "ranks_interleaved_no_prefix", "ray_serve_wrapped_traceback", "dataloader_worker_reraise",
+          "nccl_watchdog_rank_text", "sglang_tp_header_no_pid", "ranks_chars_interleaved_line"]
 
 
 def expected(name: str) -> dict:
@@ -61,7 +66,10 @@ def test_process_identity_is_kept(name: str) -> None:
     lambda ln: f"{ln}" + " " * 90,
 ])
 @pytest.mark.parametrize("name", ["story_worker_crash_plain", "ray_nested_task_error", "sglang_scheduler_exception",
-                                  "ipython_traceback", "chained_direct_cause"])
+                                  "ipython_traceback", "chained_direct_cause", "ray_prefix_midline_traceback",
+                                  "stacked_prefixes_skypilot", "ray_serve_wrapped_traceback",
+                                  "dataloader_worker_reraise", "sglang_tp_header_no_pid",
+                                  "ranks_interleaved_no_prefix", "nccl_watchdog_rank_text"])
 def test_wrappers_do_not_change_the_answer(name: str, wrap) -> None:
     exp = expected(name)
     text = (LOGS / f"{name}.log").read_text()

@@ -59,6 +59,7 @@ MAX_MESSAGE_CHARS = 8000
 MAX_CHAIN = 8                   # exceptions in one chain
 MAX_FRAMES_KEPT = 64            # innermost frames kept of one exception (for the suspects)
 MAX_SOURCE_RUN = 20             # unindented lines read as one frame's source, at most
+MAX_TWINS = 16                  # interleaved tracebacks read as one
 MAX_STREAMS = 512               # concurrent in-flight tracebacks
 MAX_EPOCH_OCCURRENCES = 400     # occurrences kept for one crash
 MAX_SIGNATURES = 5000
@@ -84,7 +85,7 @@ JOURNAL_RE = re.compile(
     r"|\[ *\d+\.\d+\]|\d{9,11}\.\d+"                         # short-monotonic, short-unix
     r"|[A-Z][a-z]{2} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? [A-Z][A-Za-z0-9+\-]{0,5})"  # short-full, with-unit
     # (a host is never a log level: "2025-08-12 07:37:57,002 INFO x.py:21 -- ..." is a logger's line)
-    r" (?!(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b)(?P<host>[^\s:()\[\]]+)"
+    r" (?!(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b)(?P<host>[^\s:()\[\]|]+)"
     r" (?P<ident>[^\s\[\]:()]+)(?:\[(?P<pid>\d+)\])?: ?")
 # Collector wrappers: what a log collector puts before each line of a process's output.
 # Each is stripped (any mix, in any order) and what it names is kept as the line's node.
@@ -93,6 +94,8 @@ WRAPPER_RE = re.compile(
     r"<\d{1,3}>1 \S+ (?P<s_host>\S+) (?P<s_app>\S+) (?P<s_pid>\d+|-) \S+ (?:-|\[.*?\]) "
     # CI runners: 2025-07-28T15:07:00.9685040Z (GitLab adds a stream tag, 00O / 01E+)
     r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z(?: \d\d[OE]\+?)?(?: |$)"
+    # Docker Desktop's log view (and other viewers): 2025-10-14 09:12:33.412 | (local time, no zone)
+    r"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? +\|(?: |$)"
     # kubectl logs --prefix: [pod/NAME/CONTAINER]
     r"|\[pod/(?P<k_pod>[^/\]\s]+)/(?P<k_container>[^\]\s]+)\](?: |$)"
     # docker compose: service-1  | (padded to the longest service name)
@@ -125,10 +128,14 @@ FRAME_RE = re.compile(r'\s*File (?:"(?P<file>[^"]+)"|(?P<bare>[^\s",][^",]*)), l
 # Statements that can be a frame's source line but look like a bare exception name
 NOT_EXCEPTIONS = {"return", "pass", "break", "continue", "raise", "yield", "else", "try", "finally"}
 TB_HEAD = "Traceback (most recent call last)"
+# A traceback printed inside an exception's message (the message is the formatted traceback
+# of the process that really failed): PyTorch DataLoader's "Original Traceback", Ray Serve's
+# "RuntimeError: Traceback ...", concurrent.futures' quoted _RemoteTraceback.
+NESTED_TB_RE = re.compile(r'(?:Original |Remote )?Traceback \(most recent call last\):?\s*$')
 ESCAPED_TB = TB_HEAD + ":\\n"     # the same, inside an escaped string: its newlines are "\n"
 # Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
 RAY_WRAP_RE = re.compile(
-    r"(?:ray\.exceptions\.)?Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?: ray::(?P<actor>[\w.]+?)"
+    r"(?:ray\.exceptions\.)?Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?: ray::(?P<actor>[\w.:]+?)"
     r"(?:\.(?P<method>[\w]+)\(\))? \(pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]+))?")
 # A tqdm bar that another writer's line was glued to ("...| 5/10 [00:01<00:01, 3.2it/s]ERROR ...").
 TQDM_TAIL_RE = re.compile(r".*?\d+%(?:\|[^|]*\|| Completed \|)[^\[\]]*\[[^\]]*\]")
@@ -159,6 +166,7 @@ CHAIN_CAUSE = "The above exception was the direct cause of the following excepti
 # Lines that start a new record, so they end an exception message instead of continuing it.
 RECORD_START_RE = re.compile(
     r"(?:Process [\w\-]+:$|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s|\[[WEIF]\d{4} |\[rank\d+\]:\["
+    r"|[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"
     r"|\S+\.py:\d+: \w*Warning|\s*warnings\.warn\(|\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\[\d{4}-\d\d-\d\d"
     r"|Exception ignored in|Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
     # rewheel's own annotations in the logs it keeps (smoke.log: "[rewheel] smoke failed: ...")
@@ -221,6 +229,10 @@ CASCADE_LINE_RE = re.compile(
     r"|EngineCore encountered|Main process exited|Failed with result|Start request repeated too quickly"
     r"|Failed to start|Scheduled restart job|: FAILED during |ChildFailedError", re.I)
 EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)): (?P<msg>.+)")
+EXC_IN_LINE_RE = re.compile(r"(?<![\w.:])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>\S.*)")
+# a rank named in an error's own text: "[Rank 2] Watchdog caught ...", "[PG 0 Rank 1] ..."
+RANK_TEXT_RE = re.compile(r"[\[ ][Rr]ank ?(?P<rank>\d+)\]")
+NEAR_TICKS = 10                 # a prefixed line this close names the process of an unprefixed one
 # Cheap per-line prefilter when every line passes through (analyse_lines, journals).
 PREFILTER_RE = re.compile(
     r"Traceback|File \"|rror|RROR|xception|CRITICAL|[Kk]illed|NCCL|out of memory|dumped|Abort"
@@ -385,6 +397,7 @@ class _Exc:
     shutdown: bool = False            # a frame of a shutdown / clean-up path
     frame_list: deque[Frame] = field(default_factory=lambda: deque(maxlen=MAX_FRAMES_KEPT))
     wrapper: bool = False             # Ray's RayTaskError line: the remote frames follow
+    wraps: bool = False               # its message is the formatted traceback of the real failure
 
     @property
     def message(self) -> str:
@@ -413,6 +426,9 @@ class _Stream:
     pytest: bool = False              # pytest's `E   ` lines
     remote: tuple[str, int, str | None] | None = None  # Ray's remote process: name, pid, ip
     source_run: int = 0               # unindented source lines in a row (a paste without indentation)
+    opened_by: tuple[str | None, int | None] = (None, None)  # a mid-line traceback: its line's prefix
+    twins: int = 0                    # tracebacks of other processes read into this one (interleaved)
+    opened: int = 0                   # the tick it began at
 
 
 @dataclass
@@ -430,6 +446,8 @@ class _Occ:
     pid: int | None = None
     node: str | None = None
     frames: list[Frame] = field(default_factory=list)
+    score: int = 0                    # error lines: how clean a `Type: message` line it is
+    span: tuple[int, int] = (0, 0)    # tracebacks: the ticks it was read between
 
 
 # Categories, in order of preference for the root.
@@ -442,6 +460,26 @@ def _norm_sig(type_: str | None, message: str) -> tuple:
     text = re.sub(r"0x[0-9a-fA-F]+", "0x", text)
     text = re.sub(r"\d+(?:\.\d+)?", "N", text)
     return (type_ or "", text)
+
+
+GARBLE_RE = re.compile(r"(?:Error|Exception).*(?:Error|Exception)")
+
+
+def exc_line_score(type_: str, message: str, *, at_start: bool = True) -> int:
+    """How much a `Type: message` line looks like what the failing code raised, in its words
+    (higher is better). Writers interleaved into one line, a type in the middle of prose, a
+    bare `Exception`, an empty message all lower it."""
+    base = type_.rsplit(".", 1)[-1].rsplit(":", 1)[-1]
+    score = 4 if at_start else 0
+    if re.fullmatch(r"[A-Z][A-Za-z0-9_]*", base) and not GARBLE_RE.search(base):
+        score += 2
+    if base and (base in message[:300] or EXC_LINE_RE.search(message[:300])):
+        score -= 3        # another exception's text run into this one
+    if base in ("Exception", "Error", "BaseException"):
+        score -= 1
+    if not message.strip():
+        score -= 1
+    return score
 
 
 def _is_cascade(type_: str | None, message: str) -> bool:
@@ -491,6 +529,10 @@ class _Analyser:
         self.fault: _Occ | None = None                  # a fatal error awaiting faulthandler's frames
         self.fault_thread: str | None = None            # "current" | "other": the dump being read
         self.fault_frames: dict[str | None, list[Frame]] = {}
+        # the last prefixed line outside a traceback (label, pid, node, tick), and the last
+        # such record that ended with ":" (label, pid, node, where the next line starts)
+        self.recent: tuple[str, int | None, str | None, int, int | None] | None = None
+        self.lead: tuple[str, int | None, str | None, int] | None = None
 
     # -- public --------------------------------------------------------------------
     @property
@@ -498,7 +540,9 @@ class _Analyser:
         return bool(self.streams)
 
     def feed(self, raw: str, pos: int, *, jpid: int | None = None, ident: str | None = None,
-             early: bool = False, node: str | None = None, _escaped: bool = False) -> None:
+             early: bool = False, node: str | None = None, _escaped: bool = False,
+             nxt: int | None = None) -> None:
+        """One line at `pos`; `nxt` is where the next line starts (to know two lines adjacent)."""
         self.tick += 1
         # Right padding (terminal copies), CRLF, and `\r` progress bars: what a terminal shows
         # is the text after the last carriage return.
@@ -550,20 +594,28 @@ class _Analyser:
             if line.startswith("("):
                 m = PROC_RE.match(line)
                 if m:
-                    name = (m.group("label") or "").strip()
+                    # SkyPilot over Ray: "(worker1, rank=1, pid=N, ip=A)": the label without its comma
+                    name = (m.group("label") or "").strip().rstrip(",").strip()
                     label = _rank_name(name, m.group("pid"), m.group("ip")) if name else f"pid={m.group('pid')}"
                     pid = int(m.group("pid"))
                     node = m.group("ip") or node
                     line = line[m.end():]
                     continue
             break
-        if line.startswith("[rank"):
+        rank_tag: str | None = None
+        while line.startswith("[rank"):
+            # torch's `[rankN]:`, repeated when a launcher prefixes it again; a process label
+            # around it (Ray, SkyPilot) names the node's process, the tag the torch rank
             m = RANK_RE.match(line)
-            if m:
-                label = label or f"rank{m.group('rank')}"
-                line = line[m.end():]
+            if not m:
+                break
+            rank_tag = f"rank{m.group('rank')}"
+            line = line[m.end():]
+        if rank_tag is not None:
+            label = _join_label(label, rank_tag)
         level: str | None = None
         header = ""
+        prefix_label = label          # what the process prefixes name, before a logger's header
         if line[:1] in ("D", "I", "W", "E", "C"):
             m = HEADER_RE.match(line)
             if m:
@@ -574,16 +626,18 @@ class _Analyser:
             m = SGLANG_RE.match(line)
             if m:
                 header = m.group(0)
-                label = label or (m.group("ranks").strip() or None)
+                label = _join_label(label, m.group("ranks").strip() or None)
                 line = line[m.end():]
         if task is not None and label is None:
             label = f"rank{task}"
         key = (jpid, label, pid, level is not None, node)
         st = self.streams.get(key)
         bare = self.bare
-        if bare is not None and st is None and not header and label is None:
+        if bare is not None and st is None and not header and (label is None or (label, pid) == bare.opened_by):
             # Lines without a prefix continue the traceback that began mid-line in a
-            # prefixed record (sglang prints the whole traceback as one record).
+            # prefixed record (sglang prints the whole traceback as one record); so do lines
+            # that carry only the process prefix of the line it began on (sglang under Ray:
+            # "(WorkerDict pid=N) " before every line of it).
             st = bare if bare.key in self.streams else None
         elif bare is not None and bare.key != key and bare.state in ("msg", "after", "chain") \
                 and bare.key in self.streams and (header or label):
@@ -608,7 +662,16 @@ class _Analyser:
                 self._expire()
                 return
             st = None
+        if label is not None and level not in ("INFO", "DEBUG"):
+            self.recent = (label, pid, node, self.tick, jpid)
+            if line.endswith(":") and nxt is not None:
+                self.lead = (label, pid, node, nxt)
         if line.startswith(TB_HEAD):
+            lead = self.lead
+            if label is None and lead is not None and lead[3] == pos:
+                # "[... TP1] Exception in ModelTpServer:" and, on the next line, the traceback
+                # without a prefix: the record before it names its process
+                label, pid = lead[0], lead[1]
             self._open(key, label, pid, jpid, ident, level, pos, node)
             self._expire()
             return
@@ -631,6 +694,7 @@ class _Analyser:
                     self._finish_stream(old, truncated_end=old.state == "frames")
                 st = self._open(bkey, label, pid, jpid, ident, level, pos, node)
                 st.indent = None
+                st.opened_by = (prefix_label, pid)
                 self.bare = st
             self._expire()
             return
@@ -712,7 +776,7 @@ class _Analyser:
             oldest = min(self.streams.values(), key=lambda s: s.last_tick)
             self._close(oldest, truncated_end=oldest.state == "frames")
             del self.streams[oldest.key]
-        st = _Stream(key, label, pid, jpid, ident, level, last_tick=self.tick, node=node)
+        st = _Stream(key, label, pid, jpid, ident, level, last_tick=self.tick, node=node, opened=self.tick)
         st.cur = _Exc(None, [], pos)
         self.streams[key] = st
         return st
@@ -745,6 +809,12 @@ class _Analyser:
                 # is another record, so the message has ended.
                 self._finish_stream(st)
                 return False
+            if "Traceback (most recent call last)" in line and NESTED_TB_RE.match(line.strip()) and (
+                    not line.startswith("Traceback") or not exc.message.strip().strip("\"'")):
+                # "Original Traceback (most recent call last):" after DataLoader's "Caught X in
+                # DataLoader worker process 0.", or a remote traceback quoted in the message
+                self._nest(st, pos)
+                return True
             if line.startswith("Traceback (most recent call last)"):
                 return self._next_traceback(st, pos)
             if not line.strip():
@@ -757,6 +827,16 @@ class _Analyser:
             if RECORD_START_RE.match(line) or FRAME_RE.match(line):
                 self._finish_stream(st)
                 return False
+            if st.twins and _exception_line(line):
+                # the interleaved twin's exception line: the cleaner of the two is kept
+                st.twins -= 1
+                m = EXC_RE.match(line)
+                if m and exc_line_score(m.group("type"), m.group("msg") or "") > \
+                        exc_line_score(exc.type or "", exc.message):
+                    exc.type = m.group("type")
+                    exc.message_lines = [(m.group("msg") or "").rstrip()]
+                    exc.chars = len(exc.message_lines[0])
+                return True
             if len(exc.message_lines) < MAX_MESSAGE_LINES and exc.chars < MAX_MESSAGE_CHARS:
                 exc.message_lines.append(line.rstrip())
                 exc.chars += len(line)
@@ -810,6 +890,12 @@ class _Analyser:
         if not line.strip():
             return True
         if line.startswith("Traceback (most recent call last)"):
+            if exc.frames <= 2 and not st.chain and st.twins < MAX_TWINS:
+                # Another process's traceback, interleaved line by line with this one (ranks
+                # writing to one terminal without prefixes): read as one, its repeated frames
+                # once (see _add_frame) and the cleaner exception line of the two.
+                st.twins += 1
+                return True
             # A traceback restarted before this one ended: keep what we had, start anew.
             self._finish_stream(st, truncated_end=True)
             self._reopen(st, pos)
@@ -842,10 +928,15 @@ class _Analyser:
             exc.wrapper = True
             st.remote = (ray.group("actor"), int(ray.group("pid")), ray.group("ip"))
             msg = line[line.index(": ") + 2:] if ": " in line else ""
-        elif m:
+        elif m and _exception_line(line):
             exc.type = m.group("type")
             msg = m.group("msg") or ""
             exc.wrapper = False
+        elif m:
+            # a bare lowercase word where the exception line should be: the traceback was cut
+            # off and other output goes on
+            self._finish_stream(st, truncated_end=True)
+            return False
         else:
             exc.type = None
             msg = line
@@ -854,9 +945,28 @@ class _Analyser:
         exc.chars = len(msg)
         st.pending = None
         st.state = "msg"
+        if msg.startswith(TB_HEAD):
+            # "RuntimeError: Traceback (most recent call last):": the message is the traceback
+            # of the failure it wraps, which follows
+            self._nest(st, pos)
         return True
 
+    def _nest(self, st: _Stream, pos: int) -> None:
+        """The current exception's message goes on with a traceback: the exception it wraps.
+        Both stay in the chain; the wrapped one is the cause (see _pick_from_chain)."""
+        assert st.cur is not None
+        st.cur.wraps = True
+        if len(st.chain) < MAX_CHAIN:
+            st.chain.append(st.cur)
+        st.cur = _Exc(None, [], pos)
+        st.state = "frames"
+        st.pending = None
+        st.chained_marker = False
+
     def _add_frame(self, st: _Stream, exc: _Exc, fr: Frame) -> None:
+        if st.twins and any(f.line == fr.line and f.file == fr.file and f.function == fr.function
+                            for f in exc.frame_list):
+            return    # the interleaved twin's copy of a frame already read
         exc.frames += 1
         exc.last_frame = fr
         exc.frame_list.append(fr)
@@ -995,7 +1105,7 @@ class _Analyser:
         frames = list(reversed(exc.frame_list)) or next(
             (list(reversed(e.frame_list)) for e in reversed(chain) if e.frame_list), [])
         occ = _Occ("traceback", category, exc.type, message, _norm_sig(exc.type, message),
-                   rank, chain[0].pos, frame, others, cascade, pid, node, frames)
+                   rank, chain[0].pos, frame, others, cascade, pid, node, frames, span=(st.opened, self.tick))
         self._register(occ, st.jpid, st.ident, st.label, st.pid)
 
     # -- error lines ----------------------------------------------------------------
@@ -1009,8 +1119,10 @@ class _Analyser:
             w = WHAT_RE.match(line)
             if w:
                 msg = w.group("msg").strip()[:MAX_MESSAGE_CHARS]
+                label, pid, node = self._near_process(msg, label, pid, node, jpid)
                 self._register(_Occ("error-line", _LINE_EXC, ttype, msg, _norm_sig(ttype, msg), label, tpos, None,
-                                    [], False, pid if pid is not None else jpid, node), jpid, ident, label, pid)
+                                    [], False, pid if pid is not None else jpid, node,
+                                    score=exc_line_score(ttype, msg)), jpid, ident, label, pid)
                 return
         if self.fault is not None and self._fault_dump(line):
             return
@@ -1038,31 +1150,55 @@ class _Analyser:
                 category, type_ = _LINE_STRONG, name
                 break
         cascade = bool(CASCADE_LINE_RE.search(text))
+        exc_start = EXC_LINE_RE.match(text)
+        # a type in the middle of a line ("... failed: RuntimeError: CUDA error ..."): weaker
+        exc_at_start = exc_start or EXC_IN_LINE_RE.search(text)
         if category is None:
             if cascade:
                 category = _LINE_CASCADE
-            elif level in ("ERROR", "CRITICAL") or EXC_LINE_RE.match(text):
+            elif level in ("ERROR", "CRITICAL") or exc_at_start:
                 category = _LINE_ERROR
             else:
                 return
         if level in ("WARNING", "WARN") and category == _LINE_ERROR:
             return
-        m = EXC_LINE_RE.match(text)
+        m = exc_at_start
+        score = 0
         if m:
             type_ = m.group("type")
             if category == _LINE_ERROR and _is_cascade(type_, m.group("msg")):
                 category, cascade = _LINE_CASCADE, True
             elif category in (_LINE_ERROR, _LINE_STRONG) and not cascade \
                     and not _is_cascade(type_, m.group("msg")) and level not in ("WARNING", "WARN"):
-                # a clean `Type: message` line: what the failing code raised, in its words
+                # a `Type: message` line: what the failing code raised, in its words; the
+                # cleanest of them is the answer (see exc_line_score)
                 category = _LINE_EXC
+                score = exc_line_score(type_, m.group("msg"), at_start=m is exc_start)
         elif type_ is None:
             type_ = "error"
+        if category != _LINE_CASCADE:
+            label, pid, node = self._near_process(text, label, pid, node, jpid)
         occ = _Occ("error-line", category, type_, text[:MAX_MESSAGE_CHARS], _norm_sig(type_, text),
-                   label, pos, None, [], category == _LINE_CASCADE, pid if pid is not None else jpid, node)
+                   label, pos, None, [], category == _LINE_CASCADE, pid if pid is not None else jpid, node,
+                   score=score)
         self._register(occ, jpid, ident, label, pid)
         if text.startswith("Fatal Python error"):
             self.fault, self.fault_thread, self.fault_frames = occ, None, {}
+
+    def _near_process(self, text: str, label: str | None, pid: int | None, node: str | None,
+                      jpid: int | None = None) -> tuple[str | None, int | None, str | None]:
+        """The process of an error line without a prefix: a rank its text names, else the
+        prefix of a line just before it (an NCCL abort's `[rank0]:` records, then C++'s
+        unprefixed `terminate called ...`)."""
+        if label is not None:
+            return label, pid, node
+        m = RANK_TEXT_RE.search(text[:2000])
+        if m:
+            return f"rank{m.group('rank')}", pid, node
+        near = self.recent
+        if near is not None and self.tick - near[3] <= NEAR_TICKS and near[4] == jpid:
+            return near[0], near[1] if pid is None else pid, node or near[2]
+        return label, pid, node
 
     def _fault_dump(self, line: str) -> bool:
         """faulthandler's dump after a fatal error: the first frame of the current thread (else
@@ -1187,9 +1323,36 @@ class _Analyser:
             if category in self.first:
                 _, lst = self.first[category]
                 cands = [o for o in lst if o.category == category]
-                if cands:
-                    return min(cands, key=lambda o: o.pos), lst
+                if category == _TB_ERROR:
+                    # a traceback whose exception line was lost (garbled by another writer
+                    # printing at the same time) names no type: one printed alongside it does
+                    typed = [o for o in cands if o.type]
+                    cands = [o for o in cands if o.type or not any(
+                        t.span[0] <= o.span[1] and o.span[0] <= t.span[1] for t in typed)]
+                elif category == _LINE_EXC:
+                    # the best-scored `Type: message` line, not the first one
+                    best = max(o.score for o in cands)
+                    cands = [o for o in cands if o.score == best]
+                if not cands:
+                    continue
+                occ = min(cands, key=lambda o: o.pos)
+                if occ.type is None and category == _TB_ERROR and _LINE_EXC in self.first:
+                    # The floor: no traceback says what was raised (cut off, or not understood);
+                    # the best `Type: message` line does, and the traceback's frames go with it
+                    # when it names the same process.
+                    line_occ, line_lst = self._choose_in(_LINE_EXC)
+                    if line_occ.rank in (None, occ.rank) and line_occ.frame is None:
+                        line_occ.frame, line_occ.frames = occ.frame, occ.frames
+                        line_occ.rank, line_occ.pid = occ.rank, occ.pid if line_occ.pid is None else line_occ.pid
+                    return line_occ, line_lst
+                return occ, lst
         return None
+
+    def _choose_in(self, category: int) -> tuple[_Occ, list[_Occ]]:
+        _, lst = self.first[category]
+        cands = [o for o in lst if o.category == category]
+        best = max(o.score for o in cands)
+        return min((o for o in cands if o.score == best), key=lambda o: o.pos), lst
 
     def _secondaries(self, root: _Occ, epoch_list: list[_Occ], mapping: dict[int, int]) -> list[Secondary]:
         out: list[Secondary] = []
@@ -1274,6 +1437,14 @@ def _func(name: str | None) -> str | None:
     return name.rsplit(".", 1)[-1] or name
 
 
+def _join_label(outer: str | None, inner: str | None) -> str | None:
+    """One name for a process that two stacked prefixes name: `WorkerDict pid=7 TP1`,
+    `worker1, rank=1 rank4` (the same name twice stays one)."""
+    if not outer or not inner or inner in outer:
+        return outer or inner
+    return f"{outer} {inner}"
+
+
 def _rank_name(label: str, pid: str, ip: str | None) -> str:
     """The process a prefix names. A label with a rank in it (`Worker_TP4`, `VllmWorker
     rank=3`) names one process; a pool's label (`RayWorkerWrapper`, `VllmWorkerProcess`,
@@ -1303,7 +1474,7 @@ def _pick_from_chain(chain: list[_Exc]) -> int:
     if len(chain) == 1:
         return 0
     for i, exc in enumerate(chain):
-        if _is_cascade(exc.type, exc.message):
+        if _is_cascade(exc.type, exc.message) or (exc.wraps and i + 1 < len(chain)):
             continue
         base = (exc.type or "").rsplit(".", 1)[-1]
         if (base in LOOKUP_TYPES or base in GROUP_TYPES) and any(
@@ -1320,21 +1491,24 @@ def analyse_lines(lines: Iterable[str], *, package: str | None = None, source: s
     an = _Analyser(package)
     n = 0
     for n, line in enumerate(lines, 1):
-        _feed_prefiltered(an, line, n, early=n <= EARLY_LINES)
+        _feed_prefiltered(an, line, n, early=n <= EARLY_LINES, nxt=n + 1)
     return an.finish(source=source, lines=n)
 
 
 def _feed_prefiltered(an: _Analyser, line: str, n: int, *, early: bool,
-                      jpid: int | None = None, ident: str | None = None, node: str | None = None) -> None:
-    # Most lines of a healthy log are INFO chatter: skip them unless a traceback is open.
-    # A few `in` tests settle the common case; the regex only sees the rest.
-    if an.busy or early:
-        an.feed(line, n, jpid=jpid, ident=ident, early=early, node=node)
-    elif "INFO" in line and "rror" not in line and "RROR" not in line and "Traceback" not in line \
+                      jpid: int | None = None, ident: str | None = None, node: str | None = None,
+                      nxt: int | None = None) -> None:
+    if an.busy or early or _worth_feeding(line):
+        an.feed(line, n, jpid=jpid, ident=ident, early=early, node=node, nxt=nxt)
+
+
+def _worth_feeding(line: str) -> bool:
+    """Whether a line outside any traceback can matter. Most lines of a healthy log are INFO
+    chatter: a few `in` tests settle the common case; the regex only sees the rest."""
+    if "INFO" in line and "rror" not in line and "RROR" not in line and "Traceback" not in line \
             and "xception" not in line:
-        return
-    elif _prefilter(line):
-        an.feed(line, n, jpid=jpid, ident=ident, early=early, node=node)
+        return False
+    return _prefilter(line)
 
 
 def analyse_file(path: str | os.PathLike[str], *, package: str | None = None) -> Diagnosis:
@@ -1350,7 +1524,7 @@ def analyse_file(path: str | os.PathLike[str], *, package: str | None = None) ->
         return _offsets_to_lines(p, positions)
 
     diag = an.finish(resolve, source=str(p))
-    if _TB_ERROR in an.first:
+    if _TB_ERROR in an.first and diag.root is not None and diag.root.type is not None:
         return diag
     # No traceback explains it: read every line, error lines included.
     with open(p, encoding="utf-8", errors="replace", newline="\n") as fh:
@@ -1401,7 +1575,15 @@ def _scan_block(buf: bytes, pos: int, end: int, base: int, an: _Analyser, lines_
             hit = find(TB_NEEDLE, pos, end)
             if hit < 0:
                 return lines_seen
-            pos = buf.rfind(b"\n", pos, hit) + 1 or pos
+            start = buf.rfind(b"\n", pos, hit) + 1 or pos
+            if start > pos:
+                # the line before it, as the line-by-line path would have seen it: a record
+                # like "[... TP1] Exception in ModelTpServer:" names the traceback's process
+                prev = buf.rfind(b"\n", pos, start - 1) + 1 or pos
+                text = buf[prev:start - 1][:MAX_LINE_BYTES].decode("utf-8", "replace")
+                if _worth_feeding(text):
+                    an.feed(text, base + prev, early=False, nxt=base + start)
+            pos = start
         nl = find(b"\n", pos, end)
         if nl < 0:
             nl = end
@@ -1410,7 +1592,7 @@ def _scan_block(buf: bytes, pos: int, end: int, base: int, an: _Analyser, lines_
             raw = raw[:MAX_LINE_BYTES]
         if early:
             lines_seen += 1
-        an.feed(raw.decode("utf-8", "replace"), base + pos, early=early)
+        an.feed(raw.decode("utf-8", "replace"), base + pos, early=early, nxt=base + nl + 1)
         pos = nl + 1
     return lines_seen
 
