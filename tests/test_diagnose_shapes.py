@@ -29,7 +29,9 @@ SHAPES = ["wrap_docker_compose", "wrap_kubectl_prefix", "wrap_ci_timestamps", "j
           # ranks interleaved without prefixes, crashes without a Python traceback
           "ray_prefix_midline_traceback", "stacked_prefixes_skypilot", "docker_desktop_engine_core",
           "ranks_interleaved_no_prefix", "ray_serve_wrapped_traceback", "dataloader_worker_reraise",
-          "nccl_watchdog_rank_text", "sglang_tp_header_no_pid", "ranks_chars_interleaved_line"]
+          "nccl_watchdog_rank_text", "sglang_tp_header_no_pid", "ranks_chars_interleaved_line",
+          # ... and shapes nobody listed: a wrapper learnt, TGI's rank field, a quoted remote traceback
+          "unknown_wrapper_pdsh", "tgi_shard_rank_field", "process_pool_remote_traceback"]
 
 
 def expected(name: str) -> dict:
@@ -69,7 +71,8 @@ def test_process_identity_is_kept(name: str) -> None:
                                   "ipython_traceback", "chained_direct_cause", "ray_prefix_midline_traceback",
                                   "stacked_prefixes_skypilot", "ray_serve_wrapped_traceback",
                                   "dataloader_worker_reraise", "sglang_tp_header_no_pid",
-                                  "ranks_interleaved_no_prefix", "nccl_watchdog_rank_text"])
+                                  "ranks_interleaved_no_prefix", "nccl_watchdog_rank_text",
+                                  "unknown_wrapper_pdsh", "process_pool_remote_traceback"])
 def test_wrappers_do_not_change_the_answer(name: str, wrap) -> None:
     exp = expected(name)
     text = (LOGS / f"{name}.log").read_text()

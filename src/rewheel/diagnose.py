@@ -92,10 +92,10 @@ JOURNAL_RE = re.compile(
 WRAPPER_RE = re.compile(
     # RFC 5424 syslog: <PRI>1 TIMESTAMP HOST APP PID MSGID SD MSG
     r"<\d{1,3}>1 \S+ (?P<s_host>\S+) (?P<s_app>\S+) (?P<s_pid>\d+|-) \S+ (?:-|\[.*?\]) "
-    # CI runners: 2025-07-28T15:07:00.9685040Z (GitLab adds a stream tag, 00O / 01E+)
-    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z(?: \d\d[OE]\+?)?(?: |$)"
     # Docker Desktop's log view (and other viewers): 2025-10-14 09:12:33.412 | (local time, no zone)
     r"|\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? +\|(?: |$)"
+    # CI runners: 2025-07-28T15:07:00.9685040Z (GitLab adds a stream tag, 00O / 01E+)
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z(?: \d\d[OE]\+?)?(?: |$)"
     # kubectl logs --prefix: [pod/NAME/CONTAINER]
     r"|\[pod/(?P<k_pod>[^/\]\s]+)/(?P<k_container>[^\]\s]+)\](?: |$)"
     # docker compose: service-1  | (padded to the longest service name)
@@ -131,6 +131,10 @@ TB_HEAD = "Traceback (most recent call last)"
 # A traceback printed inside an exception's message (the message is the formatted traceback
 # of the process that really failed): PyTorch DataLoader's "Original Traceback", Ray Serve's
 # "RuntimeError: Traceback ...", concurrent.futures' quoted _RemoteTraceback.
+# Prefixes that name a process, found after text we do not know: that text is a wrapper.
+KNOWN_INNER_RE = re.compile(r"\((?:[A-Za-z][^()]*? )?pid=\d+|\[rank\d+\]:"
+                            r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d")
+MAX_WRAPPER_CHARS = 80
 NESTED_TB_RE = re.compile(r'(?:Original |Remote )?Traceback \(most recent call last\):?\s*$')
 ESCAPED_TB = TB_HEAD + ":\\n"     # the same, inside an escaped string: its newlines are "\n"
 # Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
@@ -165,7 +169,9 @@ CHAIN_CONTEXT = "During handling of the above exception, another exception occur
 CHAIN_CAUSE = "The above exception was the direct cause of the following exception:"
 # Lines that start a new record, so they end an exception message instead of continuing it.
 RECORD_START_RE = re.compile(
-    r"(?:Process [\w\-]+:$|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s|\[[WEIF]\d{4} |\[rank\d+\]:\["
+    # a structured logger's record without its timestamp (tracing: " INFO target: ...")
+    r"(?: ?(?:TRACE|DEBUG|INFO|WARN|ERROR) [\w:.\-]+: "
+    r"|Process [\w\-]+:$|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s|\[[WEIF]\d{4} |\[rank\d+\]:\["
     r"|[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"
     r"|\S+\.py:\d+: \w*Warning|\s*warnings\.warn\(|\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\[\d{4}-\d\d-\d\d"
     r"|Exception ignored in|Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
@@ -177,6 +183,7 @@ RECORD_START_RE = re.compile(
     r"|\w+: (?:FAILED\b|timings |OK: )"
     # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)
     r"|[\w@.\-]+\.service: |(?:Started|Stopped|Starting|Stopping|Failed to start) [\w@.\-]+\.service)")
+SPAN_FIELD_RE = re.compile(r"\s+(?:rank|shard)=(?P<rank>\d+)$")
 IGNORABLE_IN_TB_RE = re.compile(r"(?:INFO|WARNING|DEBUG):\s|\S+:\s+\d+%\|")
 # Python 3.11+ exception groups (asyncio.TaskGroup): the group's traceback is drawn inside
 # `| ` margins, `+ Exception Group Traceback` opens it, `+-+---- 1 ----` / `+---- 2 ----`
@@ -429,6 +436,7 @@ class _Stream:
     opened_by: tuple[str | None, int | None] = (None, None)  # a mid-line traceback: its line's prefix
     twins: int = 0                    # tracebacks of other processes read into this one (interleaved)
     opened: int = 0                   # the tick it began at
+    lead: re.Pattern[str] | None = None  # a mid-line traceback: the text before it, as a pattern
 
 
 @dataclass
@@ -533,6 +541,7 @@ class _Analyser:
         # such record that ended with ":" (label, pid, node, where the next line starts)
         self.recent: tuple[str, int | None, str | None, int, int | None] | None = None
         self.lead: tuple[str, int | None, str | None, int] | None = None
+        self.learned: re.Pattern[str] | None = None   # an unknown wrapper seen on every line
 
     # -- public --------------------------------------------------------------------
     @property
@@ -541,7 +550,7 @@ class _Analyser:
 
     def feed(self, raw: str, pos: int, *, jpid: int | None = None, ident: str | None = None,
              early: bool = False, node: str | None = None, _escaped: bool = False,
-             nxt: int | None = None) -> None:
+             nxt: int | None = None, _relearn: bool = False) -> None:
         """One line at `pos`; `nxt` is where the next line starts (to know two lines adjacent)."""
         self.tick += 1
         # Right padding (terminal copies), CRLF, and `\r` progress bars: what a terminal shows
@@ -564,7 +573,15 @@ class _Analyser:
                 self.feed(part, pos, jpid=jpid, ident=ident, early=early, node=node, _escaped=True)
             return
         task: str | None = None
+        learned = self.learned
         for _ in range(6):
+            if learned is not None:
+                m = learned.match(line)
+                if m:
+                    # a wrapper this log puts on every line, learnt at its first traceback
+                    line = line[m.end():]
+                    learned = None
+                    continue
             c = line[:1]
             if not (c.isalnum() or c in "<[>"):
                 break
@@ -643,6 +660,15 @@ class _Analyser:
                 and bare.key in self.streams and (header or label):
             # another writer's record: the message of the mid-line traceback has ended
             self._finish_stream(bare)
+        if st is not None and st.lead is not None:
+            if st.state == "frames" and st.cur is not None and not st.cur.frames:
+                m = st.lead.match(line)
+                if m:
+                    # the text before the traceback begins its next line too: not a record
+                    # that goes on with a traceback but a wrapper on every line ("worker-1: ")
+                    self.learned = st.lead
+                    line = line[m.end():]
+            st.lead = None
         if st is not None and st.indent:
             ind = st.indent
             if line[:ind].isspace() and len(line) > ind:
@@ -685,6 +711,15 @@ class _Analyser:
                 assert st.cur is not None
                 st.cur.type = ipy.group("type")
             else:
+                before = line[: line.index(TB_HEAD)]
+                inner = KNOWN_INNER_RE.search(before)
+                if inner and 0 < inner.start() <= MAX_WRAPPER_CHARS and not _relearn:
+                    # An unknown wrapper before prefixes we know ("host-1: [rank8]: Traceback"):
+                    # the collector's, on every line; learnt, and this line read again without it
+                    self.learned = _wrapper_pattern(before[: inner.start()])
+                    self.feed(line, pos, jpid=jpid, ident=ident, early=early, node=node, nxt=nxt,
+                              _relearn=True)
+                    return
                 # "Scheduler hit an exception: Traceback ...", torchrun's "traceback : Traceback
                 # ...", " at Traceback ...": the rest follows without the record's prefix and
                 # indented by however much the first frame line says.
@@ -695,6 +730,8 @@ class _Analyser:
                 st = self._open(bkey, label, pid, jpid, ident, level, pos, node)
                 st.indent = None
                 st.opened_by = (prefix_label, pid)
+                if 0 < len(before) <= MAX_WRAPPER_CHARS:
+                    st.lead = _wrapper_pattern(before)
                 self.bare = st
             self._expire()
             return
@@ -817,12 +854,19 @@ class _Analyser:
                 return True
             if line.startswith("Traceback (most recent call last)"):
                 return self._next_traceback(st, pos)
-            if not line.strip():
+            if not line.strip().strip("\"'"):
+                # (a remote traceback quoted in the message ends with its closing quotes)
                 st.state = "after"
                 return True
             if line in (CHAIN_CONTEXT, CHAIN_CAUSE):
                 st.chained_marker = True
                 st.state = "chain"
+                return True
+            span = SPAN_FIELD_RE.match(line)
+            if span:
+                # a structured logger's fields after the message (TGI's " rank=0"): the process
+                st.label = st.label or f"rank={span.group('rank')}"
+                st.state = "after"
                 return True
             if RECORD_START_RE.match(line) or FRAME_RE.match(line):
                 self._finish_stream(st)
@@ -1435,6 +1479,12 @@ def _func(name: str | None) -> str | None:
     if name.startswith("<"):
         return name
     return name.rsplit(".", 1)[-1] or name
+
+
+def _wrapper_pattern(text: str) -> re.Pattern[str]:
+    """A wrapper seen once as a pattern for every line: its numbers (times, counters, a host's
+    index) may change from line to line, the rest may not."""
+    return re.compile(re.sub(r"\d+", lambda _: r"\d+", re.escape(text)))
 
 
 def _join_label(outer: str | None, inner: str | None) -> str | None:

@@ -710,6 +710,80 @@ def build_round3() -> None:
         "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": [None]})
 
 
+    # a wrapper nobody listed, on every line (DeepSpeed's pdsh launcher: "worker-1: "), learnt
+    # from the prefixes it stands before
+    tb = ["Traceback (most recent call last):",
+          '  File "/work/train_ds.py", line 77, in <module>',
+          "    engine.backward(loss)",
+          f'  File "{SP}/deepspeed/runtime/zero/stage_1_and_2.py", line 2051, in backward',
+          "    self.loss_scaler.backward(loss.float(), retain_graph=retain_graph)",
+          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 7.83 GiB. GPU 0 has a total capacity of "
+          "79.10 GiB of which 3.21 GiB is free."]
+    lines = ["worker-0: [2025-05-12 09:41:00,101] [INFO] [launch.py:146:main] WORLD INFO DICT: {'worker-0': [0, 1]}",
+             *[(MARK if i == 0 else "") + "worker-1: [rank2]: " + ln for i, ln in enumerate(tb)],
+             "worker-1: [2025-05-12 09:41:09,001] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 5120",
+             "worker-1: [2025-05-12 09:41:09,002] [ERROR] [launch.py:325:sigkill_handler] ['/usr/bin/python3', "
+             "'-u', 'train_ds.py'] exits with return code = 1",
+             "pdsh@worker-0: worker-1: ssh exited with exit code 1"]
+    write("unknown_wrapper_pdsh", lines, {
+        "type": "torch.OutOfMemoryError", "message": tb[-1].split(": ", 1)[1], "rank": "rank2",
+        "frame": {"file": f"{SP}/deepspeed/runtime/zero/stage_1_and_2.py", "line": 2051, "function": "backward",
+                  "source": "self.loss_scaler.backward(loss.float(), retain_graph=retain_graph)"},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+    # TGI: the shard's traceback after the launcher's record, blank lines between frames, the
+    # rank as a structured field after the message
+    lines = ["2024-04-18T10:44:10.101010Z  INFO text_generation_launcher: Starting shard rank=0",
+             "2024-04-18T10:44:19.170164Z ERROR shard-manager: text_generation_launcher: Shard complete standard "
+             "error output:",
+             "",
+             MARK + "Traceback (most recent call last):",
+             "",
+             '  File "/opt/conda/bin/text-generation-server", line 8, in <module>',
+             "    sys.exit(app())",
+             "",
+             '  File "/opt/conda/lib/python3.10/site-packages/text_generation_server/models/__init__.py", '
+             "line 301, in get_model",
+             '    raise ValueError(f"Unsupported model type {model_type}")',
+             "",
+             "ValueError: Unsupported model type qwen3_moe",
+             " rank=0",
+             "2024-04-18T10:44:19.268946Z ERROR text_generation_launcher: Shard 0 failed to start",
+             "2024-04-18T10:44:19.268970Z  INFO text_generation_launcher: Shutting down shards",
+             "Error: ShardCannotStart"]
+    write("tgi_shard_rank_field", lines, {
+        "type": "ValueError", "message": "Unsupported model type qwen3_moe", "rank": "rank=0",
+        "frame": {"file": "/opt/conda/lib/python3.10/site-packages/text_generation_server/models/__init__.py",
+                  "line": 301, "function": "get_model",
+                  "source": 'raise ValueError(f"Unsupported model type {model_type}")'},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+    # concurrent.futures: the worker's traceback quoted in _RemoteTraceback's message, then
+    # the same error re-raised in the parent
+    lines = ["concurrent.futures.process._RemoteTraceback: ",
+             '"""',
+             MARK + "Traceback (most recent call last):",
+             '  File "/usr/lib/python3.10/concurrent/futures/process.py", line 246, in _process_worker',
+             "    r = call_item.fn(*call_item.args, **call_item.kwargs)",
+             '  File "/work/prep.py", line 12, in tokenize',
+             '    raise ValueError("empty document")',
+             "ValueError: empty document",
+             '"""',
+             "",
+             "The above exception was the direct cause of the following exception:",
+             "",
+             "Traceback (most recent call last):",
+             '  File "/work/prep.py", line 30, in <module>',
+             "    for r in pool.map(tokenize, docs):",
+             '  File "/usr/lib/python3.10/concurrent/futures/_base.py", line 458, in result',
+             "    return self.__get_result()",
+             "ValueError: empty document"]
+    write("process_pool_remote_traceback", lines, {
+        "type": "ValueError", "message": "empty document", "rank": None,
+        "frame": {"file": "/work/prep.py", "line": 12, "function": "tokenize", "source": 'raise ValueError("empty document")'},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": ["ValueError"]})
+
+
 if __name__ == "__main__":
     build_all()
     build_round3()
