@@ -133,3 +133,14 @@ def test_file_and_lines_agree_when_the_floor_decides(tmp_path: Path) -> None:
     with open(p, encoding="utf-8", newline="\n") as fh:
         assert diagnose.analyse_lines(fh).to_json() == by_file
     assert by_file["root_cause"]["type"] == "ValueError"
+
+
+def test_a_sentence_where_the_exception_line_should_be_is_not_one() -> None:
+    # the worker died mid-traceback; the launcher's sentence is not its exception line, and the
+    # type comes from the error line the worker's logger wrote
+    rc = root(["(WorkerDict pid=7) ERROR worker.py:12 -- RuntimeError: CUDA error: an illegal memory access",
+               "Traceback (most recent call last):",
+               '  File "/x/verl/workers/fsdp_workers.py", line 40, in generate',
+               "    out = self.rollout.generate(batch)",
+               "Error executing job with overrides: ['trainer.n_gpus_per_node=8']"])
+    assert rc["type"] == "RuntimeError" and "illegal memory access" in rc["message"]

@@ -164,6 +164,8 @@ ELASTIC_PID_RE = re.compile(r"\(pid: (\d+)\)")
 SHUTDOWN_FUNCS = {"shutdown", "_shutdown", "__del__", "cleanup", "_cleanup", "close_all", "atexit_handler",
                   "_exit_function", "destroy_process_group", "destroy_model_parallel",
                   "destroy_distributed_environment", "_python_exit", "terminate"}
+# a line that no exception's line starts like: a word, then a space ("Error executing job ...")
+NOT_AN_EXC_LINE_RE = re.compile(r"[A-Za-z_][\w.]* ")
 EXC_RE = re.compile(r"(?P<type>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::(?: (?P<msg>.*))?)?$")
 CHAIN_CONTEXT = "During handling of the above exception, another exception occurred:"
 CHAIN_CAUSE = "The above exception was the direct cause of the following exception:"
@@ -979,6 +981,11 @@ class _Analyser:
         elif m:
             # a bare lowercase word where the exception line should be: the traceback was cut
             # off and other output goes on
+            self._finish_stream(st, truncated_end=True)
+            return False
+        elif exc.frames and not st.chain and NOT_AN_EXC_LINE_RE.match(line):
+            # a sentence where the exception line should be: the traceback was cut off there
+            # (its process died, or another writer's output goes on)
             self._finish_stream(st, truncated_end=True)
             return False
         else:
