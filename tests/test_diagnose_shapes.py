@@ -31,7 +31,8 @@ SHAPES = ["wrap_docker_compose", "wrap_kubectl_prefix", "wrap_ci_timestamps", "j
           "ranks_interleaved_no_prefix", "ray_serve_wrapped_traceback", "dataloader_worker_reraise",
           "nccl_watchdog_rank_text", "sglang_tp_header_no_pid", "ranks_chars_interleaved_line",
           # ... and shapes nobody listed: a wrapper learnt, TGI's rank field, a quoted remote traceback
-          "unknown_wrapper_pdsh", "tgi_shard_rank_field", "process_pool_remote_traceback"]
+          "unknown_wrapper_pdsh", "tgi_shard_rank_field", "process_pool_remote_traceback",
+          "ray_data_operator_error"]
 
 
 def expected(name: str) -> dict:

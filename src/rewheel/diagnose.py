@@ -139,8 +139,8 @@ NESTED_TB_RE = re.compile(r'(?:Original |Remote )?Traceback \(most recent call l
 ESCAPED_TB = TB_HEAD + ":\\n"     # the same, inside an escaped string: its newlines are "\n"
 # Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
 RAY_WRAP_RE = re.compile(
-    r"(?:ray\.exceptions\.)?Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?: ray::(?P<actor>[\w.:]+?)"
-    r"(?:\.(?P<method>[\w]+)\(\))? \(pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]+))?")
+    r"(?:ray\.exceptions\.)?Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?: ray::(?P<call>\S*?)"
+    r" \(pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]+))?")
 # A tqdm bar that another writer's line was glued to ("...| 5/10 [00:01<00:01, 3.2it/s]ERROR ...").
 TQDM_TAIL_RE = re.compile(r".*?\d+%(?:\|[^|]*\|| Completed \|)[^\[\]]*\[[^\]]*\]")
 # IPython / Jupyter tracebacks.
@@ -240,7 +240,7 @@ CASCADE_LINE_RE = re.compile(
 EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)): (?P<msg>.+)")
 EXC_IN_LINE_RE = re.compile(r"(?<![\w.:])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>\S.*)")
 # a rank named in an error's own text: "[Rank 2] Watchdog caught ...", "[PG 0 Rank 1] ..."
-RANK_TEXT_RE = re.compile(r"[\[ ][Rr]ank ?(?P<rank>\d+)\]")
+RANK_TEXT_RE = re.compile(r"[\[ ][Rr]ank:? ?(?P<rank>\d+)\]")      # (Lightning: "[rank: 1]")
 NEAR_TICKS = 10                 # a prefixed line this close names the process of an unprefixed one
 # Cheap per-line prefilter when every line passes through (analyse_lines, journals).
 PREFILTER_RE = re.compile(
@@ -972,7 +972,7 @@ class _Analyser:
             # and its own exception line follow, in the remote process (pid, node ip).
             exc.type = ray.group("inner") or exc.type or "RayTaskError"
             exc.wrapper = True
-            st.remote = (ray.group("actor"), int(ray.group("pid")), ray.group("ip"))
+            st.remote = (_ray_actor(ray.group("call")), int(ray.group("pid")), ray.group("ip"))
             msg = line[line.index(": ") + 2:] if ": " in line else ""
         elif m and _exception_line(line):
             exc.type = m.group("type")
@@ -1486,6 +1486,18 @@ def _func(name: str | None) -> str | None:
     if name.startswith("<"):
         return name
     return name.rsplit(".", 1)[-1] or name
+
+
+def _ray_actor(call: str) -> str:
+    """The actor (or task) of Ray's `ray::NAME` call: `_Inner.train()` -> `_Inner`,
+    `ServeReplica:app:Model.handle_request()` -> `ServeReplica:app:Model`, `MapBatches(f)()`
+    -> `MapBatches(f)`, `IDLE` -> `IDLE`."""
+    if call.endswith("()"):
+        call = call[:-2]
+        head, dot, method = call.rpartition(".")
+        if dot and head and method.isidentifier():
+            call = head
+    return call or "ray"
 
 
 def _wrapper_pattern(text: str) -> re.Pattern[str]:

@@ -784,6 +784,29 @@ def build_round3() -> None:
         "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": ["ValueError"]})
 
 
+    # Ray Data: the failing task is an operator, `ray::MapBatches(fn)()`, not an actor's method
+    lines = ["2025-05-12 09:41:09,101\tERROR streaming_executor_state.py:485 -- An exception was raised from a task "
+             'of operator "MapBatches(tokenize)". Dataset execution will now abort.',
+             MARK + "Traceback (most recent call last):",
+             '  File "/work/pipeline.py", line 40, in <module>',
+             '    ds.write_parquet("/out")',
+             f'  File "{SP}/ray/data/_internal/execution/streaming_executor_state.py", line 453, in '
+             "process_completed_tasks",
+             "    bytes_read = task.on_data_ready(",
+             "ray.exceptions.RayTaskError(KeyError): ray::MapBatches(tokenize)() (pid=8812, ip=10.0.1.7)",
+             f'  File "{SP}/ray/data/_internal/planner/plan_udf_map_op.py", line 300, in transform_fn',
+             "    out = fn(batch)",
+             '  File "/work/pipeline.py", line 12, in tokenize',
+             '    return {"ids": tok(batch["txt"])}',
+             "KeyError: 'txt'"]
+    write("ray_data_operator_error", lines, {
+        "type": "KeyError", "message": "'txt'", "rank": "MapBatches(tokenize) pid=8812", "pid": 8812,
+        "node": "10.0.1.7",
+        "frame": {"file": "/work/pipeline.py", "line": 12, "function": "tokenize",
+                  "source": 'return {"ids": tok(batch["txt"])}'},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+
 if __name__ == "__main__":
     build_all()
     build_round3()
