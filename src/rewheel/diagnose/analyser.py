@@ -1,0 +1,239 @@
+"""`_Analyser`: a log, one line at a time, through what `wrappers`, `tracebacks`,
+`errorlines` and `ranking` recognise. Push-based: `feed()` lines, `finish()` for the
+`Diagnosis`."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import deque
+from collections.abc import Callable
+
+from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_LINES, TB_HEAD
+from rewheel.diagnose.errorlines import ErrorLineReader
+from rewheel.diagnose.ranking import Ranking, _Occ
+from rewheel.diagnose.results import Diagnosis, Frame, RootCause
+from rewheel.diagnose.tracebacks import (
+    FRAME_RE, IPY_HEAD_RE, PYTEST_DEF_RE, PYTEST_E_RE, PYTEST_SHORT_RE, TracebackReader, _Stream, _ungroup)
+from rewheel.diagnose.wrappers import (
+    ESCAPED_TB, KNOWN_INNER_RE, MAX_WRAPPER_CHARS, _escaped_traceback, _wrapper_pattern, clean, read_prefixes)
+
+
+class _Analyser(TracebackReader, ErrorLineReader, Ranking):
+    """Push-based: feed() lines, finish() for the Diagnosis. Positions (`pos`) are opaque
+    ints that grow with the input — line numbers, or byte offsets resolved at the end."""
+
+    def __init__(self, package: str | None, *, error_lines: bool = True) -> None:
+        # An import name ("vllm", "flashinfer") or a dotted one; distribution-style dashes
+        # are read as underscores ("flash-attn" -> "flash_attn").
+        self.package = package.replace(".", "/").replace("-", "_") if package else None
+        self.error_lines = error_lines
+        self.streams: dict[tuple, _Stream] = {}
+        self.tick = 0
+        self.tracebacks = 0
+        # epochs (one per service start / crash)
+        self.epoch_of_jpid: dict[int, int] = {}
+        self.epoch = -1
+        self._epochs_seen = -1
+        self.epoch_labels: dict[str, int | None] = {}
+        self.epoch_terminal = False
+        self.epoch_unlabeled_died = False
+        self.cur_list: list[_Occ] = []
+        self.first: dict[int, tuple[int, list[_Occ]]] = {}   # category -> (epoch, its list)
+        self.lists: dict[int, list[_Occ]] = {}
+        # signature aggregates
+        self.sig_procs: dict[tuple, set] = {}
+        self.sig_epochs: dict[tuple, set] = {}
+        self.sig_first: dict[tuple, int] = {}
+        self.bare: _Stream | None = None      # the traceback that began mid-line, if open
+        self.last_def: str | None = None      # pytest: the last `def f(` shown
+        self.pytest_frames: deque[Frame] = deque(maxlen=MAX_FRAMES_KEPT)  # --tb=short locations
+        self.terminate: tuple[str, int] | None = None  # C++ terminate awaiting its what()
+        self.elastic: dict[str, str | None] = {}       # torchrun's summary fields so far
+        self.fault: _Occ | None = None                  # a fatal error awaiting faulthandler's frames
+        self.fault_thread: str | None = None            # "current" | "other": the dump being read
+        self.fault_frames: dict[str | None, list[Frame]] = {}
+        # the last prefixed line outside a traceback (label, pid, node, tick), and the last
+        # such record that ended with ":" (label, pid, node, where the next line starts)
+        self.recent: tuple[str, int | None, str | None, int, int | None] | None = None
+        self.lead: tuple[str, int | None, str | None, int] | None = None
+        self.learned: re.Pattern[str] | None = None   # an unknown wrapper seen on every line
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.streams)
+
+    def feed(self, raw: str, pos: int, *, jpid: int | None = None, ident: str | None = None,
+             early: bool = False, node: str | None = None, _escaped: bool = False,
+             nxt: int | None = None, _relearn: bool = False) -> None:
+        """One line at `pos`; `nxt` is where the next line starts (to know two lines adjacent)."""
+        self.tick += 1
+        line = clean(raw)
+        if jpid is None and line.startswith('{"') and '"MESSAGE"' in line:
+            self._feed_json(line, pos, early)
+            return
+        if ESCAPED_TB in line and not _escaped:
+            # a traceback inside one escaped string (a JSON log field, a repr): its lines
+            for part in _escaped_traceback(line).split("\n")[:MAX_MESSAGE_LINES * 50]:
+                self.feed(part, pos, jpid=jpid, ident=ident, early=early, node=node, _escaped=True)
+            return
+        p = read_prefixes(line, jpid=jpid, ident=ident, node=node, learned=self.learned)
+        line, jpid, ident, node, label, pid = p.line, p.jpid, p.ident, p.node, p.label, p.pid
+        level, header, prefix_label = p.level, p.header, p.prefix_label
+        key = (jpid, label, pid, level is not None, node)
+        st = self.streams.get(key)
+        bare = self.bare
+        if bare is not None and st is None and not header and (label is None or (label, pid) == bare.opened_by):
+            # Lines without a prefix continue the traceback that began mid-line in a
+            # prefixed record (sglang prints the whole traceback as one record); so do lines
+            # that carry only the process prefix of the line it began on (sglang under Ray:
+            # "(WorkerDict pid=N) " before every line of it).
+            st = bare if bare.key in self.streams else None
+        elif bare is not None and bare.key != key and bare.state in ("msg", "after", "chain") \
+                and bare.key in self.streams and (header or label):
+            # another writer's record: the message of the mid-line traceback has ended
+            self._finish_stream(bare)
+        if st is not None and st.lead is not None:
+            if st.state == "frames" and st.cur is not None and not st.cur.frames:
+                m = st.lead.match(line)
+                if m:
+                    # the text before the traceback begins its next line too: not a record
+                    # that goes on with a traceback but a wrapper on every line ("worker-1: ")
+                    self.learned = st.lead
+                    line = line[m.end():]
+            st.lead = None
+        if st is not None and st.indent:
+            ind = st.indent
+            if line[:ind].isspace() and len(line) > ind:
+                line = line[ind:]
+        if line[:1] in (" ", "|", "+"):
+            line, group_mark = _ungroup(line)
+            if group_mark and st is not None:
+                st.last_tick = self.tick
+                if group_mark == "sep":
+                    # the next sub-exception: chained after the group (and its siblings)
+                    st.chained_marker = True
+                    st.state = "group"
+                return
+        if st is not None:
+            st.last_tick = self.tick
+            if self._continue(st, line, pos, header):
+                self._expire()
+                return
+            st = None
+        if label is not None and level not in ("INFO", "DEBUG"):
+            self.recent = (label, pid, node, self.tick, jpid)
+            if line.endswith(":") and nxt is not None:
+                self.lead = (label, pid, node, nxt)
+        if line.startswith(TB_HEAD):
+            lead = self.lead
+            if label is None and lead is not None and lead[3] == pos:
+                # "[... TP1] Exception in ModelTpServer:" and, on the next line, the traceback
+                # without a prefix: the record before it names its process
+                label, pid = lead[0], lead[1]
+            self._open(key, label, pid, jpid, ident, level, pos, node)
+            self._expire()
+            return
+        if TB_HEAD in line:
+            before = line[: line.index(TB_HEAD)]
+            ipy = IPY_HEAD_RE.match(before)
+            if ipy:
+                # IPython: "ValueError        Traceback (most recent call last)"
+                st = self._open(key, label, pid, jpid, ident, level, pos, node)
+                st.ipython = True
+                assert st.cur is not None
+                st.cur.type = ipy.group("type")
+            else:
+                inner = KNOWN_INNER_RE.search(before)
+                if inner and 0 < inner.start() <= MAX_WRAPPER_CHARS and not _relearn:
+                    # An unknown wrapper before prefixes we know ("host-1: [rank8]: Traceback"):
+                    # the collector's, on every line; learnt, and this line read again without it
+                    self.learned = _wrapper_pattern(before[: inner.start()])
+                    self.feed(line, pos, jpid=jpid, ident=ident, early=early, node=node, nxt=nxt,
+                              _relearn=True)
+                    return
+                # "Scheduler hit an exception: Traceback ...", torchrun's "traceback : Traceback
+                # ...", " at Traceback ...": the rest follows without the record's prefix and
+                # indented by however much the first frame line says.
+                bkey = (jpid, None, None, False, node)
+                old = self.streams.get(bkey)
+                if old is not None:
+                    self._finish_stream(old, truncated_end=old.state == "frames")
+                st = self._open(bkey, label, pid, jpid, ident, level, pos, node)
+                st.indent = None
+                st.opened_by = (prefix_label, pid)
+                if 0 < len(before) <= MAX_WRAPPER_CHARS:
+                    st.lead = _wrapper_pattern(before)
+                self.bare = st
+            self._expire()
+            return
+        if early and FRAME_RE.match(line) and line.startswith("  File "):
+            st = self._open(key, label, pid, jpid, ident, level, pos, node)
+            st.truncated_start = True
+            self._continue(st, line, pos, header)
+            self._expire()
+            return
+        if line[:1] == "E" and PYTEST_E_RE.match(line):
+            st = self._open(key, label, pid, jpid, ident, level, pos, node)
+            st.pytest = True
+            self._continue(st, line, pos, header)
+            self._expire()
+            return
+        if line[:1] in (" ", "a", "d") and "def " in line:
+            m = PYTEST_DEF_RE.match(line)
+            if m:
+                self.last_def = m.group("name")
+        elif ": in " in line:
+            m = PYTEST_SHORT_RE.match(line)
+            if m:
+                self.pytest_frames.append(Frame(m.group("file"), int(m.group("line")), m.group("func")))
+        if self.streams:
+            self._expire()
+        if self.error_lines:
+            self._error_line(line, pos, level, label, pid, jpid, ident, node)
+
+    def _feed_json(self, line: str, pos: int, early: bool) -> None:
+        """A `journalctl -o json` line in a file: its MESSAGE, with the entry's pid and host."""
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(entry, dict):
+            return
+        msg = entry.get("MESSAGE")
+        if isinstance(msg, list):  # journald's form for messages that are not UTF-8
+            try:
+                msg = bytes(msg).decode("utf-8", "replace")
+            except (TypeError, ValueError):
+                return
+        if not isinstance(msg, str):
+            return
+        try:
+            jpid = int(entry["_PID"]) if entry.get("_PID") is not None else 0
+        except (TypeError, ValueError):
+            jpid = 0
+        ident = entry.get("SYSLOG_IDENTIFIER")
+        host = entry.get("_HOSTNAME")
+        for part in msg.split("\n")[:MAX_MESSAGE_LINES * 50]:
+            self.feed(part, pos, jpid=jpid, ident=ident if isinstance(ident, str) else None,
+                      early=early, node=host if isinstance(host, str) else None)
+
+    def finish(self, resolve: Callable[[list[int]], dict[int, int]] | None = None,
+               source: str = "", lines: int | None = None) -> Diagnosis:
+        for st in list(self.streams.values()):
+            self._close(st, truncated_end=st.state == "frames")
+        self.streams.clear()
+        root = self._choose()
+        if root is None:
+            return Diagnosis(None, source, lines, self.tracebacks)
+        occ, epoch_list = root
+        positions = [occ.pos] + [o.pos for o in epoch_list] + [c[2] for c in occ.chained]
+        mapping = resolve(positions) if resolve else {p: p for p in positions}
+        secondary = self._secondaries(occ, epoch_list, mapping)
+        procs = self.sig_procs.get(occ.sig, set())
+        epochs = self.sig_epochs.get(occ.sig, set())
+        rc = RootCause(type=occ.type, message=occ.message, rank=occ.rank, frame=occ.frame,
+                       log_line=mapping.get(occ.pos), kind=occ.kind, count=max(1, len(procs)),
+                       restarts=max(1, len(epochs)), secondary=secondary, pid=occ.pid, node=occ.node,
+                       frames=occ.frames)
+        return Diagnosis(rc, source, lines, self.tracebacks)
