@@ -16,7 +16,8 @@ from rewheel.diagnose.results import Diagnosis, Frame, RootCause
 from rewheel.diagnose.tracebacks import (
     FRAME_RE, IPY_HEAD_RE, PYTEST_DEF_RE, PYTEST_E_RE, PYTEST_SHORT_RE, TracebackReader, _Stream, _ungroup)
 from rewheel.diagnose.wrappers import (
-    ESCAPED_TB, KNOWN_INNER_RE, MAX_WRAPPER_CHARS, _escaped_traceback, _wrapper_pattern, clean, read_prefixes)
+    ESCAPED_TB, KNOWN_INNER_RE, MAX_WRAPPER_CHARS, _escaped_traceback, _wrapper_pattern, clean, journal_message,
+    journal_pid, read_prefixes)
 
 
 class _Analyser(TracebackReader, ErrorLineReader, Ranking):
@@ -200,18 +201,10 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
             return
         if not isinstance(entry, dict):
             return
-        msg = entry.get("MESSAGE")
-        if isinstance(msg, list):  # journald's form for messages that are not UTF-8
-            try:
-                msg = bytes(msg).decode("utf-8", "replace")
-            except (TypeError, ValueError):
-                return
-        if not isinstance(msg, str):
+        msg = journal_message(entry)
+        if msg is None:
             return
-        try:
-            jpid = int(entry["_PID"]) if entry.get("_PID") is not None else 0
-        except (TypeError, ValueError):
-            jpid = 0
+        jpid = journal_pid(entry, 0)
         ident = entry.get("SYSLOG_IDENTIFIER")
         host = entry.get("_HOSTNAME")
         for part in msg.split("\n")[:MAX_MESSAGE_LINES * 50]:

@@ -17,6 +17,7 @@ from rewheel.diagnose.errorlines import _prefilter
 from rewheel.diagnose.limits import CHUNK, EARLY_LINES, MAX_LINE_BYTES, TB_NEEDLE
 from rewheel.diagnose.ranking import _TB_ERROR
 from rewheel.diagnose.results import Diagnosis
+from rewheel.diagnose.wrappers import journal_message, journal_pid
 from rewheel.errors import CommandNotFound, UsageError
 
 
@@ -182,18 +183,10 @@ def analyse_journal(unit: str, since: str | None, *, package: str | None = None,
                 other.append(text[:300])
             return
         counter[0] += 1
-        msg = entry.get("MESSAGE")
-        if isinstance(msg, list):  # journald's form for messages that are not UTF-8
-            try:
-                msg = bytes(msg).decode("utf-8", "replace")
-            except (TypeError, ValueError):
-                return
-        if not isinstance(msg, str):
+        msg = journal_message(entry)
+        if msg is None:
             return
-        try:
-            jpid = int(entry.get("_PID")) if entry.get("_PID") is not None else None
-        except (TypeError, ValueError):
-            jpid = None
+        jpid = journal_pid(entry, None)
         ident = entry.get("SYSLOG_IDENTIFIER")
         host = entry.get("_HOSTNAME")
         n = counter[0]

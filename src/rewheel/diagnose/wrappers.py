@@ -15,7 +15,7 @@ one escaped string.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rewheel.diagnose.limits import TB_HEAD
 
@@ -81,6 +81,26 @@ class Prefixes(NamedTuple):
     level: str | None              # a logger header's level
     header: str                    # the logger header itself ("" if none)
     prefix_label: str | None       # what the process prefixes alone named
+
+
+def journal_message(entry: dict[str, Any]) -> str | None:
+    """A journal entry's MESSAGE as text (journald writes one that is not UTF-8 as a list of
+    bytes); None where it has none."""
+    msg = entry.get("MESSAGE")
+    if isinstance(msg, list):
+        try:
+            return bytes(msg).decode("utf-8", "replace")
+        except (TypeError, ValueError):
+            return None
+    return msg if isinstance(msg, str) else None
+
+
+def journal_pid(entry: dict[str, Any], default: int | None) -> int | None:
+    """A journal entry's _PID, or `default`."""
+    try:
+        return int(entry["_PID"]) if entry.get("_PID") is not None else default
+    except (TypeError, ValueError):
+        return default
 
 
 def clean(raw: str) -> str:
