@@ -807,6 +807,48 @@ def build_round3() -> None:
         "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
 
 
+    # torchrun's summary with the child's traceback in its `traceback :` field (@record): the
+    # fields above it name the child
+    lines = ["E0512 09:41:09.000000 140 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) "
+             "local_rank: 1 (pid: 3302) of binary: /opt/venv/bin/python",
+             "Traceback (most recent call last):",
+             '  File "/opt/venv/bin/torchrun", line 8, in <module>',
+             "    sys.exit(main())",
+             "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+             "============================================================",
+             "train.py FAILED",
+             "------------------------------------------------------------",
+             "Root Cause (first observed failure):",
+             "[0]:",
+             "  time      : 2025-05-12_09:41:09",
+             "  host      : gpu-07",
+             "  rank      : 1 (local_rank: 1)",
+             "  exitcode  : 1 (pid: 3302)",
+             "  error_file: /tmp/torchelastic_abc/none_1/attempt_0/1/error.json",
+             MARK + "  traceback : Traceback (most recent call last):",
+             f'    File "{SP}/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 355, in wrapper',
+             "      return f(*args, **kwargs)",
+             '    File "/work/train.py", line 40, in main',
+             "      model.load_state_dict(sd)",
+             f'    File "{SP}/torch/nn/modules/module.py", line 2215, in load_state_dict',
+             "      raise RuntimeError('Error(s) in loading state_dict for {}:\\n\\t{}'.format(",
+             "  RuntimeError: Error(s) in loading state_dict for LlamaForCausalLM:",
+             "  \tsize mismatch for lm_head.weight: copying a param with shape torch.Size([32000, 4096]) from "
+             "checkpoint, the shape in current model is torch.Size([32001, 4096]).",
+             "",
+             "============================================================"]
+    write("torchrun_error_file_traceback", lines, {
+        "type": "RuntimeError",
+        "message": "Error(s) in loading state_dict for LlamaForCausalLM:\n\tsize mismatch for lm_head.weight: copying "
+                   "a param with shape torch.Size([32000, 4096]) from checkpoint, the shape in current model is "
+                   "torch.Size([32001, 4096]).",
+        "rank": "rank1", "pid": 3302, "node": "gpu-07",
+        "frame": {"file": f"{SP}/torch/nn/modules/module.py", "line": 2215, "function": "load_state_dict",
+                  "source": "raise RuntimeError('Error(s) in loading state_dict for {}:\\n\\t{}'.format("},
+        "kind": "traceback", "count": 1, "restarts": 1,
+        "secondary_types": ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError"]})
+
+
 if __name__ == "__main__":
     build_all()
     build_round3()

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 
 from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_LINES, TB_HEAD
-from rewheel.diagnose.errorlines import ErrorLineReader
+from rewheel.diagnose.errorlines import ELASTIC_RE, ELASTIC_TB_RE, ErrorLineReader
 from rewheel.diagnose.ranking import Ranking, _Occ
 from rewheel.diagnose.results import Diagnosis, Frame, RootCause
 from rewheel.diagnose.tracebacks import (
@@ -156,6 +156,12 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
                 # "Scheduler hit an exception: Traceback ...", torchrun's "traceback : Traceback
                 # ...", " at Traceback ...": the rest follows without the record's prefix and
                 # indented by however much the first frame line says.
+                e = self.elastic
+                if label is None and e.get("rank") and ELASTIC_TB_RE.match(before):
+                    # torchrun's summary named the child whose traceback this is
+                    label, pid = e["rank"], int(e["pid"]) if e.get("pid") else pid
+                    node = e.get("host") or node
+                    self.elastic = {}
                 bkey = (jpid, None, None, False, node)
                 old = self.streams.get(bkey)
                 if old is not None:
@@ -190,6 +196,13 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
                 self.pytest_frames.append(Frame(m.group("file"), int(m.group("line")), m.group("func")))
         if self.streams:
             self._expire()
+        if line[:2] == "  " and " : " in line:
+            el = ELASTIC_RE.match(line)
+            if el:
+                # torchrun's summary: its fields name the failed child (also for a traceback
+                # in its `traceback :` field, so read on the fast path too)
+                self._elastic_field(el.group("key"), el.group("value").strip(), pos, jpid, ident, node)
+                return
         if self.error_lines:
             self._error_line(line, pos, level, label, pid, jpid, ident, node)
 

@@ -25,6 +25,7 @@ TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '(?P<
 WHAT_RE = re.compile(r"\s*what\(\):\s+(?P<msg>.*)$")
 # torchrun's failure summary: the fields that name the failed process.
 ELASTIC_RE = re.compile(r"\s+(?P<key>host|rank|exitcode|traceback)\s*: (?P<value>.+)$")
+ELASTIC_TB_RE = re.compile(r"\s+traceback\s*: $")
 ELASTIC_RANK_RE = re.compile(r"(\d+)")
 ELASTIC_PID_RE = re.compile(r"\(pid: (\d+)\)")
 # Error lines (no traceback). Scores: 3 strong evidence, 2 an error, 1 a cascade symptom.
@@ -73,6 +74,7 @@ class ErrorLineReader:
 
     # (state set up by _Analyser.__init__)
     package: str | None
+    error_lines: bool
     tick: int
     terminate: tuple[str, int] | None
     elastic: dict[str, str | None]
@@ -98,11 +100,6 @@ class ErrorLineReader:
                 return
         if self.fault is not None and self._fault_dump(line):
             return
-        if line[:2] == "  " and " : " in line:
-            el = ELASTIC_RE.match(line)
-            if el:
-                self._elastic_field(el.group("key"), el.group("value").strip(), pos, jpid, ident, node)
-                return
         if "terminate called" in line:
             t = TERMINATE_RE.search(line)
             if t:
@@ -210,7 +207,7 @@ class ErrorLineReader:
         elif key == "exitcode":
             m = ELASTIC_PID_RE.search(value)
             self.elastic["pid"] = m.group(1) if m else None
-        elif key == "traceback" and "received by PID" in value:
+        elif key == "traceback" and "received by PID" in value and self.error_lines:
             e, self.elastic = self.elastic, {}
             label = e.get("rank")
             pid = int(e["pid"]) if e.get("pid") else None

@@ -15,6 +15,7 @@ MAX_SIGNATURES = 5000
 MAX_PROCS_PER_SIG = 10000
 MAX_SECONDARY = 20
 IDLE_CLOSE_LINES = 1000         # an in-flight traceback untouched this long is closed
+CONTEXT_LINES = 8               # lines before a traceback the fast path reads too (they may name it)
 EARLY_LINES = 1000              # a traceback cut off at the log's start is recognised here
 CHUNK = 1 << 20
 MAX_LINE_BYTES = 1 << 20        # longer "lines" are cut (journald's own LineMax is 48 KiB)

@@ -14,7 +14,7 @@ from typing import BinaryIO
 from rewheel import proc
 from rewheel.diagnose.analyser import _Analyser
 from rewheel.diagnose.errorlines import _prefilter
-from rewheel.diagnose.limits import CHUNK, EARLY_LINES, MAX_LINE_BYTES, TB_NEEDLE
+from rewheel.diagnose.limits import CHUNK, CONTEXT_LINES, EARLY_LINES, MAX_LINE_BYTES, TB_NEEDLE
 from rewheel.diagnose.ranking import _TB_ERROR
 from rewheel.diagnose.results import Diagnosis
 from rewheel.diagnose.wrappers import journal_message, journal_pid
@@ -111,13 +111,20 @@ def _scan_block(buf: bytes, pos: int, end: int, base: int, an: _Analyser, lines_
             if hit < 0:
                 return lines_seen
             start = buf.rfind(b"\n", pos, hit) + 1 or pos
-            if start > pos:
-                # the line before it, as the line-by-line path would have seen it: a record
-                # like "[... TP1] Exception in ModelTpServer:" names the traceback's process
-                prev = buf.rfind(b"\n", pos, start - 1) + 1 or pos
-                text = buf[prev:start - 1][:MAX_LINE_BYTES].decode("utf-8", "replace")
+            # the lines just before it, as the line-by-line path would have seen them: a
+            # record like "[... TP1] Exception in ModelTpServer:", torchrun's summary fields
+            # name the traceback's process
+            first = start
+            for _ in range(CONTEXT_LINES):
+                if first <= pos:
+                    break
+                first = buf.rfind(b"\n", pos, first - 1) + 1 or pos
+            while first < start:
+                nl = buf.find(b"\n", first, start)
+                text = buf[first:nl][:MAX_LINE_BYTES].decode("utf-8", "replace")
                 if _worth_feeding(text):
-                    an.feed(text, base + prev, early=False, nxt=base + start)
+                    an.feed(text, base + first, early=False, nxt=base + nl + 1)
+                first = nl + 1
             pos = start
         nl = find(b"\n", pos, end)
         if nl < 0:
