@@ -174,3 +174,22 @@ def test_a_paste_that_lost_its_indentation_gives_the_same_answer(name: str) -> N
 def test_tab_indented_frames() -> None:
     rc = root_of_text("Traceback (most recent call last):\n\tFile \"/x/vllm/a.py\", line 3, in f\n\t\tg()\nKeyError: 7")
     assert (rc["type"], rc["message"], rc["frame"]["line"], rc["frame"]["source"]) == ("KeyError", "7", 3, "g()")
+
+
+def test_a_paste_that_kept_html_escapes() -> None:
+    rc = root_of_text("Traceback (most recent call last):\n  File &quot;/work/app.py&quot;, line 3, in &lt;module&gt;\n"
+                      "    main()\nValueError: can&#39;t parse &lt;config&gt;")
+    assert (rc["type"], rc["message"], rc["frame"]["file"], rc["frame"]["function"]) == \
+        ("ValueError", "can't parse <config>", "/work/app.py", "<module>")
+
+
+# ("120: ..." is `srun -l`'s task number, not learnt)
+@pytest.mark.parametrize("wrap", [lambda n, ln: f"{n}:{ln}", lambda n, ln: f"  {n} | {ln}",
+                                  lambda n, ln: f"node-{n % 3}: {ln}"])
+def test_a_wrapper_nobody_listed_is_learnt(wrap) -> None:
+    # `grep -n` output, a viewer's line numbers, a launcher's host names: text before the
+    # traceback that begins every following line too
+    text = ["loading", "Traceback (most recent call last):", '  File "/work/app.py", line 3, in f', "    main()",
+            "KeyError: 7"]
+    rc = root_of_text("\n".join(wrap(n, ln) for n, ln in enumerate(text, 120)))
+    assert (rc["type"], rc["message"], rc["frame"]["line"], rc["frame"]["source"]) == ("KeyError", "7", 3, "main()")

@@ -78,6 +78,11 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
             for part in _escaped_traceback(line).split("\n")[:MAX_MESSAGE_LINES * 50]:
                 self.feed(part, pos, jpid=jpid, ident=ident, early=early, node=node, _escaped=True)
             return
+        bare = self.bare
+        if bare is not None and bare.lead is not None and bare.lead.match(line):
+            # the text before a mid-line traceback begins the next line too, before anything
+            # else: a wrapper on every line ("120:" of `grep -n`, "gpu-node-3: "), learnt
+            self._learn_lead(bare)
         p = read_prefixes(line, jpid=jpid, ident=ident, node=node, learned=self.learned)
         line, jpid, ident, node, label, pid = p.line, p.jpid, p.ident, p.node, p.label, p.pid
         level, header, prefix_label = p.level, p.header, p.prefix_label
@@ -95,13 +100,10 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
             # another writer's record: the message of the mid-line traceback has ended
             self._finish_stream(bare)
         if st is not None and st.lead is not None:
-            if st.state == "frames" and st.cur is not None and not st.cur.frames:
-                m = st.lead.match(line)
-                if m:
-                    # the text before the traceback begins its next line too: not a record
-                    # that goes on with a traceback but a wrapper on every line ("worker-1: ")
-                    self.learned = st.lead
-                    line = line[m.end():]
+            m = st.lead.match(line)
+            if m and self._learn_lead(st):
+                # (the same after wrappers we know: "vllm-1  | worker-1: ...")
+                line = line[m.end():]
             st.lead = None
         if st is not None and st.indent:
             ind = st.indent
@@ -205,6 +207,15 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
                 return
         if self.error_lines:
             self._error_line(line, pos, level, label, pid, jpid, ident, node)
+
+    def _learn_lead(self, st: _Stream) -> bool:
+        """The text before `st`'s mid-line traceback as a wrapper on every line, if nothing of
+        the traceback was read yet (then it was a record's text that goes on with it)."""
+        learnt = st.state == "frames" and st.cur is not None and not st.cur.frames and st.lead is not None
+        if learnt:
+            self.learned = st.lead
+        st.lead = None
+        return learnt
 
     def _feed_json(self, line: str, pos: int, early: bool) -> None:
         """A `journalctl -o json` line in a file: its MESSAGE, with the entry's pid and host."""

@@ -14,11 +14,13 @@ one escaped string.
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any, NamedTuple
 
 from rewheel.diagnose.limits import TB_HEAD
 
+HTML_ESCAPE_RE = re.compile(r"&(?:quot|lt|gt|amp|#39|#x27);")
 ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 # Colour codes whose ESC byte was lost on the way into a paste ("[1;36m(VllmWorker ...)").
 BARE_SGR_RE = re.compile(r"\[[0-9;]{0,15}m")
@@ -105,8 +107,11 @@ def journal_pid(entry: dict[str, Any], default: int | None) -> int | None:
 
 def clean(raw: str) -> str:
     """What a terminal shows of a line: right padding, CRLF and `\r` progress bars (the text
-    after the last carriage return), Ray's de-duplication note, colours (with or without ESC)."""
+    after the last carriage return), Ray's de-duplication note, colours (with or without ESC),
+    and a paste that kept the HTML escapes of the page it came from (`File &quot;x.py&quot;`)."""
     line = raw.rstrip()
+    if "&" in line and HTML_ESCAPE_RE.search(line):
+        line = html.unescape(line)
     if "\r" in line:
         line = _after_carriage(line)
     if line.endswith("across cluster]"):
