@@ -55,7 +55,8 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         self.fault_thread: str | None = None            # "current" | "other": the dump being read
         self.fault_frames: dict[str | None, list[Frame]] = {}
         # the last prefixed line outside a traceback (label, pid, node, tick), and the last
-        # such record that ended with ":" (label, pid, node, where the next line starts)
+        # logger record naming a process that ended with ":" (label, pid, node, where the next
+        # line starts)
         self.recent: tuple[str, int | None, str | None, int, int | None] | None = None
         self.lead: tuple[str, int | None, str | None, int] | None = None
         self.learned: re.Pattern[str] | None = None   # an unknown wrapper seen on every line
@@ -126,7 +127,7 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
             st = None
         if label is not None and level not in ("INFO", "DEBUG"):
             self.recent = (label, pid, node, self.tick, jpid)
-            if line.endswith(":") and nxt is not None:
+            if header and line.endswith(":") and nxt is not None:
                 self.lead = (label, pid, node, nxt)
         if line.startswith(TB_HEAD):
             lead = self.lead
