@@ -849,6 +849,30 @@ def build_round3() -> None:
         "secondary_types": ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError"]})
 
 
+    # Docker's json-file log as saved from the container's log file: one JSON object a line,
+    # the text (with its colour codes as JSON escapes) in "log"
+    ray = "\x1b[36m(WorkerDict pid=616, ip=192.168.149.159)\x1b[0m "
+    body = [ray + "[2025-04-23 21:31:38 TP0] Load weight end. type=Qwen2ForCausalLM, avail mem=52.10 GB",
+            MARK + ray + "[2025-04-23 21:31:41 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+            ray + '  File "/usr/local/lib/python3.10/dist-packages/sglang/srt/managers/scheduler.py", line 2015, '
+                  "in run_scheduler_process",
+            ray + "    scheduler.event_loop_normal()",
+            ray + '  File "/usr/local/lib/python3.10/dist-packages/sglang/srt/managers/schedule_batch.py", '
+                  "line 1138, in prepare_for_extend",
+            ray + "    write_req_to_token_pool_triton[(bs,)](",
+            ray + "RuntimeError: Triton Error [CUDA]: an illegal memory access was encountered",
+            ray]
+    lines = [(MARK if MARK in ln else "") + json.dumps(
+        {"log": ln.replace(MARK, "") + "\n", "stream": "stderr", "time": f"2025-04-23T21:31:4{i}.000000000Z"},
+        separators=(",", ":")) for i, ln in enumerate(body)]
+    write("docker_json_file_log", lines, {
+        "type": "RuntimeError", "message": "Triton Error [CUDA]: an illegal memory access was encountered",
+        "rank": "WorkerDict pid=616 TP0", "pid": 616, "node": "192.168.149.159",
+        "frame": {"file": "/usr/local/lib/python3.10/dist-packages/sglang/srt/managers/schedule_batch.py",
+                  "line": 1138, "function": "prepare_for_extend", "source": "write_req_to_token_pool_triton[(bs,)]("},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+
 if __name__ == "__main__":
     build_all()
     build_round3()

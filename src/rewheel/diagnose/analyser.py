@@ -70,10 +70,11 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
              nxt: int | None = None, _relearn: bool = False) -> None:
         """One line at `pos`; `nxt` is where the next line starts (to know two lines adjacent)."""
         self.tick += 1
-        line = clean(raw)
-        if jpid is None and line.startswith('{"') and '"MESSAGE"' in line:
-            self._feed_json(line, pos, early)
+        if jpid is None and raw.startswith('{"') and ('"MESSAGE"' in raw or '"log":' in raw):
+            # (before any cleaning: colour codes inside are JSON escapes, not yet characters)
+            self._feed_json(raw.rstrip(), pos, early, nxt)
             return
+        line = clean(raw)
         if ESCAPED_TB in line and not _escaped:
             # a traceback inside one escaped string (a JSON log field, a repr): its lines
             for part in _escaped_traceback(line).split("\n")[:MAX_MESSAGE_LINES * 50]:
@@ -218,13 +219,18 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         st.lead = None
         return learnt
 
-    def _feed_json(self, line: str, pos: int, early: bool) -> None:
-        """A `journalctl -o json` line in a file: its MESSAGE, with the entry's pid and host."""
+    def _feed_json(self, line: str, pos: int, early: bool, nxt: int | None) -> None:
+        """A `journalctl -o json` line in a file: its MESSAGE, with the entry's pid and host;
+        or a line of Docker's json-file log (`{"log": "...\\n", "stream": ..., "time": ...}`,
+        as saved from a container's log file): its text."""
         try:
             entry = json.loads(line)
         except ValueError:
             return
         if not isinstance(entry, dict):
+            return
+        if "MESSAGE" not in entry and isinstance(entry.get("log"), str):
+            self.feed(entry["log"], pos, early=early, nxt=nxt)
             return
         msg = journal_message(entry)
         if msg is None:
