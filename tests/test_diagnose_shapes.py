@@ -32,7 +32,8 @@ SHAPES = ["wrap_docker_compose", "wrap_kubectl_prefix", "wrap_ci_timestamps", "j
           "nccl_watchdog_rank_text", "sglang_tp_header_no_pid", "ranks_chars_interleaved_line",
           # ... and shapes nobody listed: a wrapper learnt, TGI's rank field, a quoted remote traceback
           "unknown_wrapper_pdsh", "tgi_shard_rank_field", "process_pool_remote_traceback",
-          "ray_data_operator_error", "torchrun_error_file_traceback", "docker_json_file_log"]
+          "ray_data_operator_error", "torchrun_error_file_traceback", "docker_json_file_log",
+          "nccl_abort_ranks_garbled_wrapped"]
 
 
 def expected(name: str) -> dict:

@@ -873,6 +873,38 @@ def build_round3() -> None:
         "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
 
 
+    # four ranks' NCCL watchdog aborts at once, no Python traceback: their terminate reports
+    # ran into each other character-wise, and the terminal copy hard-wrapped every line at
+    # 140 columns (the what() message cut mid-word)
+    what = ("  what():  [PG ID 0 PG GUID 0(default_pg) Rank 2] Process group watchdog thread terminated with "
+            "exception: [Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLGATHER, "
+            "NumelIn=4096, NumelOut=16384, Timeout(ms)=1800000) ran for 1800093 milliseconds before timing out.")
+    raw = ["100%|██████████| 12/12 [00:41<00:00,  3.45s/it]",
+           "[rank2]:[E512 09:41:09.101000000 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught collective operation "
+           "timeout: WorkNCCL(SeqNum=9, OpType=ALLGATHER, NumelIn=4096, NumelOut=16384, Timeout(ms)=1800000) ran for "
+           "1800093 milliseconds before timing out.",
+           MARK + "terminate called after throwing an instance of 'c10::DistBackendErrorterminate called after throwing "
+           "an instance of ''",
+           "terminate called after throwing an instance of 'terminate called after throwing an instance of 'c10::"
+           "DistBackendErrorc10::DistBackendError'",
+           "c10::DistBackendError'",
+           "'",
+           what,
+           "Exception raised from checkTimeout at /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:632 (most "
+           "recent call first):",
+           "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x96 (0x7f5a9616c1b6 in "
+           "/opt/venv/lib/python3.11/site-packages/torch/lib/libc10.so)"]
+    lines = []
+    for ln in raw:
+        mark = MARK if MARK in ln else ""
+        ln = ln.replace(MARK, "")
+        cut = [ln[i:i + 140] for i in range(0, len(ln), 140)] or [""]
+        lines += [mark + cut[0], *cut[1:]]
+    write("nccl_abort_ranks_garbled_wrapped", lines, {
+        "type": "c10::DistBackendError", "message": what.split("what():", 1)[1].strip(), "rank": "rank2",
+        "frame": None, "kind": "error-line", "count": 1, "restarts": 1, "secondary_types": None})
+
+
 if __name__ == "__main__":
     build_all()
     build_round3()

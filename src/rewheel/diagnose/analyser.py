@@ -49,7 +49,8 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         self.bare: _Stream | None = None      # the traceback that began mid-line, if open
         self.last_def: str | None = None      # pytest: the last `def f(` shown
         self.pytest_frames: deque[Frame] = deque(maxlen=MAX_FRAMES_KEPT)  # --tb=short locations
-        self.terminate: tuple[str, int] | None = None  # C++ terminate awaiting its what()
+        self.terminate: tuple[str | None, int, int] | None = None  # C++ terminate awaiting its what()
+        self.wrapped: _Occ | None = None                # a what() line cut mid-word, awaiting the rest
         self.elastic: dict[str, str | None] = {}       # torchrun's summary fields so far
         self.fault: _Occ | None = None                  # a fatal error awaiting faulthandler's frames
         self.fault_thread: str | None = None            # "current" | "other": the dump being read
@@ -63,7 +64,9 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
 
     @property
     def busy(self) -> bool:
-        return bool(self.streams)
+        """Whether the next line matters whatever it says: a traceback is open, or a C++ report
+        awaits its what() or the rest of a line a terminal copy cut."""
+        return bool(self.streams) or self.terminate is not None or self.wrapped is not None
 
     def feed(self, raw: str, pos: int, *, jpid: int | None = None, ident: str | None = None,
              early: bool = False, node: str | None = None, _escaped: bool = False,

@@ -22,6 +22,11 @@ FAULT_THREAD_RE = re.compile(r"(?P<current>Current thread|Thread) 0x[0-9a-fA-F]+
 FAULT_FRAME_RE = re.compile(r'\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 # C++: std::terminate's report of an uncaught exception, and its what() on the next line
 TERMINATE_RE = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+# a C++ exception type in garbled text (ranks' reports run into each other):
+# "'c10::DistBackendErrorc10::DistBackendError'" -> c10::DistBackendError
+CXX_TYPE_RE = re.compile(r"(?:[A-Za-z_]\w*::)+\w*?(?:Error|Exception|error|exception)|std::\w+")
+TERMINATE_WAIT = 12             # lines (fed) within which the what() of a terminate report comes
+WRAP_WIDTH = 100                # a longer line cut mid-word was hard-wrapped by a terminal copy
 WHAT_RE = re.compile(r"\s*what\(\):\s+(?P<msg>.*)$")
 # torchrun's failure summary: the fields that name the failed process.
 ELASTIC_RE = re.compile(r"\s+(?P<key>host|rank|exitcode|traceback)\s*: (?P<value>.+)$")
@@ -61,6 +66,18 @@ PREFILTER_RE = re.compile(
     r"|not compatible|kernel image|oom|terminate called|what\(\)|Current thread|Thread 0x")
 
 
+def _cxx_type(text: str) -> str | None:
+    """The C++ exception type a terminate report names, also where reports of several
+    processes ran into each other."""
+    t = TERMINATE_RE.search(text)
+    if t and " " not in t.group("type") and "terminate" not in t.group("type"):
+        found = t.group("type")
+        half = len(found) // 2
+        return found[:half] if len(found) % 2 == 0 and found[:half] == found[half:] else found
+    m = CXX_TYPE_RE.search(text)
+    return m.group(0) if m else None
+
+
 def _prefilter(line: str) -> bool:
     """Whether a line can matter outside a traceback: the regex above, or (cheap `in` tests
     first) pytest's `E   ` lines, `def` lines and `path.py:N: in f` locations, and
@@ -76,7 +93,8 @@ class ErrorLineReader:
     package: str | None
     error_lines: bool
     tick: int
-    terminate: tuple[str, int] | None
+    terminate: tuple[str | None, int, int] | None
+    wrapped: _Occ | None
     elastic: dict[str, str | None]
     fault: _Occ | None
     fault_thread: str | None
@@ -85,26 +103,41 @@ class ErrorLineReader:
 
     def _error_line(self, line: str, pos: int, level: str | None, label: str | None,
                     pid: int | None, jpid: int | None, ident: str | None, node: str | None = None) -> None:
+        wrapped, self.wrapped = self.wrapped, None
+        if wrapped is not None and line[:1].isalnum() and line[:1].islower():
+            # the what() line was cut mid-word by a terminal copy ("... caught colle" /
+            # "ctive operation timeout ..."): its message goes on here
+            wrapped.message = (wrapped.message + line.rstrip())[:MAX_MESSAGE_CHARS]
+            if len(line) >= WRAP_WIDTH and line[-1:].isalnum():
+                self.wrapped = wrapped
+            return
         if self.terminate is not None:
             # C++'s uncaught exception: "terminate called after throwing an instance of
-            # 'c10::DistBackendError'" and, next, "  what():  <its message>"
-            ttype, tpos = self.terminate
-            self.terminate = None
+            # 'c10::DistBackendError'" and, soon after, "  what():  <its message>" (several
+            # ranks' reports may be garbled into each other in between)
+            ttype, tpos, ttick = self.terminate
             w = WHAT_RE.match(line)
             if w:
+                self.terminate = None
                 msg = w.group("msg").strip()[:MAX_MESSAGE_CHARS]
+                ttype = ttype or _cxx_type(msg) or "std::terminate"
                 label, pid, node = self._near_process(msg, label, pid, node, jpid)
-                self._register(_Occ("error-line", _LINE_EXC, ttype, msg, _norm_sig(ttype, msg), label, tpos, None,
-                                    [], False, pid if pid is not None else jpid, node,
-                                    score=exc_line_score(ttype, msg)), jpid, ident, label, pid)
+                occ = _Occ("error-line", _LINE_EXC, ttype, msg, _norm_sig(ttype, msg), label, tpos, None,
+                           [], False, pid if pid is not None else jpid, node, score=exc_line_score(ttype, msg))
+                self._register(occ, jpid, ident, label, pid)
+                if len(line) >= WRAP_WIDTH and line[-1:].isalnum():
+                    self.wrapped = occ
+                return
+            if self.tick - ttick > TERMINATE_WAIT:
+                self.terminate = None
+            elif "terminate called" in line or ttype is None:
+                self.terminate = (ttype or _cxx_type(line), tpos, ttick)
                 return
         if self.fault is not None and self._fault_dump(line):
             return
         if "terminate called" in line:
-            t = TERMINATE_RE.search(line)
-            if t:
-                self.terminate = (t.group("type"), pos)
-                return
+            self.terminate = (_cxx_type(line), pos, self.tick)
+            return
         if level in ("INFO", "DEBUG") or not line or line[0] == " " and not level:
             return
         if not PREFILTER_RE.search(line):
