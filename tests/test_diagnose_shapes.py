@@ -194,3 +194,18 @@ def test_a_wrapper_nobody_listed_is_learnt(wrap) -> None:
             "KeyError: 7"]
     rc = root_of_text("\n".join(wrap(n, ln) for n, ln in enumerate(text, 120)))
     assert (rc["type"], rc["message"], rc["frame"]["line"], rc["frame"]["source"]) == ("KeyError", "7", 3, "main()")
+
+
+def test_loguru_records_name_no_node_and_its_traceback_is_read() -> None:
+    # loguru: "DATE TIME.ms | LEVEL    | module:function:line - message", then its annotated
+    # traceback ("> File" marks the frame that raised, "└ ..." the values)
+    rc = root_of_text("\n".join([
+        "2024-05-01 10:00:00.000 | INFO     | app.server:load:40 - loading model",
+        "2024-05-01 10:00:01.123 | ERROR    | app.server:load:52 - An error has been caught in function 'load':",
+        "Traceback (most recent call last):", "",
+        '  File "/app/server.py", line 52, in load', "    model = build(cfg)", "    └ <function build at 0x7f>", "",
+        '> File "/app/build.py", line 7, in build', '    raise ValueError("bad cfg")', "",
+        "ValueError: bad cfg"]))
+    assert (rc["type"], rc["message"], rc["node"], rc["frame"]["file"]) == ("ValueError", "bad cfg", None, "/app/build.py")
+    rc = root_of_text("2024-05-01 10:00:01.123 | ERROR    | app.server:load:52 - RuntimeError: CUDA error: misaligned address")
+    assert (rc["type"], rc["node"]) == ("RuntimeError", None)

@@ -46,7 +46,8 @@ WRAPPER_RE = re.compile(
     # kubectl logs --prefix: [pod/NAME/CONTAINER]
     r"|\[pod/(?P<k_pod>[^/\]\s]+)/(?P<k_container>[^\]\s]+)\](?: |$)"
     # docker compose: service-1  | (padded to the longest service name)
-    r"|(?P<d_service>[A-Za-z0-9][\w.\-]*) +\|(?: |$)"
+    # (never a log level: "ERROR    | module:func:12 - ..." is loguru's record, see HEADER_RE)
+    r"|(?!(?:TRACE|DEBUG|INFO|SUCCESS|WARNING|ERROR|CRITICAL) +\|)(?P<d_service>[A-Za-z0-9][\w.\-]*) +\|(?: |$)"
     # srun -l: the task number
     r"|(?P<task>\d{1,5}):(?: |$)"
     # a log quoted in a reply (markdown / e-mail): "> ", "> > "
@@ -58,8 +59,10 @@ RANK_RE = re.compile(r"\[rank(?P<rank>\d+)\]: ?")
 # sglang's logger header: [2025-07-28 15:07:00 DP0 TP1] (ranks absent in the main process)
 SGLANG_RE = re.compile(r"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: (?:DP|TP|PP|EP|CP)\d+)*)\] ")
 HEADER_RE = re.compile(
-    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?"
-    r" (?:\[[^\]]*\]|[\w.\-]+:\d+\]) ?")
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) +(?:\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?"
+    r" (?:\[[^\]]*\]|[\w.\-]+:\d+\]) ?"
+    # loguru (after its "DATE TIME.ms | " stamp): "ERROR    | module:function:12 - "
+    r"|\| [\w.<>\-]+:[\w.<>\-]+:\d+ - )")
 # A traceback printed inside an exception's message (the message is the formatted traceback
 # of the process that really failed): PyTorch DataLoader's "Original Traceback", Ray Serve's
 # "RuntimeError: Traceback ...", concurrent.futures' quoted _RemoteTraceback.
