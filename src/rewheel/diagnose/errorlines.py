@@ -57,7 +57,8 @@ CASCADE_LINE_RE = re.compile(
     r"|Failed to start|Scheduled restart job|: FAILED during |ChildFailedError", re.I)
 EXC_IN_LINE_RE = re.compile(r"(?<![\w.:])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>\S.*)")
 # a rank named in an error's own text: "[Rank 2] Watchdog caught ...", "[PG 0 Rank 1] ..."
-RANK_TEXT_RE = re.compile(r"[\[ ][Rr]ank:? ?(?P<rank>\d+)\]")      # (Lightning: "[rank: 1]")
+# (Lightning: "[rank: 1]"; lmdeploy: "rank[0] failed with error: ...")
+RANK_TEXT_RE = re.compile(r"[\[ ][Rr]ank:? ?(?P<rank>\d+)\]|\b[Rr]ank\[(?P<rank2>\d+)\]")
 NEAR_TICKS = 10                 # a prefixed line this close names the process of an unprefixed one
 # Cheap per-line prefilter when every line passes through (analyse_lines, journals).
 PREFILTER_RE = re.compile(
@@ -196,7 +197,7 @@ class ErrorLineReader:
             return label, pid, node
         m = RANK_TEXT_RE.search(text[:2000])
         if m:
-            return f"rank{m.group('rank')}", pid, node
+            return f"rank{m.group('rank') or m.group('rank2')}", pid, node
         near = self.recent
         if near is not None and self.tick - near[3] <= NEAR_TICKS and near[4] == jpid:
             return near[0], near[1] if pid is None else pid, node or near[2]

@@ -24,7 +24,9 @@ CASCADE_MESSAGE_RE = re.compile(
     r"|See stack trace \(above\) for the root cause|EngineCore encountered (?:an issue|a fatal error)"
     r"|^Executor failed\.?$|Background loop has errored already|Task finished unexpectedly"
     r"|died unexpectedly|WorkerProc was terminated|Engine process failed to start"
-    r"|Context was terminated|Socket operation on non-socket", re.I)
+    r"|Context was terminated|Socket operation on non-socket"
+    # lmdeploy's main process after a rank's failure ("rank[0] failed with error: ..." before it)
+    r"|^Rank\[\d+\] failed\.?$", re.I)
 LOOKUP_TYPES = {"KeyError", "StopIteration", "IndexError"}
 EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)): (?P<msg>.+)")
 
