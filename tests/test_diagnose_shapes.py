@@ -209,3 +209,17 @@ def test_loguru_records_name_no_node_and_its_traceback_is_read() -> None:
     assert (rc["type"], rc["message"], rc["node"], rc["frame"]["file"]) == ("ValueError", "bad cfg", None, "/app/build.py")
     rc = root_of_text("2024-05-01 10:00:01.123 | ERROR    | app.server:load:52 - RuntimeError: CUDA error: misaligned address")
     assert (rc["type"], rc["node"]) == ("RuntimeError", None)
+
+
+def test_sglang_ranks_failing_together_interleave_into_one_traceback() -> None:
+    # two TP ranks' records began at once; their unprefixed lines alternate
+    frames = ['  File "/sgl/scheduler.py", line 2015, in run_scheduler_process', "    scheduler.event_loop_normal()",
+              '  File "/sgl/batch.py", line 1138, in prepare', "    write()",
+              "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    lines = ["[2025-04-23 21:31:41 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+             "[2025-04-23 21:31:41 TP1] Scheduler hit an exception: Traceback (most recent call last):"]
+    for ln in frames:
+        lines += [ln, ln]
+    rc = root_of_text("\n".join(lines + ["", "[2025-04-23 21:31:42] Received sigquit from a child process."]))
+    assert (rc["type"], rc["message"], rc["rank"], rc["frame"]["line"], rc["log_line"]) == \
+        ("RuntimeError", "CUDA error: an illegal memory access was encountered", "TP0", 1138, 1)

@@ -9,7 +9,7 @@ import re
 from collections import deque
 from collections.abc import Callable
 
-from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_LINES, TB_HEAD
+from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_LINES, MAX_TWINS, TB_HEAD
 from rewheel.diagnose.errorlines import ELASTIC_RE, ELASTIC_TB_RE, ErrorLineReader
 from rewheel.diagnose.ranking import Ranking, _Occ
 from rewheel.diagnose.results import Diagnosis, Frame, RootCause
@@ -171,6 +171,13 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
                     self.elastic = {}
                 bkey = (jpid, None, None, False, node)
                 old = self.streams.get(bkey)
+                if old is not None and old is self.bare and old.state == "frames" and old.cur is not None \
+                        and old.cur.frames <= 2 and not old.chain and old.twins < MAX_TWINS:
+                    # another rank's record began the same way at the same time (sglang's TP
+                    # ranks): their tracebacks interleave line by line; read as one
+                    old.twins += 1
+                    old.last_tick = self.tick
+                    return
                 if old is not None:
                     self._finish_stream(old, truncated_end=old.state == "frames")
                 st = self._open(bkey, label, pid, jpid, ident, level, pos, node)
