@@ -223,3 +223,18 @@ def test_sglang_ranks_failing_together_interleave_into_one_traceback() -> None:
     rc = root_of_text("\n".join(lines + ["", "[2025-04-23 21:31:42] Received sigquit from a child process."]))
     assert (rc["type"], rc["message"], rc["rank"], rc["frame"]["line"], rc["log_line"]) == \
         ("RuntimeError", "CUDA error: an illegal memory access was encountered", "TP0", 1138, 1)
+
+
+@pytest.mark.parametrize("width", [70, 90, 110, 120])
+def test_a_frame_line_a_terminal_copy_hard_wrapped_is_joined(width: int) -> None:
+    sp = "/home/user/miniconda3/envs/serve/lib/python3.11/site-packages"
+    tb = ["Traceback (most recent call last):",
+          f'  File "{sp}/vllm/v1/executor/multiproc_executor.py", line 596, in worker_busy_loop',
+          "    output = func(*args, **kwargs)",
+          f'  File "{sp}/vllm/v1/worker/gpu_model_runner.py", line 1513, in execute_model',
+          "    sampler_output = self.sampler(",
+          "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    lines = [ln[i:i + width] for ln in tb for i in range(0, len(ln), width)]
+    rc = root_of_text("\n".join(lines))
+    assert rc["type"] == "RuntimeError"
+    assert (rc["frame"]["file"], rc["frame"]["line"]) == (f"{sp}/vllm/v1/worker/gpu_model_runner.py", 1513)

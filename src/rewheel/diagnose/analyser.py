@@ -61,6 +61,7 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         self.recent: tuple[str, int | None, str | None, int, int | None] | None = None
         self.lead: tuple[str, int | None, str | None, int] | None = None
         self.learned: re.Pattern[str] | None = None   # an unknown wrapper seen on every line
+        self.cut_frame: tuple[_Stream, int] | None = None  # a stream whose frame line a wrap cut, and when
 
     @property
     def busy(self) -> bool:
@@ -93,6 +94,11 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         level, header, prefix_label = p.level, p.header, p.prefix_label
         key = (jpid, label, pid, level is not None, node)
         st = self.streams.get(key)
+        cut, self.cut_frame = self.cut_frame, None
+        if cut is not None and st is None and label is None and not header and cut[1] == self.tick - 1 \
+                and cut[0].key in self.streams:
+            # the rest of the previous line, which a hard wrap cut: it carries no prefix
+            st = cut[0]
         bare = self.bare
         if bare is not None and st is None and not header and (label is None or (label, pid) == bare.opened_by):
             # Lines without a prefix continue the traceback that began mid-line in a

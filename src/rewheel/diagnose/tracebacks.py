@@ -24,6 +24,7 @@ from rewheel.diagnose.results import Frame
 FRAME_RE = re.compile(r'\s*File (?:"(?P<file>[^"]+)"|(?P<bare>[^\s",][^",]*)), line (?P<line>\d+)(?:, in (?P<func>.+))?$')
 # Statements that can be a frame's source line but look like a bare exception name
 NOT_EXCEPTIONS = {"return", "pass", "break", "continue", "raise", "yield", "else", "try", "finally"}
+WRAPPED_FRAME_MIN = 60          # a frame line this long that does not parse was cut by a wrap
 NESTED_TB_RE = re.compile(r'(?:Original |Remote )?Traceback \(most recent call last\):?\s*$')
 # Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
 RAY_WRAP_RE = re.compile(
@@ -125,6 +126,7 @@ class _Stream:
     opened_by: tuple[str | None, int | None] = (None, None)  # a mid-line traceback: its line's prefix
     twins: int = 0                    # tracebacks of other processes read into this one (interleaved)
     opened: int = 0                   # the tick it began at
+    partial: str | None = None        # a frame line cut by a hard wrap, awaiting its rest
     lead: re.Pattern[str] | None = None  # a mid-line traceback: the text before it, as a pattern
 
 
@@ -140,6 +142,7 @@ class TracebackReader:
     last_def: str | None
     pytest_frames: deque[Frame]
     learned: re.Pattern[str] | None
+    cut_frame: tuple[_Stream, int] | None
 
     def _open(self, key: tuple, label: str | None, pid: int | None, jpid: int | None,
               ident: str | None, level: str | None, pos: int, node: str | None = None) -> _Stream:
@@ -249,8 +252,17 @@ class TracebackReader:
             return True
         if st.pytest:
             return self._pytest_msg(st, line, pos)
+        if st.partial is not None:
+            # the rest of a frame line a terminal copy hard-wrapped inside its path
+            joined, st.partial = st.partial + line, None
+            if FRAME_RE.match(joined):
+                line = joined
         if line.startswith(" "):
             m = FRAME_RE.match(line)
+            if not m and len(line) >= WRAPPED_FRAME_MIN and line.lstrip().startswith("File "):
+                st.partial = line
+                self.cut_frame = (st, self.tick)
+                return True
             if m:
                 if st.indent is None:
                     # a traceback that began mid-line: its lines are indented like this one
