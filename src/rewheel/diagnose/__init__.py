@@ -32,7 +32,7 @@ The package, by what each module recognises (each imports only those above it):
                   faulthandler dumps, torchrun's summary, strong error lines (OOM, NCCL, CUDA,
                   signals) and the floor: the best `Type: message` line, its process from the
                   prefixes around it
-- `analyser`    — `_Analyser`: one line at a time through the above
+- `analyser`    — `Analyser`: one line at a time through the above
 - `readers`     — the entry points: a file (fast, bounded), lines, stdin, a unit's journal
 
 Design:

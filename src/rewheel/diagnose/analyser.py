@@ -1,4 +1,4 @@
-"""`_Analyser`: a log, one line at a time, through what `wrappers`, `tracebacks`,
+"""`Analyser`: a log, one line at a time, through what `wrappers`, `tracebacks`,
 `errorlines` and `ranking` recognise. Push-based: `feed()` lines, `finish()` for the
 `Diagnosis`."""
 
@@ -11,16 +11,16 @@ from collections.abc import Callable
 
 from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_LINES, MAX_TWINS, TB_HEAD
 from rewheel.diagnose.errorlines import ELASTIC_RE, ELASTIC_TB_RE, ErrorLineReader
-from rewheel.diagnose.ranking import Ranking, _Occ
+from rewheel.diagnose.ranking import Ranking, Occ
 from rewheel.diagnose.results import Diagnosis, Frame, RootCause
 from rewheel.diagnose.tracebacks import (
-    FRAME_RE, IPY_HEAD_RE, PYTEST_DEF_RE, PYTEST_E_RE, PYTEST_SHORT_RE, TracebackReader, _Stream, _ungroup)
+    FRAME_RE, IPY_HEAD_RE, PYTEST_DEF_RE, PYTEST_E_RE, PYTEST_SHORT_RE, TracebackReader, Stream, ungroup)
 from rewheel.diagnose.wrappers import (
-    ESCAPED_TB, KNOWN_INNER_RE, MAX_WRAPPER_CHARS, _escaped_traceback, _wrapper_pattern, clean, journal_message,
+    ESCAPED_TB, KNOWN_INNER_RE, MAX_WRAPPER_CHARS, escaped_traceback, wrapper_pattern, clean, journal_message,
     journal_pid, read_prefixes)
 
 
-class _Analyser(TracebackReader, ErrorLineReader, Ranking):
+class Analyser(TracebackReader, ErrorLineReader, Ranking):
     """Push-based: feed() lines, finish() for the Diagnosis. Positions (`pos`) are opaque
     ints that grow with the input — line numbers, or byte offsets resolved at the end."""
 
@@ -29,7 +29,7 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         # are read as underscores ("flash-attn" -> "flash_attn").
         self.package = package.replace(".", "/").replace("-", "_") if package else None
         self.error_lines = error_lines
-        self.streams: dict[tuple, _Stream] = {}
+        self.streams: dict[tuple, Stream] = {}
         self.tick = 0
         self.tracebacks = 0
         # epochs (one per service start / crash)
@@ -39,20 +39,20 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         self.epoch_labels: dict[str, int | None] = {}
         self.epoch_terminal = False
         self.epoch_unlabeled_died = False
-        self.cur_list: list[_Occ] = []
-        self.first: dict[int, tuple[int, list[_Occ]]] = {}   # category -> (epoch, its list)
-        self.lists: dict[int, list[_Occ]] = {}
+        self.cur_list: list[Occ] = []
+        self.first: dict[int, tuple[int, list[Occ]]] = {}   # category -> (epoch, its list)
+        self.lists: dict[int, list[Occ]] = {}
         # signature aggregates
         self.sig_procs: dict[tuple, set] = {}
         self.sig_epochs: dict[tuple, set] = {}
         self.sig_first: dict[tuple, int] = {}
-        self.bare: _Stream | None = None      # the traceback that began mid-line, if open
+        self.bare: Stream | None = None      # the traceback that began mid-line, if open
         self.last_def: str | None = None      # pytest: the last `def f(` shown
         self.pytest_frames: deque[Frame] = deque(maxlen=MAX_FRAMES_KEPT)  # --tb=short locations
         self.terminate: tuple[str | None, int, int] | None = None  # C++ terminate awaiting its what()
-        self.wrapped: _Occ | None = None                # a what() line cut mid-word, awaiting the rest
+        self.wrapped: Occ | None = None                # a what() line cut mid-word, awaiting the rest
         self.elastic: dict[str, str | None] = {}       # torchrun's summary fields so far
-        self.fault: _Occ | None = None                  # a fatal error awaiting faulthandler's frames
+        self.fault: Occ | None = None                  # a fatal error awaiting faulthandler's frames
         self.fault_thread: str | None = None            # "current" | "other": the dump being read
         self.fault_frames: dict[str | None, list[Frame]] = {}
         # the last prefixed line outside a traceback (label, pid, node, tick), and the last
@@ -61,7 +61,7 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         self.recent: tuple[str, int | None, str | None, int, int | None] | None = None
         self.lead: tuple[str, int | None, str | None, int] | None = None
         self.learned: re.Pattern[str] | None = None   # an unknown wrapper seen on every line
-        self.cut_frame: tuple[_Stream, int] | None = None  # a stream whose frame line a wrap cut, and when
+        self.cut_frame: tuple[Stream, int] | None = None  # a stream whose frame line a wrap cut, and when
 
     @property
     def busy(self) -> bool:
@@ -81,7 +81,7 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         line = clean(raw)
         if ESCAPED_TB in line and not _escaped:
             # a traceback inside one escaped string (a JSON log field, a repr): its lines
-            for part in _escaped_traceback(line).split("\n")[:MAX_MESSAGE_LINES * 50]:
+            for part in escaped_traceback(line).split("\n")[:MAX_MESSAGE_LINES * 50]:
                 self.feed(part, pos, jpid=jpid, ident=ident, early=early, node=node, _escaped=True)
             return
         bare = self.bare
@@ -121,7 +121,7 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
             if line[:ind].isspace() and len(line) > ind:
                 line = line[ind:]
         if line[:1] in (" ", "|", "+"):
-            line, group_mark = _ungroup(line)
+            line, group_mark = ungroup(line)
             if group_mark and st is not None:
                 st.last_tick = self.tick
                 if group_mark == "sep":
@@ -162,7 +162,7 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
                 if inner and 0 < inner.start() <= MAX_WRAPPER_CHARS and not _relearn:
                     # An unknown wrapper before prefixes we know ("host-1: [rank8]: Traceback"):
                     # the collector's, on every line; learnt, and this line read again without it
-                    self.learned = _wrapper_pattern(before[: inner.start()])
+                    self.learned = wrapper_pattern(before[: inner.start()])
                     self.feed(line, pos, jpid=jpid, ident=ident, early=early, node=node, nxt=nxt,
                               _relearn=True)
                     return
@@ -190,7 +190,7 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
                 st.indent = None
                 st.opened_by = (prefix_label, pid)
                 if 0 < len(before) <= MAX_WRAPPER_CHARS:
-                    st.lead = _wrapper_pattern(before)
+                    st.lead = wrapper_pattern(before)
                 self.bare = st
             self._expire()
             return
@@ -226,7 +226,7 @@ class _Analyser(TracebackReader, ErrorLineReader, Ranking):
         if self.error_lines:
             self._error_line(line, pos, level, label, pid, jpid, ident, node)
 
-    def _learn_lead(self, st: _Stream) -> bool:
+    def _learn_lead(self, st: Stream) -> bool:
         """The text before `st`'s mid-line traceback as a wrapper on every line, if nothing of
         the traceback was read yet (then it was a record's text that goes on with it)."""
         learnt = st.state == "frames" and st.cur is not None and not st.cur.frames and st.lead is not None

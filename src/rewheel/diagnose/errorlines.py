@@ -1,5 +1,5 @@
 """Crashes told by lines, not (only) by a traceback (`ErrorLineReader`, a part of
-`_Analyser`): C++'s `terminate called after throwing ...` and its `what():`, faulthandler's
+`Analyser`): C++'s `terminate called after throwing ...` and its `what():`, faulthandler's
 dump after a fatal error, torchrun's failure summary, strong error lines (OOM killer, CUDA,
 NCCL, undefined symbols, unsupported GPUs, fatal signals) and cascades; and the floor: every
 `Type: message` line, at a line's start or inside it, scored (`ranking.exc_line_score`), with
@@ -12,9 +12,9 @@ import re
 
 from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_CHARS
 from rewheel.diagnose.ranking import (
-    _LINE_CASCADE, _LINE_ERROR, _LINE_EXC, _LINE_STRONG, EXC_LINE_RE, _is_cascade, _norm_sig, _Occ, exc_line_score)
+    LINE_CASCADE, LINE_ERROR, LINE_EXC, LINE_STRONG, EXC_LINE_RE, is_cascade, norm_sig, Occ, exc_line_score)
 from rewheel.diagnose.results import Frame
-from rewheel.diagnose.tracebacks import _in_package
+from rewheel.diagnose.tracebacks import in_package
 
 # faulthandler's dump after "Fatal Python error: ...": a thread header, then its frames
 # innermost first ("  File "x.py", line 12 in f")
@@ -79,7 +79,7 @@ def _cxx_type(text: str) -> str | None:
     return m.group(0) if m else None
 
 
-def _prefilter(line: str) -> bool:
+def prefilter(line: str) -> bool:
     """Whether a line can matter outside a traceback: the regex above, or (cheap `in` tests
     first) pytest's `E   ` lines, `def` lines and `path.py:N: in f` locations, and
     torchrun's summary fields."""
@@ -88,16 +88,16 @@ def _prefilter(line: str) -> bool:
 
 
 class ErrorLineReader:
-    """`_Analyser`'s part that reads the lines outside tracebacks."""
+    """`Analyser`'s part that reads the lines outside tracebacks."""
 
-    # (state set up by _Analyser.__init__)
+    # (state set up by Analyser.__init__)
     package: str | None
     error_lines: bool
     tick: int
     terminate: tuple[str | None, int, int] | None
-    wrapped: _Occ | None
+    wrapped: Occ | None
     elastic: dict[str, str | None]
-    fault: _Occ | None
+    fault: Occ | None
     fault_thread: str | None
     fault_frames: dict[str | None, list[Frame]]
     recent: tuple[str, int | None, str | None, int, int | None] | None
@@ -123,7 +123,7 @@ class ErrorLineReader:
                 msg = w.group("msg").strip()[:MAX_MESSAGE_CHARS]
                 ttype = ttype or _cxx_type(msg) or "std::terminate"
                 label, pid, node = self._near_process(msg, label, pid, node, jpid)
-                occ = _Occ("error-line", _LINE_EXC, ttype, msg, _norm_sig(ttype, msg), label, tpos, None,
+                occ = Occ("error-line", LINE_EXC, ttype, msg, norm_sig(ttype, msg), label, tpos, None,
                            [], False, pid if pid is not None else jpid, node, score=exc_line_score(ttype, msg))
                 self._register(occ, jpid, ident, label, pid)
                 if len(line) >= WRAP_WIDTH and line[-1:].isalnum():
@@ -150,7 +150,7 @@ class ErrorLineReader:
         type_: str | None = None
         for rx, name in STRONG_LINE_PATTERNS:
             if rx.search(text):
-                category, type_ = _LINE_STRONG, name
+                category, type_ = LINE_STRONG, name
                 break
         cascade = bool(CASCADE_LINE_RE.search(text))
         exc_start = EXC_LINE_RE.match(text)
@@ -158,31 +158,31 @@ class ErrorLineReader:
         exc_at_start = exc_start or EXC_IN_LINE_RE.search(text)
         if category is None:
             if cascade:
-                category = _LINE_CASCADE
+                category = LINE_CASCADE
             elif level in ("ERROR", "CRITICAL") or exc_at_start:
-                category = _LINE_ERROR
+                category = LINE_ERROR
             else:
                 return
-        if level in ("WARNING", "WARN") and category == _LINE_ERROR:
+        if level in ("WARNING", "WARN") and category == LINE_ERROR:
             return
         m = exc_at_start
         score = 0
         if m:
             type_ = m.group("type")
-            if category == _LINE_ERROR and _is_cascade(type_, m.group("msg")):
-                category, cascade = _LINE_CASCADE, True
-            elif category in (_LINE_ERROR, _LINE_STRONG) and not cascade \
-                    and not _is_cascade(type_, m.group("msg")) and level not in ("WARNING", "WARN"):
+            if category == LINE_ERROR and is_cascade(type_, m.group("msg")):
+                category, cascade = LINE_CASCADE, True
+            elif category in (LINE_ERROR, LINE_STRONG) and not cascade \
+                    and not is_cascade(type_, m.group("msg")) and level not in ("WARNING", "WARN"):
                 # a `Type: message` line: what the failing code raised, in its words; the
                 # cleanest of them is the answer (see exc_line_score)
-                category = _LINE_EXC
+                category = LINE_EXC
                 score = exc_line_score(type_, m.group("msg"), at_start=m is exc_start)
         elif type_ is None:
             type_ = "error"
-        if category != _LINE_CASCADE:
+        if category != LINE_CASCADE:
             label, pid, node = self._near_process(text, label, pid, node, jpid)
-        occ = _Occ("error-line", category, type_, text[:MAX_MESSAGE_CHARS], _norm_sig(type_, text),
-                   label, pos, None, [], category == _LINE_CASCADE, pid if pid is not None else jpid, node,
+        occ = Occ("error-line", category, type_, text[:MAX_MESSAGE_CHARS], norm_sig(type_, text),
+                   label, pos, None, [], category == LINE_CASCADE, pid if pid is not None else jpid, node,
                    score=score)
         self._register(occ, jpid, ident, label, pid)
         if text.startswith("Fatal Python error"):
@@ -226,7 +226,7 @@ class ErrorLineReader:
             frames.append(fr)   # innermost first, as faulthandler prints them
         best = self.fault_frames.get("current") or self.fault_frames.get("other") or []
         occ.frames = list(best)
-        occ.frame = next((f for f in best if _in_package(f.file, self.package)), best[0] if best else None)
+        occ.frame = next((f for f in best if in_package(f.file, self.package)), best[0] if best else None)
         return True
 
     def _elastic_field(self, key: str, value: str, pos: int, jpid: int | None, ident: str | None,
@@ -245,5 +245,5 @@ class ErrorLineReader:
             e, self.elastic = self.elastic, {}
             label = e.get("rank")
             pid = int(e["pid"]) if e.get("pid") else None
-            self._register(_Occ("error-line", _LINE_STRONG, "fatal signal", value, _norm_sig("fatal signal", value),
+            self._register(Occ("error-line", LINE_STRONG, "fatal signal", value, norm_sig("fatal signal", value),
                                 label, pos, None, [], False, pid, e.get("host") or node), jpid, ident, label, pid)

@@ -1,6 +1,6 @@
 """Which of everything found is the root: crashes (service restarts), occurrences and their
 signatures, cascades (consequences of another failure), the scoring of `Type: message`
-lines, and the choice among categories (`Ranking`, a part of `_Analyser`)."""
+lines, and the choice among categories (`Ranking`, a part of `Analyser`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Inter
 
 
 @dataclass
-class _Occ:
+class Occ:
     kind: str                         # "traceback" | "error-line"
     category: int                     # lower is better, see _CATEGORY_*
     type: str | None
@@ -52,10 +52,10 @@ class _Occ:
 
 # Categories, in order of preference for the root.
 # A clean `Type: message` line (no traceback) beats a keyword found in prose.
-_TB_ERROR, _LINE_EXC, _LINE_STRONG, _TB_WARN, _TB_CASCADE, _LINE_ERROR, _LINE_CASCADE = range(7)
+TB_ERROR, LINE_EXC, LINE_STRONG, TB_WARN, TB_CASCADE, LINE_ERROR, LINE_CASCADE = range(7)
 
 
-def _norm_sig(type_: str | None, message: str) -> tuple:
+def norm_sig(type_: str | None, message: str) -> tuple:
     text = first_line(message, 400)
     text = re.sub(r"0x[0-9a-fA-F]+", "0x", text)
     text = re.sub(r"\d+(?:\.\d+)?", "N", text)
@@ -82,7 +82,7 @@ def exc_line_score(type_: str, message: str, *, at_start: bool = True) -> int:
     return score
 
 
-def _is_cascade(type_: str | None, message: str) -> bool:
+def is_cascade(type_: str | None, message: str) -> bool:
     if type_:
         if type_ in CASCADE_TYPES or type_.rsplit(".", 1)[-1] in CASCADE_TYPES:
             return True
@@ -90,18 +90,18 @@ def _is_cascade(type_: str | None, message: str) -> bool:
 
 
 class Ranking:
-    """`_Analyser`'s part that keeps what was found, by crash, and chooses the root."""
+    """`Analyser`'s part that keeps what was found, by crash, and chooses the root."""
 
-    # (state set up by _Analyser.__init__)
+    # (state set up by Analyser.__init__)
     epoch: int
     _epochs_seen: int
     epoch_of_jpid: dict[int, int]
     epoch_labels: dict[str, int | None]
     epoch_terminal: bool
     epoch_unlabeled_died: bool
-    cur_list: list[_Occ]
-    first: dict[int, tuple[int, list[_Occ]]]
-    lists: dict[int, list[_Occ]]
+    cur_list: list[Occ]
+    first: dict[int, tuple[int, list[Occ]]]
+    lists: dict[int, list[Occ]]
     sig_procs: dict[tuple, set]
     sig_epochs: dict[tuple, set]
 
@@ -152,7 +152,7 @@ class Ranking:
         self.epoch = epoch
         self.cur_list = self.lists.setdefault(epoch, [])
 
-    def _register(self, occ: _Occ, jpid: int | None, ident: str | None, label: str | None,
+    def _register(self, occ: Occ, jpid: int | None, ident: str | None, label: str | None,
                   pid: int | None) -> None:
         terminal = occ.kind == "traceback" and (
             label is None or label == "APIServer" or label.startswith("EngineCore"))
@@ -177,29 +177,29 @@ class Ranking:
         if occ.category not in self.first:
             self.first[occ.category] = (epoch, lst)
 
-    def _choose(self) -> tuple[_Occ, list[_Occ]] | None:
-        for category in (_TB_ERROR, _LINE_EXC, _LINE_STRONG, _TB_WARN, _TB_CASCADE, _LINE_ERROR, _LINE_CASCADE):
+    def _choose(self) -> tuple[Occ, list[Occ]] | None:
+        for category in (TB_ERROR, LINE_EXC, LINE_STRONG, TB_WARN, TB_CASCADE, LINE_ERROR, LINE_CASCADE):
             if category in self.first:
                 _, lst = self.first[category]
                 cands = [o for o in lst if o.category == category]
-                if category == _TB_ERROR:
+                if category == TB_ERROR:
                     # a traceback whose exception line was lost (garbled by another writer
                     # printing at the same time) names no type: one printed alongside it does
                     typed = [o for o in cands if o.type]
                     cands = [o for o in cands if o.type or not any(
                         t.span[0] <= o.span[1] and o.span[0] <= t.span[1] for t in typed)]
-                elif category == _LINE_EXC:
+                elif category == LINE_EXC:
                     # the best-scored `Type: message` line, not the first one
                     best = max(o.score for o in cands)
                     cands = [o for o in cands if o.score == best]
                 if not cands:
                     continue
                 occ = min(cands, key=lambda o: o.pos)
-                if occ.type is None and category == _TB_ERROR and _LINE_EXC in self.first:
+                if occ.type is None and category == TB_ERROR and LINE_EXC in self.first:
                     # The floor: no traceback says what was raised (cut off, or not understood);
                     # the best `Type: message` line does, and the traceback's frames go with it
                     # when it names the same process.
-                    line_occ, line_lst = self._choose_in(_LINE_EXC)
+                    line_occ, line_lst = self._choose_in(LINE_EXC)
                     if line_occ.rank in (None, occ.rank) and line_occ.frame is None:
                         line_occ.frame, line_occ.frames = occ.frame, occ.frames
                         line_occ.rank, line_occ.pid = occ.rank, occ.pid if line_occ.pid is None else line_occ.pid
@@ -207,13 +207,13 @@ class Ranking:
                 return occ, lst
         return None
 
-    def _choose_in(self, category: int) -> tuple[_Occ, list[_Occ]]:
+    def _choose_in(self, category: int) -> tuple[Occ, list[Occ]]:
         _, lst = self.first[category]
         cands = [o for o in lst if o.category == category]
         best = max(o.score for o in cands)
         return min((o for o in cands if o.score == best), key=lambda o: o.pos), lst
 
-    def _secondaries(self, root: _Occ, epoch_list: list[_Occ], mapping: dict[int, int]) -> list[Secondary]:
+    def _secondaries(self, root: Occ, epoch_list: list[Occ], mapping: dict[int, int]) -> list[Secondary]:
         out: list[Secondary] = []
         seen: set[tuple] = {root.sig}
         for type_, message, pos in root.chained:
@@ -222,7 +222,7 @@ class Ranking:
         for o in sorted(epoch_list, key=lambda o: o.pos):
             if o.sig in seen or (only_tracebacks and o.kind != "traceback"):
                 continue
-            if o.category in (_TB_WARN,) and o.pos < root.pos:
+            if o.category in (TB_WARN,) and o.pos < root.pos:
                 continue
             seen.add(o.sig)
             relation = "cascade" if o.cascade else ("later" if o.pos >= root.pos else "earlier")

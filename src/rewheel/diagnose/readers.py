@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rewheel import proc
-from rewheel.diagnose.analyser import _Analyser
-from rewheel.diagnose.errorlines import _prefilter
+from rewheel.diagnose.analyser import Analyser
+from rewheel.diagnose.errorlines import prefilter
 from rewheel.diagnose.limits import CHUNK, CONTEXT_LINES, EARLY_LINES, MAX_LINE_BYTES, TB_NEEDLE
-from rewheel.diagnose.ranking import _TB_ERROR
+from rewheel.diagnose.ranking import TB_ERROR
 from rewheel.diagnose.results import Diagnosis
 from rewheel.diagnose.wrappers import journal_message, journal_pid
 from rewheel.errors import CommandNotFound, UsageError
@@ -23,14 +23,14 @@ from rewheel.errors import CommandNotFound, UsageError
 
 def analyse_lines(lines: Iterable[str], *, package: str | None = None, source: str = "") -> Diagnosis:
     """Analyse text lines (any iterable: a file object, stdin, a list). Streaming."""
-    an = _Analyser(package)
+    an = Analyser(package)
     n = 0
     for n, line in enumerate(lines, 1):
         _feed_prefiltered(an, line, n, early=n <= EARLY_LINES, nxt=n + 1)
     return an.finish(source=source, lines=n)
 
 
-def _feed_prefiltered(an: _Analyser, line: str, n: int, *, early: bool,
+def _feed_prefiltered(an: Analyser, line: str, n: int, *, early: bool,
                       jpid: int | None = None, ident: str | None = None, node: str | None = None,
                       nxt: int | None = None) -> None:
     if an.busy or early or _worth_feeding(line):
@@ -43,7 +43,7 @@ def _worth_feeding(line: str) -> bool:
     if "INFO" in line and "rror" not in line and "RROR" not in line and "Traceback" not in line \
             and "xception" not in line:
         return False
-    return _prefilter(line)
+    return prefilter(line)
 
 
 def analyse_file(path: str | os.PathLike[str], *, package: str | None = None) -> Diagnosis:
@@ -51,7 +51,7 @@ def analyse_file(path: str | os.PathLike[str], *, package: str | None = None) ->
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"log file not found: {p}", hint="give the path of a log file, or --unit UNIT")
-    an = _Analyser(package, error_lines=False)
+    an = Analyser(package, error_lines=False)
     with open(p, "rb", buffering=0) as f:
         _scan_fast(f, an)
 
@@ -59,14 +59,14 @@ def analyse_file(path: str | os.PathLike[str], *, package: str | None = None) ->
         return _offsets_to_lines(p, positions)
 
     diag = an.finish(resolve, source=str(p))
-    if _TB_ERROR in an.first and diag.root is not None and diag.root.type is not None:
+    if TB_ERROR in an.first and diag.root is not None and diag.root.type is not None:
         return diag
     # No traceback explains it: read every line, error lines included.
     with open(p, encoding="utf-8", errors="replace", newline="\n") as fh:
         return analyse_lines(fh, package=package, source=str(p))
 
 
-def _scan_fast(f: BinaryIO, an: _Analyser) -> None:
+def _scan_fast(f: BinaryIO, an: Analyser) -> None:
     carry = b""         # the unfinished last line of the previous chunk
     base = 0            # file offset of the current chunk's first byte
     lines_seen = 0      # counted only while early
@@ -100,7 +100,7 @@ def _scan_fast(f: BinaryIO, an: _Analyser) -> None:
         _scan_block(carry + b"\n", 0, len(carry) + 1, base - len(carry), an, lines_seen)
 
 
-def _scan_block(buf: bytes, pos: int, end: int, base: int, an: _Analyser, lines_seen: int) -> int:
+def _scan_block(buf: bytes, pos: int, end: int, base: int, an: Analyser, lines_seen: int) -> int:
     """Feed the lines of buf[pos:end] (end just past a newline) that matter; `base` is the
     file offset of buf[0]."""
     find = buf.find
@@ -171,7 +171,7 @@ def analyse_journal(unit: str, since: str | None, *, package: str | None = None,
     argv = ["journalctl", "-u", unit, "--no-pager", "-o", "json"]
     if since:
         argv[3:3] = ["--since", since]
-    an = _Analyser(package)
+    an = Analyser(package)
     counter = [0]
     other: list[str] = []
 

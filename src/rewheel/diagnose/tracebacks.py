@@ -1,5 +1,5 @@
 """Python tracebacks in every shape a log gives them (`TracebackReader`, a part of
-`_Analyser`): frames and their source lines (also without quotes or indentation), chained
+`Analyser`): frames and their source lines (also without quotes or indentation), chained
 exceptions, exception groups, a traceback begun mid-line after a record's text, a traceback
 inside an exception's message (Ray Serve's `RuntimeError: Traceback ...`, DataLoader's
 `Original Traceback`, a quoted `_RemoteTraceback`), tracebacks of several ranks interleaved
@@ -16,7 +16,7 @@ from rewheel.diagnose.limits import (
     MAX_CHAIN, MAX_FRAMES_KEPT, MAX_MESSAGE_CHARS, MAX_MESSAGE_LINES, MAX_SOURCE_RUN, MAX_STREAMS, MAX_TWINS,
     IDLE_CLOSE_LINES, TB_HEAD)
 from rewheel.diagnose.ranking import (
-    _TB_CASCADE, _TB_ERROR, _TB_WARN, LOOKUP_TYPES, _is_cascade, _norm_sig, _Occ, exc_line_score)
+    TB_CASCADE, TB_ERROR, TB_WARN, LOOKUP_TYPES, is_cascade, norm_sig, Occ, exc_line_score)
 from rewheel.diagnose.results import Frame
 
 # A frame line; pastes that lost the quotes ("File /x.py, line 5, in f") are frames too.
@@ -102,7 +102,7 @@ class _Exc:
 
 
 @dataclass
-class _Stream:
+class Stream:
     key: tuple
     label: str | None
     pid: int | None
@@ -131,31 +131,31 @@ class _Stream:
 
 
 class TracebackReader:
-    """`_Analyser`'s part that reads tracebacks, one stream (process) at a time."""
+    """`Analyser`'s part that reads tracebacks, one stream (process) at a time."""
 
-    # (state set up by _Analyser.__init__)
+    # (state set up by Analyser.__init__)
     package: str | None
-    streams: dict[tuple, _Stream]
+    streams: dict[tuple, Stream]
     tick: int
     tracebacks: int
-    bare: _Stream | None
+    bare: Stream | None
     last_def: str | None
     pytest_frames: deque[Frame]
     learned: re.Pattern[str] | None
-    cut_frame: tuple[_Stream, int] | None
+    cut_frame: tuple[Stream, int] | None
 
     def _open(self, key: tuple, label: str | None, pid: int | None, jpid: int | None,
-              ident: str | None, level: str | None, pos: int, node: str | None = None) -> _Stream:
+              ident: str | None, level: str | None, pos: int, node: str | None = None) -> Stream:
         if len(self.streams) >= MAX_STREAMS:
             oldest = min(self.streams.values(), key=lambda s: s.last_tick)
             self._close(oldest, truncated_end=oldest.state == "frames")
             del self.streams[oldest.key]
-        st = _Stream(key, label, pid, jpid, ident, level, last_tick=self.tick, node=node, opened=self.tick)
+        st = Stream(key, label, pid, jpid, ident, level, last_tick=self.tick, node=node, opened=self.tick)
         st.cur = _Exc(None, [], pos)
         self.streams[key] = st
         return st
 
-    def _continue(self, st: _Stream, line: str, pos: int, header: str = "") -> bool:
+    def _continue(self, st: Stream, line: str, pos: int, header: str = "") -> bool:
         """Feed one line of this stream's traceback. False: the line is not part of it
         (the traceback was closed and the caller treats the line afresh)."""
         if st.state == "frames":
@@ -245,7 +245,7 @@ class TracebackReader:
             return False
         return False
 
-    def _frames(self, st: _Stream, line: str, pos: int) -> bool:
+    def _frames(self, st: Stream, line: str, pos: int) -> bool:
         exc = st.cur
         assert exc is not None
         if st.ipython and self._ipython_frame(st, exc, line):
@@ -346,7 +346,7 @@ class TracebackReader:
             self._nest(st, pos)
         return True
 
-    def _nest(self, st: _Stream, pos: int) -> None:
+    def _nest(self, st: Stream, pos: int) -> None:
         """The current exception's message goes on with a traceback: the exception it wraps.
         Both stay in the chain; the wrapped one is the cause (see _pick_from_chain)."""
         assert st.cur is not None
@@ -358,7 +358,7 @@ class TracebackReader:
         st.pending = None
         st.chained_marker = False
 
-    def _add_frame(self, st: _Stream, exc: _Exc, fr: Frame) -> None:
+    def _add_frame(self, st: Stream, exc: _Exc, fr: Frame) -> None:
         if st.twins and any(f.line == fr.line and f.file == fr.file and f.function == fr.function
                             for f in exc.frame_list):
             return    # the interleaved twin's copy of a frame already read
@@ -366,13 +366,13 @@ class TracebackReader:
         exc.last_frame = fr
         exc.frame_list.append(fr)
         st.source_run = 0
-        if _in_package(fr.file, self.package):
+        if in_package(fr.file, self.package):
             exc.last_pkg_frame = fr
         if fr.function in SHUTDOWN_FUNCS:
             exc.shutdown = True
         st.pending = fr
 
-    def _ipython_frame(self, st: _Stream, exc: _Exc, line: str) -> bool:
+    def _ipython_frame(self, st: Stream, exc: _Exc, line: str) -> bool:
         """IPython's frame lines: `[path](url) in f(...)`, `path in f(...)`, `File path:N, in
         f(...)`, `Cell In[3], line 15`; the `---> 15 code` arrow gives the line. True: used."""
         text = line.strip()
@@ -394,7 +394,7 @@ class TracebackReader:
         self._add_frame(st, exc, Frame(file, int(num) if num else 0, _func(m.group("func"))))
         return True
 
-    def _pytest_msg(self, st: _Stream, line: str, pos: int) -> bool:
+    def _pytest_msg(self, st: Stream, line: str, pos: int) -> bool:
         """pytest's `E   ` lines: the exception, then `path.py:LINE: Type` names the frame
         (its function is the last `def` pytest showed)."""
         exc = st.cur
@@ -429,7 +429,7 @@ class TracebackReader:
         self._finish_stream(st)
         return False
 
-    def _next_traceback(self, st: _Stream, pos: int) -> bool:
+    def _next_traceback(self, st: Stream, pos: int) -> bool:
         if st.chained_marker and st.cur is not None and len(st.chain) < MAX_CHAIN:
             st.chain.append(st.cur)
             st.cur = _Exc(None, [], pos)
@@ -442,14 +442,14 @@ class TracebackReader:
         self._reopen(st, pos)
         return True
 
-    def _reopen(self, st: _Stream, pos: int) -> None:
+    def _reopen(self, st: Stream, pos: int) -> None:
         """A new traceback in the place of `st` (same key, identity and form)."""
         new = self._open(st.key, st.label, st.pid, st.jpid, st.ident, st.level, pos, st.node)
         new.indent, new.ipython = st.indent, st.ipython
         if self.bare is st:
             self.bare = new
 
-    def _finish_stream(self, st: _Stream, truncated_end: bool = False) -> None:
+    def _finish_stream(self, st: Stream, truncated_end: bool = False) -> None:
         self._close(st, truncated_end=truncated_end)
         if self.streams.get(st.key) is st:
             del self.streams[st.key]
@@ -463,7 +463,7 @@ class TracebackReader:
         for st in [s for s in self.streams.values() if s.last_tick < limit]:
             self._finish_stream(st, truncated_end=st.state == "frames")
 
-    def _close(self, st: _Stream, truncated_end: bool) -> None:
+    def _close(self, st: Stream, truncated_end: bool) -> None:
         chain = list(st.chain)
         if st.cur is not None:
             cur = st.cur
@@ -485,13 +485,13 @@ class TracebackReader:
         message = exc.message
         # An error raised on the way down (an executor's shutdown, a destructor) after
         # another failure is that failure's consequence.
-        cascade = _is_cascade(exc.type, message) or exc.shutdown
+        cascade = is_cascade(exc.type, message) or exc.shutdown
         if cascade:
-            category = _TB_CASCADE
+            category = TB_CASCADE
         elif st.level in ("WARNING", "WARN", "INFO", "DEBUG"):
-            category = _TB_WARN
+            category = TB_WARN
         else:
-            category = _TB_ERROR
+            category = TB_ERROR
         others = [(e.type, e.message, e.pos) for i, e in enumerate(chain) if i != pick]
         rank, pid, node = st.label, st.pid if st.pid is not None else st.jpid, st.node
         if st.remote is not None:
@@ -499,7 +499,7 @@ class TracebackReader:
             pid, node = st.remote[1], st.remote[2] or node
         frames = list(reversed(exc.frame_list)) or next(
             (list(reversed(e.frame_list)) for e in reversed(chain) if e.frame_list), [])
-        occ = _Occ("traceback", category, exc.type, message, _norm_sig(exc.type, message),
+        occ = Occ("traceback", category, exc.type, message, norm_sig(exc.type, message),
                    rank, chain[0].pos, frame, others, cascade, pid, node, frames, span=(st.opened, self.tick))
         self._register(occ, st.jpid, st.ident, st.label, st.pid)
 
@@ -510,7 +510,7 @@ def _decoration(text: str) -> bool:
         or text.startswith("[Previous line repeated")
 
 
-def _ungroup(line: str) -> tuple[str, str | None]:
+def ungroup(line: str) -> tuple[str, str | None]:
     """An exception-group line as a plain traceback line: margins stripped, the group's
     header as a traceback header; separators come back as "sep", the closing rule as "end"."""
     while True:
@@ -566,17 +566,17 @@ def _pick_from_chain(chain: list[_Exc]) -> int:
     if len(chain) == 1:
         return 0
     for i, exc in enumerate(chain):
-        if _is_cascade(exc.type, exc.message) or (exc.wraps and i + 1 < len(chain)):
+        if is_cascade(exc.type, exc.message) or (exc.wraps and i + 1 < len(chain)):
             continue
         base = (exc.type or "").rsplit(".", 1)[-1]
         if (base in LOOKUP_TYPES or base in GROUP_TYPES) and any(
-                not _is_cascade(e.type, e.message) for e in chain[i + 1:]):
+                not is_cascade(e.type, e.message) for e in chain[i + 1:]):
             continue
         return i
     return len(chain) - 1
 
 
-def _in_package(path: str, package: str | None) -> bool:
+def in_package(path: str, package: str | None) -> bool:
     if not package:
         return False
     return f"/{package}/" in path.replace("\\", "/")

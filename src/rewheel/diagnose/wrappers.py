@@ -7,7 +7,7 @@ vLLM's `(Worker_TP4 pid=N)`, SkyPilot's `(worker1, rank=1, pid=N, ip=A)`, torch'
 repeated); loggers put headers (vLLM's `ERROR 07-28 15:07:00 [file.py:12]`, sglang's
 `[2025-07-28 15:07:00 DP0 TP1]`). Each is stripped, in any mix and order, and what it names
 is kept: the node, the journal's pid, the process's label and pid, the level. A wrapper
-nobody listed is learnt from the log (see `_wrapper_pattern`). Also: what a terminal showed
+nobody listed is learnt from the log (see `wrapper_pattern`). Also: what a terminal showed
 of a line (`\r` progress bars, colours, colours that lost their ESC) and a traceback inside
 one escaped string.
 """
@@ -219,7 +219,7 @@ def _after_carriage(line: str) -> str:
     return last
 
 
-def _escaped_traceback(line: str) -> str:
+def escaped_traceback(line: str) -> str:
     """The traceback held in one escaped string of `line` (a JSON field, a repr), unescaped:
     from its start to the string's closing quote (the rest of the line is not its)."""
     start = line.index(ESCAPED_TB)
@@ -256,7 +256,7 @@ def _join_label(outer: str | None, inner: str | None) -> str | None:
     return f"{outer} {inner}"
 
 
-def _wrapper_pattern(text: str) -> re.Pattern[str]:
+def wrapper_pattern(text: str) -> re.Pattern[str]:
     """A wrapper seen once as a pattern for every line: its numbers (times, counters, a host's
     index) may change from line to line, the rest may not."""
     return re.compile(re.sub(r"\d+", lambda _: r"\d+", re.escape(text)))
