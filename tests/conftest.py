@@ -17,6 +17,32 @@ if str(TESTS.parent) not in sys.path:
 from devtools.wheelbuild import build_wheel  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_left(tmp_path_factory: pytest.TempPathFactory):
+    """At the end of the session (of each xdist worker), no process started from this
+    session's temporary folders is left running: a service a test's own teardown missed (one
+    that daemonized, one started outside rewheel and restarted by it) is killed here."""
+    yield
+    import os
+    import signal
+
+    base = str(tmp_path_factory.getbasetemp()) + "/"  # not pytest-12 for pytest-1
+    mine = {os.getpid(), os.getppid()}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in mine:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if base in cmdline:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 @pytest.fixture(autouse=True)
 def rewheel_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "rewheel-home"
