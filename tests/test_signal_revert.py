@@ -20,6 +20,19 @@ from support_run import make_host
 SIGNALS = ["TERM", "INT", "HUP", "KILL"]
 
 
+def _resume_restores(h, before: dict) -> dict:
+    """The run is recorded as interrupted (every command exits 4), and `resume` puts the old
+    state back byte for byte, the old build serving."""
+    hist = h.rewheel("history", str(h.recipe), "--json")
+    assert hist.returncode == 4 and json.loads(hist.stdout)["interrupted_run"], hist.stderr
+    res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
+    assert res.returncode == 0, res.stderr
+    assert h.state() == before
+    assert h.served_version() == "1.0.0"
+    assert h.rewheel("history", str(h.recipe)).returncode == 0
+    return json.loads(res.stdout)
+
+
 def _exit_for(sig: str) -> int:
     # Polite signals end rewheel like Ctrl-C (exit 4: an interrupted run is recorded); SIGKILL
     # ends it where it stands.
@@ -39,15 +52,7 @@ def test_a_signal_during_the_revert_leaves_a_run_that_resume_finishes(tmp_path: 
         assert cp.returncode == _exit_for(sig), cp.stderr
         if sig != "KILL":
             assert "resume" in cp.stderr
-        # Recorded as interrupted: every command says so (exit 4) until it is finished.
-        hist = h.rewheel("history", str(h.recipe), "--json")
-        assert hist.returncode == 4 and json.loads(hist.stdout)["interrupted_run"], hist.stderr
-        res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
-        assert res.returncode == 0, res.stderr
-        assert json.loads(res.stdout)["status"] == "reverted"
-        assert h.state() == before
-        assert h.served_version() == "1.0.0"
-        assert h.rewheel("history", str(h.recipe)).returncode == 0
+        assert _resume_restores(h, before)["status"] == "reverted"
         # No half-restored state was kept as the "failed build".
         snaps = json.loads(h.rewheel("history", str(h.recipe), "--json").stdout)["snapshots"]
         assert sum(s["status"] == "failed-upgrade" for s in snaps) <= 1
@@ -67,10 +72,7 @@ def test_a_resume_interrupted_in_its_own_restore_is_finished_by_the_next(tmp_pat
         again = h.rewheel("resume", str(h.recipe), "--yes",
                           env={"REWHEEL_FAULT_AT": "step:restore", "REWHEEL_FAULT_SIGNAL": sig})
         assert again.returncode == _exit_for(sig), again.stderr
-        assert h.rewheel("history", str(h.recipe)).returncode == 4
-        res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
-        assert res.returncode == 0, res.stderr
-        assert h.state() == before and h.served_version() == "1.0.0"
+        _resume_restores(h, before)
     finally:
         h.stop_service()
         h._index.stop()  # type: ignore[attr-defined]
@@ -89,10 +91,7 @@ def test_a_signal_during_a_rollbacks_restore_is_finished_by_resume(tmp_path: Pat
                        env={"REWHEEL_FAULT_AT": "restore-commit:2", "REWHEEL_FAULT_SIGNAL": sig,
                             "REWHEEL_RESTORE_LANES": "1"})
         assert cp.returncode == 4, cp.stderr
-        assert h.rewheel("history", str(h.recipe)).returncode == 4
-        res = h.rewheel("resume", str(h.recipe), "--yes", "--json")
-        assert res.returncode == 0, res.stderr
-        assert h.state() == before and h.served_version() == "1.0.0"
+        _resume_restores(h, before)
     finally:
         h.stop_service()
         h._index.stop()  # type: ignore[attr-defined]
