@@ -559,10 +559,11 @@ def _recover_stored_bytes(t: Target, snap: SnapshotMeta, say: Say) -> Any:  # re
     from rewheel.recovery import recover_before_restore
 
     inst = t.recipe.install
-    # Only an index the recipe names: a bare `--python` rollback never reaches for the network.
-    named = bool(inst.index_url or inst.extra_index_urls or inst.find_links)
+    # A recipe's indexes — uv's default index when it names none, as its installs use; a bare
+    # `--python` rollback reaches for the network only where the environment says nothing.
+    indexed = t.recipe.path is not None or bool(inst.index_url or inst.extra_index_urls or inst.find_links)
     return recover_before_restore(t.env, snap, cli_ref=t.cli_ref,
-                                  fetcher=(lambda: t.host.fetcher(t.recipe)) if named else None, say=say)
+                                  fetcher=(lambda: t.host.fetcher(t.recipe)) if indexed else None, say=say)
 
 
 def _live_is_failed_build(t: Target, runs: list[RunJournal], interrupted: RunJournal | None) -> bool:
