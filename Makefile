@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo bench bench-synthetic acceptance clean
+.PHONY: venv test test-unit demo bench bench-synthetic acceptance clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml Makefile
 
 test: venv
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q tests
+
+# The unit layer alone (no process started; about a second).
+test-unit: venv
+	$(BIN)/python -m pytest -q -p no:xdist tests/unit
 
 demo: venv
 	$(BIN)/python -m devtools.demo

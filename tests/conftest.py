@@ -13,6 +13,9 @@ TESTS = Path(__file__).parent
 # benchmarks): not installed with rewheel, and not on sys.path when pytest runs as a script.
 if str(TESTS.parent) not in sys.path:
     sys.path.insert(0, str(TESTS.parent))
+# The support modules (tests/support_*.py), for the unit layer in tests/unit/ too.
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 
 from devtools.wheelbuild import build_wheel  # noqa: E402
 

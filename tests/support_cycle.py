@@ -127,6 +127,8 @@ class World:
     cache_lost: bool = False
     prepares: list[dict[str, Any]] = field(default_factory=list)
     resolves: int = 0
+    # uv cache entries the cycle cleaned (a patch written in place through uv's links).
+    cleaned: list[str] = field(default_factory=list)
     # How many of the next health checks fail (then they pass).
     unhealthy: int = 0
     health_calls: int = 0
@@ -135,7 +137,8 @@ class World:
     def host(self) -> Host:
         return Host(checks=self.checks, resolve=self.resolve, plan=self.plan, install=self.install, smoke=self.smoke,
                     fetcher=self.fetcher, manager=lambda spec, state_dir, python: self.manager,
-                    wait_ready=self.wait_ready, gpus_released=self.gpu_waits.append, prepare=self.prepare)
+                    wait_ready=self.wait_ready, gpus_released=self.gpu_waits.append, prepare=self.prepare,
+                    uv_version=lambda: "0.13.9", clean_cache=self.cleaned.extend)
 
     def checks(self, recipe: Recipe, *, client: Any = None, indexes: bool = True) -> CheckResult:
         return CheckResult(recipe)

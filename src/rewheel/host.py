@@ -65,6 +65,18 @@ def _smoke(recipe: Recipe, *, log_path: Path, on_line: Callable[[str], None] | N
     return run_smoke(recipe, log_path=log_path, on_line=on_line)
 
 
+def _uv_version() -> str:
+    from rewheel import installer
+
+    return installer.uv_version()
+
+
+def _clean_cache(names: list[str]) -> Any:
+    from rewheel import patches
+
+    return patches.clean_uv_cache_for(names)
+
+
 def _fetcher(recipe: Recipe) -> Any:
     from rewheel import patches
 
@@ -111,6 +123,9 @@ class Host:
     # staging.build(recipe, env, folder=, lock=, offline=, checks=, on_line=, say=): the staged
     # build in a throwaway environment and its CPU checks; never raises for a failing check.
     prepare: Callable[..., Build] = _prepare
+    uv_version: Callable[[], str] = _uv_version  # installer.uv_version(): what a prepared lock was made with
+    # patches.clean_uv_cache_for(names): uv's cache entries a patch written in place corrupted
+    clean_cache: Callable[[list[str]], Any] = _clean_cache
     # The HTTP client the health checks and the index preflight use; None: each makes its own.
     client: Any = None
 

@@ -1193,7 +1193,7 @@ class _Cycle:
             if late:
                 self.say("patched files share bytes with uv's cache (the patch changed the cache too): "
                          "cleaning " + ", ".join(late) + " from the cache")
-                patchmod.clean_uv_cache_for(late)
+                self.host.clean_cache(late)
             log = self.j.dir / "install.log"
             self.report.logs["install"] = str(log)
             if self.prepared is not None:
@@ -1237,7 +1237,6 @@ class _Cycle:
         that the swap installs offline, nothing fetched in the window."""
         import shutil
 
-        from rewheel import patches as patchmod
         from rewheel import staging
         from rewheel.errors import InstallError
 
@@ -1247,7 +1246,7 @@ class _Cycle:
         with _Step(self, "rewarm", packages=hazards):
             self.say("patched files share bytes with uv's cache: cleaning " + ", ".join(hazards)
                      + " from the cache and fetching them again (the service keeps serving)")
-            patchmod.clean_uv_cache_for(hazards)
+            self.host.clean_cache(hazards)
             self.cleaned.update(hazards)
             scratch = staging.new_folder(self.t.store.env_dir)
             try:
@@ -1402,7 +1401,6 @@ class _Cycle:
 
         from rewheel import diff as diffmod
         from rewheel import staging
-        from rewheel.installer import uv_version
 
         t = self.t
         t0 = time.monotonic()
@@ -1422,7 +1420,7 @@ class _Cycle:
                                   offline=False, checks=True, on_line=self.on_output, say=self.say)
         prepared = staging.Prepared(
             created=time.time(), recipe=t.label, recipe_sha256=digest, env_fingerprint=fingerprint,
-            uv_settings=staging.uv_settings(), uv_version=uv_version(),
+            uv_settings=staging.uv_settings(), uv_version=self.host.uv_version(),
             source=f"lock {self.lock}" if self.lock else "resolved", lock=build.lock,
             reinstall=t.recipe.install.reinstall, before=dict(self.report.before), after=build.versions,
             checks=build.checks, folder=str(new), package=build.package, ok=build.ok)
@@ -1511,7 +1509,8 @@ class _Cycle:
             raise PreparedStale(f"nothing is prepared for {t.env.prefix}",
                                 hint=f"`rewheel run {t.cli_ref} --prepare-only` prepares the upgrade while the "
                                      "service serves; nothing was changed")
-        staging.refuse_stale(staging.stale_reasons(prepared, t.recipe, t.env), t.cli_ref)
+        staging.refuse_stale(staging.stale_reasons(prepared, t.recipe, t.env, uv_now=self.host.uv_version),
+                             t.cli_ref)
         self.say(f"── checking the prepared upgrade of {prepared.created_iso} against uv's cache (offline)")
         scratch = staging.new_folder(t.store.env_dir)
         try:

@@ -384,11 +384,13 @@ def discard(env_dir: Path, keep_in: Path | None = None) -> Path | None:
     return None
 
 
-def stale_reasons(prepared: Prepared, recipe: Recipe, env: Environment) -> list[str]:
+def stale_reasons(prepared: Prepared, recipe: Recipe, env: Environment, *,
+                  uv_now: Callable[[], str] | None = None) -> list[str]:
     """Why a prepared lock no longer fits (empty: it does): the recipe, the live
     environment, or uv's settings changed since it was prepared."""
     from rewheel.installer import uv_version
 
+    uv_now = uv_now or uv_version
     why = []
     if prepared.recipe_sha256 != recipe_digest(recipe):
         why.append(f"the recipe {recipe.source} changed since {prepared.created_iso}")
@@ -397,8 +399,9 @@ def stale_reasons(prepared: Prepared, recipe: Recipe, env: Environment) -> list[
                    "(a distribution was installed, removed or reinstalled)")
     if prepared.uv_settings != uv_settings():
         why.append("uv's settings (UV_* variables: indexes, cache) changed since it was prepared")
-    if prepared.uv_version != uv_version():
-        why.append(f"uv changed ({prepared.uv_version} then, {uv_version()} now)")
+    now = uv_now()
+    if prepared.uv_version != now:
+        why.append(f"uv changed ({prepared.uv_version} then, {now} now)")
     return why
 
 
