@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 test: venv
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q tests
 
-# The unit layer alone (no process started; about a second).
+# The unit layer alone (no process started; about 15 s).
 test-unit: venv
 	$(BIN)/python -m pytest -q -p no:xdist tests/unit
 

@@ -17,7 +17,7 @@ import pytest
 
 from rewheel import diagnose
 
-LOGS = Path(__file__).parent / "logs"
+LOGS = Path(__file__).parents[1] / "logs"
 SHAPES = ["wrap_docker_compose", "wrap_kubectl_prefix", "wrap_ci_timestamps", "journald_short_iso",
           "journald_short_precise", "journald_short_monotonic", "journald_json", "syslog_rfc5424", "srun_ranks",
           "nohup_progress_bars", "paste_damaged", "paste_chars_interleaved", "sglang_scheduler_exception",

@@ -19,7 +19,7 @@ import pytest
 
 from rewheel import diagnose
 
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "real-logs"
+REAL = Path(__file__).resolve().parents[2].parent / "shared" / "real-logs"
 TRUTH = REAL / "truth.json"
 
 

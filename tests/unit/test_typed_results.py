@@ -21,8 +21,8 @@ from rewheel.runner import DiagnosisRecord, Failure, SmokeReport
 from rewheel.service import HealthResult
 from rewheel.smoke import SmokeResult
 
-LOGS = Path(__file__).parent / "logs"
-REAL = Path(__file__).parents[1] / ".." / "shared" / "real-logs"
+LOGS = Path(__file__).parents[1] / "logs"
+REAL = Path(__file__).parents[2] / ".." / "shared" / "real-logs"
 
 
 def _roots() -> list[tuple[str, RootCause]]:

@@ -17,8 +17,8 @@ import pytest
 
 from rewheel import diagnose
 
-LOGS = Path(__file__).parent / "logs"
-REAL = Path(__file__).resolve().parents[1].parent / "shared" / "real-logs"
+LOGS = Path(__file__).parents[1] / "logs"
+REAL = Path(__file__).resolve().parents[2].parent / "shared" / "real-logs"
 BASELINE_RE = re.compile(r"([A-Za-z_][\w.]*Error):")
 
 
