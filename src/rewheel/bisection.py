@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 from packaging.version import InvalidVersion, Version
@@ -304,7 +304,7 @@ def bisect(recipe: Recipe, *, good: str, bad: str, package: str | None = None,
         builds, mode, source = _candidates(b, res, good, bad, repo=repo, github=github,
                                            github_api=github_api, commit_base=commit_base)
         res.candidates, res.mode, res.commit_source = builds, mode, source
-        _search(b, res, builds)
+        search(b, res, builds)
         res.steps, res.smoke_runs = b.steps, b.smoke_runs
         if res.first_bad is not None and res.last_good is not None:
             res.compare_url = _compare_url(b.project_urls, github, res.last_good, res.first_bad)
@@ -453,8 +453,17 @@ def _commit_builds(rng: nightly.CommitRange, base: str, offered: list[Version], 
     return builds
 
 
-def _search(b: _Bisection, res: BisectResult, builds: list[Build]) -> None:
-    """Verify the ends, then halve the range between the last good and the first bad build."""
+class Tester(Protocol):
+    """What the search asks of a bisection: one build's verdict (installed and smoke-tested
+    in a throwaway environment, or read back from the journal)."""
+
+    def test(self, build: Build) -> Verdict: ...
+
+
+def search(b: Tester, res: BisectResult, builds: list[Build]) -> None:
+    """Verify the ends, then halve the range between the last good and the first bad build
+    (builds that cannot be tested are skipped; when they sit next to the first bad one, the
+    result is `ambiguous`). Pure: every test goes through `b` (the unit tests pass a fake)."""
     lo, hi = 0, len(builds) - 1
     end = b.test(builds[hi])
     if end.verdict != "bad":
