@@ -104,7 +104,7 @@ class Distribution:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return []
-        entries = []
+        entries: list[RecordEntry] = []
         site_dir = str(self.site)
         site = site_dir.rstrip("/") + "/"
         # Every row goes through normpath only when the site path itself is not normal;

@@ -172,7 +172,7 @@ class Analyser(TracebackReader, ErrorLineReader, Ranking):
                 e = self.elastic
                 if label is None and e.get("rank") and ELASTIC_TB_RE.match(before):
                     # torchrun's summary named the child whose traceback this is
-                    label, pid = e["rank"], int(e["pid"]) if e.get("pid") else pid
+                    label, pid = e["rank"], int(pid_text) if (pid_text := e.get("pid")) else pid
                     node = e.get("host") or node
                     self.elastic = {}
                 bkey = (jpid, None, None, False, node)

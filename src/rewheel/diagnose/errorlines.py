@@ -9,6 +9,7 @@ before it."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_CHARS
 from rewheel.diagnose.ranking import (
@@ -90,8 +91,9 @@ def prefilter(line: str) -> bool:
 class ErrorLineReader:
     """`Analyser`'s part that reads the lines outside tracebacks."""
 
-    # (state set up by Analyser.__init__)
+    # (state set up by Analyser.__init__; `_register` is the ranking's, see ranking.py)
     package: str | None
+    _register: Callable[[Occ, int | None, str | None, str | None, int | None], None]
     error_lines: bool
     tick: int
     terminate: tuple[str | None, int, int] | None
@@ -244,6 +246,6 @@ class ErrorLineReader:
         elif key == "traceback" and "received by PID" in value and self.error_lines:
             e, self.elastic = self.elastic, {}
             label = e.get("rank")
-            pid = int(e["pid"]) if e.get("pid") else None
+            pid = int(pid_text) if (pid_text := e.get("pid")) else None
             self._register(Occ("error-line", LINE_STRONG, "fatal signal", value, norm_sig("fatal signal", value),
                                 label, pos, None, [], False, pid, e.get("host") or node), jpid, ident, label, pid)

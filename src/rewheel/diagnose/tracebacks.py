@@ -9,6 +9,7 @@ forms, and logs cut off at either end."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -133,8 +134,9 @@ class Stream:
 class TracebackReader:
     """`Analyser`'s part that reads tracebacks, one stream (process) at a time."""
 
-    # (state set up by Analyser.__init__)
+    # (state set up by Analyser.__init__; `_register` is the ranking's, see ranking.py)
     package: str | None
+    _register: Callable[[Occ, int | None, str | None, str | None, int | None], None]
     streams: dict[tuple, Stream]
     tick: int
     tracebacks: int

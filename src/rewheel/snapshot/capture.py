@@ -223,7 +223,7 @@ class _PreviousCopies:
                 if (man.real_roots or [os.path.realpath(r.path) for r in man.roots]) == real:
                     self._prev = (meta, man)
                 break
-        return self._prev or None
+        return self._prev if isinstance(self._prev, tuple) else None
 
     def _find(self, ri: int, rel: str, st: os.stat_result) -> tuple[SnapshotMeta, Folder, int] | None:
         prev = self._load()
@@ -357,6 +357,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                         # (small files) rather than paying for a copy.
                         rec and rec[0] and st.st_mtime_ns == rec[2] and size <= TIE_HASH_MAX
                         and hash_file(src) == rec[0]):
+                    assert rec is not None  # pristine, or proven by its bytes: RECORD's entry
                     how = linker.share(src, dst)
                     sha = rec[0]
                     if how == "link":

@@ -90,13 +90,13 @@ class SameBytes:
                 j = df.index.get("RECORD") if df is not None else None
                 # A dist-info the snapshot lacks is a distribution installed at another
                 # version since: its unchanged files carry the snapshot's hash too.
-                other_version = i is None
-                if not other_version and (sf.types[i] != "d" or df is None or j is None or df.types[j] != "f"):
+                if i is not None and (sf.types[i] != "d" or df is None or j is None or df.types[j] != "f"):
                     continue
                 record = f"{site}/{name}/RECORD"
                 try:
                     st = os.lstat(record)
-                    if not other_version and st.st_size == df.sizes[j] and st.st_mtime_ns == df.mtimes[j]:
+                    if (i is not None and df is not None and j is not None
+                            and st.st_size == df.sizes[j] and st.st_mtime_ns == df.mtimes[j]):
                         continue  # the captured RECORD: not reinstalled
                     with open(record, encoding="utf-8", errors="replace", newline="") as fh:
                         lines = fh.read().splitlines()

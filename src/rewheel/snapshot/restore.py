@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rewheel import proc
 from rewheel.environment import Environment
@@ -286,7 +286,7 @@ class _Restore:
         prefix = f"{rel}/" if rel else ""
         skip = self.skip.get(path)
         matched = 0
-        proof: FolderProof | None | bool = None  # None: not looked up yet; False: nothing to prove here
+        proof: FolderProof | None | Literal[False] = None  # None: not looked up yet; False: nothing to prove here
         with os.scandir(fd) as it:
             for de in it:
                 name = de.name
@@ -319,7 +319,7 @@ class _Restore:
                         if proof is None:  # the folder's proof, once, at its first such file
                             proof = self.folder_proof(ri, rel, path)
                         if proof is not False and self.same is not None and self.same.same(
-                                proof, name, sizes[i], lambda i=i: f.sha(i), lst, de):
+                                proof, name, sizes[i], lambda i=i: f.sha(i), lst, de):  # type: ignore[misc]
                             self.proven += 1
                             pst = de.stat(follow_symlinks=False)  # (cached by the DirEntry)
                             if mode_of(pst.st_mode) != modes[i]:
@@ -360,7 +360,7 @@ class _Restore:
             if d.touched or d.chmods or d.attrs_off:
                 self.dirs.append(d)
 
-    def folder_proof(self, ri: int, rel: str, path: str) -> FolderProof | bool:
+    def folder_proof(self, ri: int, rel: str, path: str) -> FolderProof | Literal[False]:
         """What proves files of folder `rel` the snapshot's (see `SameBytes`), or False when
         nothing can here (and, once nothing can in this tree, no further work for it)."""
         same = self.same
@@ -478,7 +478,7 @@ class _Restore:
                 except FileNotFoundError:
                     st = None
                 if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != e.size or st.st_mtime_ns != e.mtime_ns:
-                    _check_stored(self.snap, self.tree, e)  # raises, naming the file
+                    st = _check_stored(self.snap, self.tree, e)  # raises, naming the file
                 self.links[(e.root, e.path)] = st
         finally:
             os.close(sfd)
@@ -490,6 +490,7 @@ class _Restore:
         """Put entry e (a file or symlink) at dst, a path that is free: a link to the
         stored inode (checked against the manifest first) or a checked copy."""
         if e.kind == "l":
+            assert e.target is not None  # a manifest symlink always has its target
             os.symlink(e.target, dst)
         else:
             sst = self.links.get((e.root, e.path))
@@ -635,6 +636,7 @@ class _Restore:
                 except FileNotFoundError:
                     pass
                 if k.kind == "l":
+                    assert k.target is not None
                     os.symlink(k.target, name, dir_fd=fd)
                     self.count_written()
                     continue
@@ -1043,7 +1045,7 @@ def verify(env: Environment, snap: SnapshotMeta, man: Manifest | None = None) ->
         if problem and problem.startswith("content differs") and roots[ri].whole:
             folder, _, name = rel.rpartition("/")
             fp = same.folder(ri, folder, os.path.join(roots[ri].path, folder))
-            if fp is None or not same.same(fp, name, e.size, lambda e=e: e.sha256, st):
+            if fp is None or not same.same(fp, name, e.size, lambda e=e: e.sha256, st):  # type: ignore[misc]
                 problems.append(problem)
                 continue
             problem = _entry_problem(e._replace(mtime_ns=st.st_mtime_ns), st, path)  # its mode, still
