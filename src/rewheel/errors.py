@@ -144,6 +144,26 @@ class LockHeld(RewheelError):
     exit_code = EXIT_BUSY
 
 
+class JournalDamaged(RewheelError):
+    """A run's journal that cannot be read as one (not a regular file, unreadable): exit 2,
+    nothing was changed; the message names the file."""
+
+
+class JournalWriteError(RewheelError):
+    """A journal record could not be written whole (a full disk, an I/O error): nothing of it
+    was kept, and the step it announced did not start. A person must free the disk and
+    `resume` (exit 3)."""
+
+    exit_code = EXIT_UNRESTORED
+
+    def __init__(self, event: str, path: object, exc: OSError) -> None:
+        super().__init__(f"cannot write the journal {path} (record {event!r}): {exc.strerror or exc}; "
+                         "the step it announced was not started",
+                         hint="free disk there, then `rewheel resume TARGET` finishes or undoes the run")
+        self.path = str(path)
+        self.reason = exc.strerror or str(exc)
+
+
 class InterruptedRun(RewheelError):
     """A previous run was interrupted and must be resumed or rolled back first."""
 
