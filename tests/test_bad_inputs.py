@@ -277,6 +277,49 @@ def cleanup_matches_state(c: Ctx) -> Call:
                 ["[cleanup] paths", str(c.home)])
 
 
+def cleanup_glob(value: str, command: str = "check", *, shown: str | None = None) -> Setup:
+    """A `[cleanup] paths` glob that could only match system files: refused by `check`, by
+    `run --dry-run` and by `run`, naming the key and the glob; nothing moved."""
+    def setup(c: Ctx) -> Call:
+        args = {"check": ["check"], "dry-run": ["run", "--dry-run", "--yes"], "run": ["run", "--yes"]}[command]
+        return Call([*args, str(c.recipe(f'[cleanup]\npaths = ["{value}"]\n'))],
+                    ["cleanup.paths[0]", shown or value], check=system_files_untouched)
+    return setup
+
+
+def system_files_untouched(_doc: dict[str, Any]) -> None:
+    assert Path("/etc/hostname").exists() and Path("/etc/passwd").exists()
+
+
+def cleanup_match_through_symlink(c: Ctx) -> Call:
+    """The glob lies in a temporary folder, but what it matches is /etc's, through a link."""
+    (c.tmp / "dumps").symlink_to("/etc")
+    return Call(["run", "--yes", str(c.recipe(f'[cleanup]\npaths = ["{c.tmp}/dumps/hostnam?"]\n'))],
+                ["[cleanup] paths", "/etc/hostname", "inside the system folder /etc"], check=system_files_untouched)
+
+
+def cleanup_folder_relinked(c: Ctx) -> Call:
+    """A run stashed .../u/x.pt; `u` was then replaced by a link to another folder: rollback
+    must not write through it (it would write /etc/x.pt with a link to /etc)."""
+    (c.tmp / "u").mkdir()
+    (c.tmp / "u" / "x.pt").write_bytes(b"dump")
+    recipe = c.recipe(f'[cleanup]\npaths = ["{c.tmp}/u/*.pt"]\n')
+    first = c.cli("run", str(recipe), "--yes", "--json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert not (c.tmp / "u" / "x.pt").exists()
+    (c.tmp / "u").rmdir()
+    victim = c.tmp / "victim"
+    victim.mkdir()
+    (c.tmp / "u").symlink_to(victim)
+    snap = json.loads(first.stdout)["snapshot_id"]
+
+    def nothing_written(_doc: dict[str, Any]) -> None:
+        assert not any(victim.iterdir())
+
+    return Call(["rollback", str(recipe), snap, "--yes"], [f"{c.tmp}/u/x.pt", f"{c.tmp}/u", str(victim)],
+                check=nothing_written)
+
+
 def system_run(c: Ctx) -> Call:
     py = system_python()
     return Call(["run", str(c.recipe(python=py)), "--yes"], [py, "environment.system"])
@@ -314,6 +357,19 @@ CASES: list[tuple[str, Setup, int]] = [
     ("disk-full-writing-the-journal", disk_full_journal, 2),
     ("unreadable-file-in-the-environment", unreadable_file, 2),
     ("cleanup-glob-matches-the-state-folder", cleanup_matches_state, 2),
+    ("cleanup-glob-etc-star-check", cleanup_glob("/etc/*"), 2),
+    ("cleanup-glob-etc-star-dry-run", cleanup_glob("/etc/*", "dry-run"), 2),
+    ("cleanup-glob-root-star-run", cleanup_glob("/root/*", "run"), 2),
+    ("cleanup-glob-var-lib-star", cleanup_glob("/var/lib/*"), 2),
+    ("cleanup-glob-usr-lib-so", cleanup_glob("/usr/lib/*.so", "dry-run"), 2),
+    ("cleanup-glob-run-lock", cleanup_glob("/run/lock"), 2),
+    ("cleanup-glob-relative-escape", cleanup_glob("../../../../../../../../etc/hostname", shown="/etc/hostname"), 2),
+    ("cleanup-glob-root-folder", cleanup_glob("/"), 2),
+    ("cleanup-glob-home-tilde", cleanup_glob("~", shown=os.path.expanduser("~")), 2),
+    ("cleanup-glob-boot", cleanup_glob("/boot"), 2),
+    ("cleanup-glob-top-level-star", cleanup_glob("/*", "run"), 2),
+    ("cleanup-match-through-a-symlink-into-etc", cleanup_match_through_symlink, 2),
+    ("cleanup-folder-relinked-before-rollback", cleanup_folder_relinked, 2),
     ("system-interpreter-run", system_run, 2),
     ("system-interpreter-rollback", system_rollback, 2),
     ("system-interpreter-resume", system_resume, 2),

@@ -138,6 +138,11 @@ class SnapshotDamaged(RestoreError):
     """A snapshot failed its integrity check; it was refused before anything was changed."""
 
 
+class UnsafeCleanupPath(RewheelError):
+    """A stashed cleanup file would go back through a folder that changed into a symlink
+    since it was stashed: refused (exit 2); the file stays in the snapshot."""
+
+
 class LockHeld(RewheelError):
     """Another rewheel process holds this environment."""
 

@@ -227,7 +227,31 @@ def _resolve_path(base: Path, value: str) -> Path:
 
 def _resolve_glob(base: Path, value: str) -> str:
     v = os.path.expanduser(value)
-    return v if os.path.isabs(v) else str(base / v)
+    # Normalized ("../" resolved as written): what it may match is judged on this path.
+    return os.path.normpath(v if os.path.isabs(v) else str(base / v))
+
+
+def _cleanup_globs(path: Path, base: Path, values: list[str]) -> tuple[str, ...]:
+    """`[cleanup] paths`, absolute; a glob that could only match system files (inside /etc,
+    /usr, /root, ...: debris lives in /tmp, /var/tmp, /dev/shm and ~/.cache) is refused."""
+    if not values:
+        return ()
+    from rewheel.snapshot.cleanup import cleanup_glob_refusal
+
+    out = []
+    for i, value in enumerate(values):
+        if not value.strip() or "\x00" in value:
+            raise RecipeError(path, f"cleanup.paths[{i}]", f"expected a glob, got {_describe(value)}")
+        glob = _resolve_glob(base, value)
+        why = cleanup_glob_refusal(glob)
+        if why is not None:
+            raise RecipeError(path, f"cleanup.paths[{i}]",
+                              f"{_describe(value)}" + (f" ({glob})" if glob != value else "") + f" {why}; "
+                              "refusing to move what it matches",
+                              hint="cleanup globs name debris: files in /tmp, /var/tmp, /dev/shm, a user's "
+                                   '~/.cache, or a data folder of your own, e.g. "/tmp/*.pt"')
+        out.append(glob)
+    return tuple(out)
 
 
 def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = True) -> Recipe:
@@ -339,7 +363,7 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
     return Recipe(
         name=data.get("name") or path.stem, python=python, path=path, service=service,
         install=install, smoke=smoke, patch_policy=policy,
-        cleanup_paths=tuple(_resolve_glob(base, p) for p in data.get("cleanup", {}).get("paths", ())),
+        cleanup_paths=_cleanup_globs(path, base, data.get("cleanup", {}).get("paths", [])),
         keep=keep, store=store, snapshot_exclude=exclude,
         system=data["environment"].get("system", False))
 

@@ -21,7 +21,7 @@ from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
 from rewheel.recipe import Recipe
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, SnapshotResult, Store,
-                              discard_displaced, restore_lanes_setting, restore_snapshot, take_snapshot,
+                              check_cleanup_entries, discard_displaced, restore_lanes_setting, restore_snapshot, take_snapshot,
                               unstash_cleanup)
 
 if TYPE_CHECKING:
@@ -371,6 +371,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
     with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
         refuse_failed_build(snap, force, t.cli_ref)  # before a journal exists: nothing to close
+        check_cleanup_entries(snap, t.recipe.cleanup_paths)  # tampered or re-linked: refused, nothing changed
         interrupted = journal.interrupted_run(t.store.env_dir)
         runs = journal.list_runs(t.store.env_dir)
         # The last command, if it left the service stopped: interrupted, or failed without
