@@ -320,6 +320,78 @@ def cleanup_folder_relinked(c: Ctx) -> Call:
                 check=nothing_written)
 
 
+def exclude_takes_everything(c: Ctx) -> Call:
+    return Call(["check", str(c.recipe('[snapshots]\nexclude = ["?*"]\n'))],
+                ["snapshots.exclude", "?*", "would leave bin out"])
+
+
+def exclude_takes_a_package(command: str) -> Setup:
+    """A glob no sample path shows to be wrong, but that names an installed package's folder:
+    refused when the snapshot would be taken (run: at its preflight, before the stop)."""
+    def setup(c: Ctx) -> Call:
+        r = c.recipe('[snapshots]\nexclude = ["toyp?g"]\n')
+        args = ["run", str(r), "--yes"] if command == "run" else ["snapshot", str(r)]
+        rel = str(c.site.relative_to(c.python().parent.parent) / "toypkg")
+        return Call(args, ["[snapshots] exclude", "toyp?g", rel])
+    return setup
+
+
+def home_inside_prefix(where: str) -> Setup:
+    """REWHEEL_HOME or [snapshots] store inside the environment (or through a link into it):
+    refused before the folder is made."""
+    def setup(c: Ctx) -> Call:
+        prefix = c.python().parent.parent
+        inside = {"prefix": prefix / "rewheel-state", "site": c.site / "rewheel-store"}.get(where)
+        if where == "link":
+            (c.tmp / "state-link").symlink_to(c.site)
+            inside = c.tmp / "state-link" / "store"
+        assert inside is not None
+
+        def not_made(_doc: dict[str, Any]) -> None:
+            assert not os.path.lexists(inside)
+
+        if where == "site":
+            return Call(["snapshot", str(c.recipe(f'[snapshots]\nstore = "{inside}"\n'))],
+                        ["snapshots.store", str(inside), "inside the environment", str(prefix)], check=not_made)
+        return Call(["snapshot", "--python", str(c.python())], ["REWHEEL_HOME", str(inside), "inside the environment"],
+                    env={"REWHEEL_HOME": str(inside)}, check=not_made)
+    return setup
+
+
+def home_dangling_symlink(c: Ctx) -> Call:
+    link = c.tmp / "home-link"
+    link.symlink_to(c.tmp / "gone")
+    return Call(["history", "--python", str(c.python())], ["REWHEEL_HOME", str(link), "does not exist"],
+                env={"REWHEEL_HOME": str(link)})
+
+
+def health_url(value: str) -> Setup:
+    def setup(c: Ctx) -> Call:
+        r = c.recipe(f'[service]\nmanager = "command"\nstart = ["true"]\nhealth_url = "{value}"\n')
+        return Call(["check", str(r)], ["service.health_url", value])
+    return setup
+
+
+def index_url_newline(c: Ctx) -> Call:
+    r = c.tmp / "nl.toml"
+    r.write_text(f'[environment]\npython = "{c.python()}"\n[install]\npackages = ["toypkg"]\n'
+                 f'index_url = "{c.index_url}\\n--extra-index-url=http://127.0.0.1:9/simple"\n')
+    return Call(["run", str(r), "--yes"], ["install.index_url", "control character"])
+
+
+def restore_lanes(value: str) -> Setup:
+    def setup(c: Ctx) -> Call:
+        return Call(["rollback", "--python", str(c.python()), "--yes"], ["REWHEEL_RESTORE_LANES", repr(value)],
+                    env={"REWHEEL_RESTORE_LANES": value})
+    return setup
+
+
+def dry_run_with(flag: str) -> Setup:
+    def setup(c: Ctx) -> Call:
+        return Call(["run", str(c.recipe()), "--dry-run", flag, "--yes"], ["--dry-run", flag])
+    return setup
+
+
 def system_run(c: Ctx) -> Call:
     py = system_python()
     return Call(["run", str(c.recipe(python=py)), "--yes"], [py, "environment.system"])
@@ -370,6 +442,22 @@ CASES: list[tuple[str, Setup, int]] = [
     ("cleanup-glob-top-level-star", cleanup_glob("/*", "run"), 2),
     ("cleanup-match-through-a-symlink-into-etc", cleanup_match_through_symlink, 2),
     ("cleanup-folder-relinked-before-rollback", cleanup_folder_relinked, 2),
+    ("home-inside-the-prefix", home_inside_prefix("prefix"), 2),
+    ("store-inside-site-packages", home_inside_prefix("site"), 2),
+    ("home-inside-the-prefix-through-a-symlink", home_inside_prefix("link"), 2),
+    ("home-a-dangling-symlink", home_dangling_symlink, 2),
+    ("health-url-unclosed-ipv6", health_url("http://[::1"), 2),
+    ("health-url-no-host", health_url("http://"), 2),
+    ("health-url-port-99999", health_url("http://127.0.0.1:99999/health"), 2),
+    ("health-url-port-0", health_url("http://127.0.0.1:0/health"), 2),
+    ("index-url-with-a-newline", index_url_newline, 2),
+    ("restore-lanes-leading-space", restore_lanes(" 2"), 2),
+    ("restore-lanes-trailing-newline", restore_lanes("2\n"), 2),
+    ("dry-run-with-prepared", dry_run_with("--prepared"), 2),
+    ("dry-run-with-prepare-only", dry_run_with("--prepare-only"), 2),
+    ("snapshots-exclude-question-star", exclude_takes_everything, 2),
+    ("snapshots-exclude-a-package-run", exclude_takes_a_package("run"), 2),
+    ("snapshots-exclude-a-package-snapshot", exclude_takes_a_package("snapshot"), 2),
     ("system-interpreter-run", system_run, 2),
     ("system-interpreter-rollback", system_rollback, 2),
     ("system-interpreter-resume", system_resume, 2),

@@ -60,12 +60,18 @@ def ensure_private_dir(path: Path, *, what: str | None = None) -> Path:
         st = None
     except OSError as exc:
         raise UsageError(f"{name}: cannot be used: {exc.strerror or exc}", hint=hint) from None
+    if st is None and os.path.islink(path):
+        raise UsageError(f"{name}: is a symlink to {os.readlink(path)}, which does not exist",
+                         hint="create the folder it points to, remove the link, or give another folder")
     if st is None:
         try:
             path.mkdir(parents=True, mode=0o700)
             return path
         except FileExistsError:
-            st = os.stat(path)  # made meanwhile by another rewheel: check it as any other
+            try:
+                st = os.stat(path)  # made meanwhile by another rewheel: check it as any other
+            except OSError as exc:
+                raise UsageError(f"{name}: cannot be used: {exc.strerror or exc}", hint=hint) from None
         except OSError as exc:
             raise UsageError(f"{name}: cannot be created: {exc.strerror or exc}", hint=hint) from None
     if not stat.S_ISDIR(st.st_mode):
@@ -85,6 +91,24 @@ def ensure_private_dir(path: Path, *, what: str | None = None) -> Path:
         raise UsageError(f"{name}: belongs to uid {st.st_uid} and sits in {path.parent}, a folder "
                          "every user can write to: refusing to keep state there", hint=hint)
     return path
+
+
+def refuse_home_inside(home: Path, prefix: Path, *, what: str) -> None:
+    """The state folder never lies inside the environment it keeps snapshots of (nor is it
+    the prefix): a snapshot's files would be written into the environment, and a restore
+    or an upgrade would meet them there. Checked through symlinks, before anything is made
+    (UsageError, exit 2, naming `what` and both folders)."""
+    from rewheel.errors import UsageError
+
+    real_prefix = os.path.realpath(prefix)
+    # The folder as it will be: its deepest existing part resolved, the rest as written.
+    real_home = os.path.realpath(home)
+    for where in {os.path.normpath(os.path.abspath(home)), real_home}:
+        if where == real_prefix or where.startswith(real_prefix.rstrip("/") + "/"):
+            raise UsageError(f"{what} {home}: is inside the environment {prefix}: snapshots and run journals "
+                             "would be written into the environment they protect",
+                             hint="keep the state outside the environment (the default is "
+                                  "~/.local/state/rewheel); nothing was changed")
 
 
 def env_key(prefix: Path) -> str:

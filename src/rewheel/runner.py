@@ -63,22 +63,23 @@ def open_target(recipe: Recipe, host: Host | None = None) -> Target:
     real one unless a caller hands another)."""
     restore_lanes_setting()  # a bad value is refused before any command acts
     env = Environment.inspect(recipe.python)
-    return Target(recipe, env, Store(env.prefix, _checked_home(recipe)), host or Host.real())
+    return Target(recipe, env, Store(env.prefix, _checked_home(recipe, env.prefix)), host or Host.real())
 
 
-def _checked_home(recipe: Recipe) -> Path:
+def _checked_home(recipe: Recipe, prefix: Path) -> Path:
     """The store's folder, refused (exit 2, naming where it came from) when it is a file,
     on a pseudo-filesystem (/proc, /sys), or a world-writable folder without the
     sticky bit; created private (0700) when it does not exist."""
     import os
 
-    from rewheel.paths import ensure_private_dir
+    from rewheel.paths import ensure_private_dir, refuse_home_inside
 
     if recipe.store is not None:
         home, what = recipe.store, f"{recipe.source}: snapshots.store"
     else:
         home = state_home()
         what = "REWHEEL_HOME" if os.environ.get("REWHEEL_HOME") else "the state folder"
+    refuse_home_inside(home, prefix, what=what)
     return ensure_private_dir(home, what=what)
 
 
@@ -1547,6 +1548,10 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
     from rewheel.errors import UsageError
 
     refuse_system_interpreter(t)
+    if dry_run and (prepare_only or prepared):
+        flag = "--prepare-only" if prepare_only else "--prepared"
+        raise UsageError(f"--dry-run and {flag} exclude each other: {flag} changes things, --dry-run never does",
+                         hint="`run RECIPE --dry-run` shows the plan; then run with --prepare-only or --prepared")
     if prepare_only and prepared:
         raise UsageError("--prepare-only and --prepared exclude each other",
                          hint="--prepare-only prepares now; --prepared swaps in what was prepared")
