@@ -392,6 +392,31 @@ def dry_run_with(flag: str) -> Setup:
     return setup
 
 
+def ci_promote_into_proc(c: Ctx) -> Call:
+    r = c.recipe('[smoke]\ncommand = ["{python}", "-c", "pass"]\n')
+    return Call(["ci", str(r), "--promote", "--lockfiles", "/proc"], ["--lockfiles /proc", "pseudo-filesystem"])
+
+
+def _env_state_dir(c: Ctx) -> Path:
+    return next((c.home / "envs").iterdir())
+
+
+def meta_json_wrong_types(c: Ctx) -> Call:
+    doc = json.loads(c.cli("snapshot", "--python", str(c.python()), "--json").stdout)
+    meta = Path(doc["path"]) / "meta.json"
+    m = json.loads(meta.read_text())
+    m["created"], m["files"] = "yesterday", "many"
+    meta.write_text(json.dumps(m))
+    return Call(["rollback", "--python", str(c.python()), doc["id"], "--yes"], [doc["id"], "meta.json", "created"])
+
+
+def journal_is_a_folder(c: Ctx) -> Call:
+    assert c.cli("snapshot", "--python", str(c.python())).returncode == 0
+    bad = _env_state_dir(c) / "runs" / "20260101-000000-abcd" / "journal.jsonl"
+    bad.mkdir(parents=True)
+    return Call(["history", "--python", str(c.python())], [str(bad), "not a regular file"])
+
+
 def system_run(c: Ctx) -> Call:
     py = system_python()
     return Call(["run", str(c.recipe(python=py)), "--yes"], [py, "environment.system"])
@@ -455,6 +480,9 @@ CASES: list[tuple[str, Setup, int]] = [
     ("restore-lanes-trailing-newline", restore_lanes("2\n"), 2),
     ("dry-run-with-prepared", dry_run_with("--prepared"), 2),
     ("dry-run-with-prepare-only", dry_run_with("--prepare-only"), 2),
+    ("ci-promote-lockfiles-proc", ci_promote_into_proc, 2),
+    ("meta-json-with-wrong-types", meta_json_wrong_types, 3),
+    ("journal-jsonl-is-a-folder", journal_is_a_folder, 2),
     ("snapshots-exclude-question-star", exclude_takes_everything, 2),
     ("snapshots-exclude-a-package-run", exclude_takes_a_package("run"), 2),
     ("snapshots-exclude-a-package-snapshot", exclude_takes_a_package("snapshot"), 2),

@@ -37,6 +37,12 @@ def state_home(override: str | os.PathLike[str] | None = None) -> Path:
 _PSEUDO_FS = ("/proc", "/sys")
 
 
+def pseudo_fs_of(path: str | os.PathLike[str]) -> str | None:
+    """The pseudo-filesystem (/proc, /sys) a path lies on, through symlinks, or None."""
+    real = os.path.realpath(path)
+    return next((p for p in _PSEUDO_FS if real == p or real.startswith(p + "/")), None)
+
+
 def ensure_private_dir(path: Path, *, what: str | None = None) -> Path:
     """A folder for rewheel's state. When rewheel creates it, it is private to its owner
     (0700). A folder that already exists keeps its mode — it may be shared, like a 1777 /tmp —
@@ -49,8 +55,7 @@ def ensure_private_dir(path: Path, *, what: str | None = None) -> Path:
     path = Path(path)
     name = f"{what} {path}" if what else f"state folder {path}"
     hint = "give a folder of your own, or one that does not exist yet (rewheel creates it, mode 0700)"
-    real = os.path.realpath(path)
-    pseudo = next((p for p in _PSEUDO_FS if real == p or real.startswith(p + "/")), None)
+    pseudo = pseudo_fs_of(path)
     if pseudo is not None:
         raise UsageError(f"{name}: is under {pseudo}, a pseudo-filesystem, not a place to keep "
                          "snapshots", hint=hint)
