@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,80 @@ def test_resume_closes_a_run_whose_journal_was_torn(tmp_path: Path) -> None:
     finally:
         h.stop_service()
         h._index.stop()  # type: ignore[attr-defined]
+
+
+def _leave_free(folder: Path, pages: int) -> Path:
+    """Fill the filesystem of `folder`, then give back `pages` pages: what a command finds
+    when the disk is all but full."""
+    filler = _fill(folder)
+    with open(filler, "r+b") as f:
+        f.truncate(max(0, filler.stat().st_size - pages * 4096))
+    return filler
+
+
+def _pad_to(journal: Path, room: int) -> None:
+    """Append a valid note record so that the journal ends `room` bytes before a page
+    boundary of the filesystem: the next appends cross it (then the disk has no page left)."""
+    size = journal.stat().st_size
+    end = (size // 4096 + 1) * 4096
+    while end - room - size < 120:
+        end += 4096
+    length = end - room - size
+    rec = {"event": "note", "time": 1.0, "pad": ""}
+    rec["pad"] = "x" * (length - len(json.dumps(rec)) - 1)
+    with open(journal, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    assert journal.stat().st_size == end - room
+
+
+@pytest.mark.parametrize("room", [0, 40, 200, 600, 1500])
+def test_a_resume_on_a_full_disk_never_tears_its_journal(tmp_path: Path, room: int) -> None:
+    """A rollback killed as its restore starts; its journal then ends `room` bytes before a
+    page boundary of a real 2 MiB tmpfs, and the disk is full: `resume`'s appends fail
+    (short write, then ENOSPC) at a different record for each `room`. `resume` exits 0 or 3
+    with a sentence, never an internal error, and leaves no torn line; once the disk is freed,
+    `resume` finishes the rollback and every command exits 0."""
+    from support_env import make_venv
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)]).returncode != 0:
+        pytest.fail("mounting a tmpfs needs root (as in CI)")
+    try:
+        py = make_venv(tmp_path / "env")
+        site = next((py.parent.parent / "lib").glob("python3*/site-packages"))
+        env = {**os.environ, "REWHEEL_HOME": str(small / "home")}
+
+        def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "rewheel", *args, "--python", str(py)],
+                                  capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                                  env={**env, **extra}, timeout=120)
+
+        snap = cli("snapshot", "--json")
+        assert snap.returncode == 0, snap.stderr
+        snap_id = json.loads(snap.stdout)["id"]
+        (site / "added.py").write_text("X = 1\n")
+        killed = cli("rollback", snap_id, "--yes", "--no-undo", REWHEEL_FAULT_AT="step:restore")
+        assert killed.returncode == -9, killed.stderr
+        run_id = json.loads(cli("history", "--json").stdout)["interrupted_run"]
+        journal = next((small / "home").rglob(f"runs/{run_id}/journal.jsonl"))
+        _pad_to(journal, room)
+
+        filler = _leave_free(small, 0)
+        res = cli("resume", "--yes", "--json")
+        filler.unlink()
+        assert res.returncode in (0, 3), (res.stdout, res.stderr)
+        assert "internal error" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+        if res.returncode == 3:
+            assert "No space left" in json.loads(res.stdout)["message"]
+        lines = journal.read_text().splitlines()
+        assert all(json.loads(line)["event"] for line in lines)  # every line whole
+
+        again = cli("resume", "--yes", "--json")
+        assert again.returncode == 0, again.stdout + again.stderr
+        hist = cli("history", "--json")
+        assert hist.returncode == 0, hist.stdout + hist.stderr
+        assert not any("damaged_lines" in r for r in json.loads(hist.stdout)["runs"])
+        assert not (site / "added.py").exists()  # the rollback was finished
+    finally:
+        subprocess.run(["umount", "-l", str(small)])

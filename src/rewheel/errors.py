@@ -162,8 +162,9 @@ class JournalWriteError(RewheelError):
     exit_code = EXIT_UNRESTORED
 
     def __init__(self, event: str, path: object, exc: OSError) -> None:
-        super().__init__(f"cannot write the journal {path} (record {event!r}): {exc.strerror or exc}; "
-                         "the step it announced was not started",
+        done = ("what the command did is done, but its end is not recorded" if event == "finished"
+                else "the step it announced was not started")
+        super().__init__(f"cannot write the journal {path} (record {event!r}): {exc.strerror or exc}; {done}",
                          hint="free disk there, then `rewheel resume TARGET` finishes or undoes the run")
         self.path = str(path)
         self.reason = exc.strerror or str(exc)
