@@ -17,6 +17,7 @@ import pytest
 
 from rewheel.errors import JournalDamaged, JournalWriteError
 from rewheel.journal import RunJournal, interrupted_run, list_runs
+from support_env import make_venv
 from support_run import make_host
 
 
@@ -80,9 +81,10 @@ def test_a_journal_that_is_not_a_regular_file_is_refused_not_read(tmp_path: Path
 
 @pytest.fixture
 def small_fs(tmp_path: Path):
+    """A real tmpfs of 2 MiB (root, as in CI): small enough to fill in a moment."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)]).returncode != 0:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)]).returncode != 0:
         pytest.fail("mounting a tmpfs needs root (as in CI)")
     try:
         yield mnt
@@ -180,53 +182,45 @@ def _pad_to(journal: Path, room: int) -> None:
 
 
 @pytest.mark.parametrize("room", [0, 40, 200, 600, 1500])
-def test_a_resume_on_a_full_disk_never_tears_its_journal(tmp_path: Path, room: int) -> None:
+def test_a_resume_on_a_full_disk_never_tears_its_journal(tmp_path: Path, small_fs: Path, room: int) -> None:
     """A rollback killed as its restore starts; its journal then ends `room` bytes before a
     page boundary of a real 2 MiB tmpfs, and the disk is full: `resume`'s appends fail
     (short write, then ENOSPC) at a different record for each `room`. `resume` exits 0 or 3
     with a sentence, never an internal error, and leaves no torn line; once the disk is freed,
     `resume` finishes the rollback and every command exits 0."""
-    from support_env import make_venv
+    small = small_fs
+    py = make_venv(tmp_path / "env")
+    site = next((py.parent.parent / "lib").glob("python3*/site-packages"))
+    env = {**os.environ, "REWHEEL_HOME": str(small / "home")}
 
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)]).returncode != 0:
-        pytest.fail("mounting a tmpfs needs root (as in CI)")
-    try:
-        py = make_venv(tmp_path / "env")
-        site = next((py.parent.parent / "lib").glob("python3*/site-packages"))
-        env = {**os.environ, "REWHEEL_HOME": str(small / "home")}
+    def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "rewheel", *args, "--python", str(py)],
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              env={**env, **extra}, timeout=120)
 
-        def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "rewheel", *args, "--python", str(py)],
-                                  capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                                  env={**env, **extra}, timeout=120)
+    snap = cli("snapshot", "--json")
+    assert snap.returncode == 0, snap.stderr
+    snap_id = json.loads(snap.stdout)["id"]
+    (site / "added.py").write_text("X = 1\n")
+    killed = cli("rollback", snap_id, "--yes", "--no-undo", REWHEEL_FAULT_AT="step:restore")
+    assert killed.returncode == -9, killed.stderr
+    run_id = json.loads(cli("history", "--json").stdout)["interrupted_run"]
+    journal = next((small / "home").rglob(f"runs/{run_id}/journal.jsonl"))
+    _pad_to(journal, room)
 
-        snap = cli("snapshot", "--json")
-        assert snap.returncode == 0, snap.stderr
-        snap_id = json.loads(snap.stdout)["id"]
-        (site / "added.py").write_text("X = 1\n")
-        killed = cli("rollback", snap_id, "--yes", "--no-undo", REWHEEL_FAULT_AT="step:restore")
-        assert killed.returncode == -9, killed.stderr
-        run_id = json.loads(cli("history", "--json").stdout)["interrupted_run"]
-        journal = next((small / "home").rglob(f"runs/{run_id}/journal.jsonl"))
-        _pad_to(journal, room)
+    filler = _leave_free(small, 0)
+    res = cli("resume", "--yes", "--json")
+    filler.unlink()
+    assert res.returncode in (0, 3), (res.stdout, res.stderr)
+    assert "internal error" not in res.stderr and "Traceback" not in res.stderr, res.stderr
+    if res.returncode == 3:
+        assert "No space left" in json.loads(res.stdout)["message"]
+    lines = journal.read_text().splitlines()
+    assert all(json.loads(line)["event"] for line in lines)  # every line whole
 
-        filler = _leave_free(small, 0)
-        res = cli("resume", "--yes", "--json")
-        filler.unlink()
-        assert res.returncode in (0, 3), (res.stdout, res.stderr)
-        assert "internal error" not in res.stderr and "Traceback" not in res.stderr, res.stderr
-        if res.returncode == 3:
-            assert "No space left" in json.loads(res.stdout)["message"]
-        lines = journal.read_text().splitlines()
-        assert all(json.loads(line)["event"] for line in lines)  # every line whole
-
-        again = cli("resume", "--yes", "--json")
-        assert again.returncode == 0, again.stdout + again.stderr
-        hist = cli("history", "--json")
-        assert hist.returncode == 0, hist.stdout + hist.stderr
-        assert not any("damaged_lines" in r for r in json.loads(hist.stdout)["runs"])
-        assert not (site / "added.py").exists()  # the rollback was finished
-    finally:
-        subprocess.run(["umount", "-l", str(small)])
+    again = cli("resume", "--yes", "--json")
+    assert again.returncode == 0, again.stdout + again.stderr
+    hist = cli("history", "--json")
+    assert hist.returncode == 0, hist.stdout + hist.stderr
+    assert not any("damaged_lines" in r for r in json.loads(hist.stdout)["runs"])
+    assert not (site / "added.py").exists()  # the rollback was finished
