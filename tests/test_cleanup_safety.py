@@ -125,3 +125,15 @@ def test_a_tampered_entry_crossing_a_slash_is_refused(tmp_path: Path, venv: Path
     with pytest.raises(SnapshotDamaged):
         snapmod.unstash_cleanup(snapmod.SnapshotMeta.load(snap.path, snap.home), globs)
     assert not (src.parent / "deeper").exists() and not os.path.exists(src)
+
+
+def test_a_service_users_cache_is_debris_and_its_home_is_not() -> None:
+    """A service user's home may lie in a system folder (www-data: /var/www, a vllm user:
+    /var/lib/vllm): its `.cache` holds debris, the rest of the home does not."""
+    import pwd
+
+    homes = {p.pw_dir for p in pwd.getpwall() if p.pw_dir.startswith(("/var/", "/usr/"))}
+    assert homes, "no user with a home under /var or /usr in this machine's user database"
+    for home in homes:
+        assert cleanup_glob_refusal(f"{home}/.cache/vllm/*.pt") is None, home
+        assert cleanup_glob_refusal(f"{home}/*") is not None, home

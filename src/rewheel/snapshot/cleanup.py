@@ -8,8 +8,10 @@ stashing them into a snapshot's folder and back through the same real folders
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
+import functools
 import glob
 import os
 import shutil
@@ -50,8 +52,18 @@ def _is_debris_place(path: str) -> bool:
         return True
     if len(parts) > 4 and parts[1] == "home" and parts[3] == ".cache":
         return True
-    home = os.path.expanduser("~")
-    return home not in ("", "/") and _under(path, os.path.join(home, ".cache"))
+    return any(_under(path, os.path.join(home, ".cache")) for home in _homes())
+
+
+@functools.lru_cache(maxsize=1)
+def _homes() -> tuple[str, ...]:
+    """Every user's home (a service user's too, e.g. /var/lib/vllm), and this process's."""
+    import pwd
+
+    homes = {os.path.normpath(os.path.expanduser("~"))}
+    with contextlib.suppress(OSError, KeyError):
+        homes.update(os.path.normpath(p.pw_dir) for p in pwd.getpwall() if p.pw_dir.startswith("/"))
+    return tuple(sorted(h for h in homes if h != "/"))
 
 
 def _system_refusal(path: str) -> str | None:
