@@ -73,7 +73,7 @@ def _system_refusal(path: str) -> str | None:
     if _is_debris_place(path):
         return None
     tree = next((t for t in SYSTEM_TREES if _under(path, t)), None)
-    return f"inside the system folder {tree}" if tree else None
+    return f"a path inside the system folder {tree}" if tree else None
 
 
 def cleanup_glob_refusal(pattern: str) -> str | None:
