@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo bench bench-synthetic clean
+.PHONY: venv test demo bench bench-synthetic acceptance clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,12 @@ demo: venv
 bench: venv
 	$(BIN)/python -m compileall -q src/rewheel devtools
 	BENCH_REAL=1 $(BIN)/python -m devtools.bench
+
+# The story's recipe on a real vLLM environment: plan = what `uv pip install -U vllm` picks =
+# what is installed, staged and not, both reinstall modes, each rolled back byte for byte
+# (downloads ~12 GB once into .bench/acceptance; not part of `make test`).
+acceptance: venv
+	$(BIN)/python -m devtools.acceptance
 
 # The quick one: a synthetic environment of the same shape, no network.
 bench-synthetic: venv

@@ -35,7 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonicalize_name, parse_sdist_filename,
+                             parse_wheel_filename)
 
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 HTML_TYPE = "application/vnd.pypi.simple.v1+html"
@@ -158,18 +159,24 @@ class IndexServer:
         return d if d.is_dir() else None
 
     def wheels(self, folder: Path) -> dict[str, list[Path]]:
-        """canonical project name -> its wheel files in `folder` (not recursive)."""
+        """canonical project name -> its wheel files (and sdists, `NAME-VERSION.tar.gz`) in
+        `folder` (not recursive)."""
         out: dict[str, list[Path]] = {}
         try:
             entries = sorted(folder.iterdir())
         except OSError:
             return out
         for p in entries:
-            if not p.name.endswith(".whl") or not p.is_file():
+            if not p.is_file():
                 continue
             try:
-                name, _, _, _ = parse_wheel_filename(p.name)
-            except InvalidWheelFilename:
+                if p.name.endswith(".whl"):
+                    name = parse_wheel_filename(p.name)[0]
+                elif p.name.endswith(".tar.gz"):
+                    name = parse_sdist_filename(p.name)[0]
+                else:
+                    continue
+            except (InvalidWheelFilename, InvalidSdistFilename):
                 continue
             out.setdefault(canonicalize_name(name), []).append(p)
         return out
@@ -291,7 +298,7 @@ def _make_handler(server: IndexServer, hashes: _HashCache) -> type[BaseHTTPReque
             else:
                 folder = None
             fname = rest[-1] if rest else ""
-            bad_name = not fname.endswith(".whl") or "/" in fname or fname.startswith(".")
+            bad_name = not fname.endswith((".whl", ".tar.gz")) or "/" in fname or fname.startswith(".")
             if folder is None or bad_name:
                 self._not_found(head)
                 return

@@ -17,6 +17,32 @@ if str(TESTS.parent) not in sys.path:
 from devtools.wheelbuild import build_wheel  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_left(tmp_path_factory: pytest.TempPathFactory):
+    """At the end of the session (of each xdist worker), no process started from this
+    session's temporary folders is left running: a service a test's own teardown missed (one
+    that daemonized, one started outside rewheel and restarted by it) is killed here."""
+    yield
+    import os
+    import signal
+
+    base = str(tmp_path_factory.getbasetemp()) + "/"  # not pytest-12 for pytest-1
+    mine = {os.getpid(), os.getppid()}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in mine:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if base in cmdline:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 @pytest.fixture(autouse=True)
 def rewheel_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "rewheel-home"
@@ -66,7 +92,9 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # Stand-in systemctl / journalctl / nvidia-smi on PATH (see tests/support_standins.py).
-from support_standins import fake_host  # noqa: E402,F401
+from support_standins import fake_gpus, fake_host  # noqa: E402,F401
+# A real systemd in a container (tests/support_systemd.py).
+from support_systemd import real_systemd, systemd_machine  # noqa: E402,F401
 # The run cycle's fake world (tests/support_cycle.py).
 from support_cycle import world  # noqa: E402,F401
 
@@ -95,30 +123,35 @@ def host_factory(tmp_path: Path):
 
 
 @pytest.fixture
-def systemd_host(tmp_path: Path, fake_host):  # noqa: F811 - the fixture, by name
-    """Make hosts whose service is the toy server as a systemd unit of the stand-in systemd,
-    on two stand-in GPUs; each unit is stopped, with its index, at the end."""
+def systemd_host(tmp_path: Path, real_systemd, fake_gpus):  # noqa: F811 - fixtures, by name
+    """Make hosts whose service is the toy server as a unit of a real systemd (booted in a
+    container; rewheel runs inside it), on two stand-in GPUs: `make(new_version, variant,
+    start=True)`. The unit is `vllm-toy`, started by systemctl (outside rewheel) unless
+    start=False; units and indexes are gone at the end."""
     from support_run import SERVER, make_host
     from support_standins import wait_for
 
-    def make(new_version: str, variant: str):
+    def make(new_version: str, variant: str, start: bool = True):
         h = make_host(tmp_path, new_version, variant)
-        fake_host.add_unit("vllm-toy", [str(h.python), str(SERVER), "--port", str(h.port)],
-                           restart="always", restart_sec=0.2, syslog_identifier="vllm-toy",
-                           start_limit_burst=5, start_limit_interval_s=10)
-        fake_host.set_gpus(2)
+        h.exec_prefix = real_systemd.nsenter()
+        real_systemd.add_unit("vllm-toy", [str(h.python), str(SERVER), "--port", str(h.port)],
+                              restart="always", restart_sec=0.2, syslog_identifier="vllm-toy",
+                              start_limit_burst=5, start_limit_interval_s=10)
+        fake_gpus.set_gpus(2)
         h.write_recipe(service={"manager": "systemd", "unit": "vllm-toy",
                                 "health_url": f"http://127.0.0.1:{h.port}/health",
                                 "ready_timeout_s": 30, "stop_timeout_s": 10, "settle_s": 1.0,
                                 "probe": {"url": f"http://127.0.0.1:{h.port}/v1/models", "expect": "toy/model"}},
                        smoke__gpus=2, smoke__gpu_release_timeout_s=3)
-        assert fake_host.systemctl("start", "vllm-toy").returncode == 0
-        wait_for(lambda: h.served_version() == "1.0.0", timeout=20)
         made.append(h)
+        if start:
+            cp = real_systemd.systemctl("start", "vllm-toy")
+            assert cp.returncode == 0, cp.stderr
+            wait_for(lambda: h.served_version() == "1.0.0", timeout=20)
         return h
 
     made: list = []
     yield make
+    real_systemd.remove_units()
     for h in made:
-        fake_host.systemctl("stop", "vllm-toy")
         h._index.stop()  # type: ignore[attr-defined]

@@ -22,6 +22,7 @@ from rewheel.host import Host
 from rewheel.installer import InstallPlan, InstallResult, PlannedChange
 from rewheel.preflight import CheckResult
 from rewheel.recipe import InstallSpec, Recipe, ServiceSpec, SmokeSpec
+from rewheel.resolution import Resolution
 from rewheel.service import HealthCheckFailed, HealthResult, ServiceStatus
 from rewheel.smoke import SmokeResult
 from rewheel.snapshot import Store
@@ -125,13 +126,14 @@ class World:
     precheck_fails: bool = False
     cache_lost: bool = False
     prepares: list[dict[str, Any]] = field(default_factory=list)
+    resolves: int = 0
     # How many of the next health checks fail (then they pass).
     unhealthy: int = 0
     health_calls: int = 0
     gpu_waits: list[float] = field(default_factory=list)
 
     def host(self) -> Host:
-        return Host(checks=self.checks, plan=self.plan, install=self.install, smoke=self.smoke,
+        return Host(checks=self.checks, resolve=self.resolve, plan=self.plan, install=self.install, smoke=self.smoke,
                     fetcher=self.fetcher, manager=lambda spec, state_dir, python: self.manager,
                     wait_ready=self.wait_ready, gpus_released=self.gpu_waits.append, prepare=self.prepare)
 
@@ -155,6 +157,18 @@ class World:
             return Build(False, str(out), {PKG: "2.0.0"}, dists,
                          done + [PrepCheck("imports", False, 0.0, "importing toypkg failed", str(logs / "imports.log"))], PKG)
         return Build(True, str(out), {PKG: "2.0.0"}, dists, done + ([PrepCheck("imports", True)] if checks else []), PKG)
+
+    def resolve(self, recipe: Recipe, env: Environment, *, folder: Path, on_line: Any = None,
+                say: Any = None) -> Resolution:
+        """The one resolution: toypkg 1.0.0 -> 2.0.0, its lock written into `folder`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = folder / "pylock.toml"
+        lock.write_text('lock-version = "1.0"\n[[packages]]\nname = "toypkg"\nversion = "2.0.0"\n')
+        self.resolves += 1
+        plan = InstallPlan(argv=["uv", "pip", "install", "--dry-run", PKG],
+                           changes=[PlannedChange(PKG, "1.0.0", "2.0.0")], lock=str(lock))
+        return Resolution(lock=lock, plan=plan, before={PKG: "1.0.0"}, after={PKG: "2.0.0"},
+                          locked={PKG: "2.0.0"})
 
     def plan(self, recipe: Recipe, *, lock: Path | None = None) -> InstallPlan:
         return InstallPlan(argv=["uv", "pip", "install", PKG], changes=[PlannedChange(PKG, "1.0.0", "2.0.0")])

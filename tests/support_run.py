@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,8 @@ class Host:
     wheels: Path
     index_url: str
     recipe: Path
+    # Put before `python -m rewheel`: e.g. nsenter into a container that runs the service.
+    exec_prefix: list[str] = field(default_factory=list)
 
     @property
     def prefix(self) -> Path:
@@ -117,7 +119,8 @@ class Host:
         return self.recipe
 
     def rewheel(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
+        return subprocess.run([*self.exec_prefix, sys.executable, "-m", "rewheel", *args],
+                              capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=timeout)
 
     def run_json(self, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:

@@ -1,10 +1,14 @@
-"""Test support: a fake host with stand-in `systemctl`, `journalctl` and `nvidia-smi`.
+"""Test support: a fake host with stand-in `journalctl` and `nvidia-smi`.
+
+systemd itself is real in the tests (tests/support_systemd.py). What stays stood in: the GPUs
+(`nvidia-smi`: there is no GPU), and a `journalctl` that replays recorded crash logs with
+their original timestamps, which a real journald cannot be fed.
 
 `fake_host` (a pytest fixture, registered in conftest.py) puts `tests/standins` first on
 PATH, points `REWHEEL_FAKE_ROOT` at a fresh folder, and returns a `FakeHost` with helpers to
-define systemd units, GPUs and GPU-holding processes, read the stand-ins' calls and journal,
-and start real service processes. At teardown it stops every unit it started (supervisors
-and their process groups) and kills every process it spawned.
+define GPUs and GPU-holding processes, write the journal, read the stand-ins' calls, and
+start real processes; at teardown it kills every process it spawned. `fake_gpus` is the
+same with only `nvidia-smi`, for tests against a real systemd and its real journal.
 
 Also here: `free_port()`, `http_service_argv(port, ...)` (the tiny real HTTP server in
 tests/services/http_service.py) and `wait_for(predicate)`.
@@ -14,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import socket
 import subprocess
@@ -28,7 +31,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 STANDINS = TESTS / "standins"
 HTTP_SERVICE = TESTS / "services" / "http_service.py"
-TOOLS = ("systemctl", "journalctl", "nvidia-smi")
+TOOLS = ("journalctl", "nvidia-smi")
 
 
 def free_port() -> int:
@@ -96,58 +99,17 @@ class FakeHost:
         self._monkeypatch = monkeypatch
         self._spawned: list[subprocess.Popen] = []
         self._groups: set[int] = set()
-        for sub in ("units", "journal", "state"):
+        for sub in ("journal",):
             (root / sub).mkdir(parents=True, exist_ok=True)
         (root / "calls.jsonl").touch()
 
-    # --- systemd ---
-    def add_unit(self, name: str, exec_start: Sequence[str] | str, *, restart: str = "no",
-                 restart_sec: float | str = 0.1, syslog_identifier: str | None = None,
-                 start_limit_burst: int | None = None, start_limit_interval_s: float | None = None,
-                 timeout_stop_s: float | None = None, description: str | None = None,
-                 environment: dict[str, str] | None = None, extra: dict[str, str] | None = None) -> Path:
-        """Write units/<name>.service in systemd's ini format."""
-        cmd = exec_start if isinstance(exec_start, str) else shlex.join(exec_start)
-        unit: list[str] = ["[Unit]"]
-        if description:
-            unit.append(f"Description={description}")
-        if start_limit_burst is not None:
-            unit.append(f"StartLimitBurst={start_limit_burst}")
-        if start_limit_interval_s is not None:
-            unit.append(f"StartLimitIntervalSec={start_limit_interval_s}")
-        unit += ["", "[Service]", "Type=simple", f"ExecStart={cmd}", f"Restart={restart}",
-                 f"RestartSec={restart_sec}"]
-        if syslog_identifier:
-            unit.append(f"SyslogIdentifier={syslog_identifier}")
-        if timeout_stop_s is not None:
-            unit.append(f"TimeoutStopSec={timeout_stop_s}")
-        if environment:
-            unit.append("Environment=" + " ".join(shlex.quote(f"{k}={v}") for k, v in environment.items()))
-        for k, v in (extra or {}).items():
-            unit.append(f"{k}={v}")
-        path = self.root / "units" / (name if name.endswith(".service") else f"{name}.service")
-        path.write_text("\n".join(unit) + "\n")
-        return path
-
-    def unit_state(self, name: str) -> dict:
-        base = name.removesuffix(".service")
-        try:
-            return json.loads((self.root / "state" / f"{base}.json").read_text())
-        except FileNotFoundError:
-            return {}
-
-    def journal(self, name: str) -> list[dict]:
-        path = self.root / "journal" / f"{name.removesuffix('.service')}.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def messages(self, name: str) -> list[str]:
-        return [r["MESSAGE"] for r in self.journal(name)]
-
-    def systemctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.bin / "systemctl"), *args], capture_output=True, text=True,
-                              timeout=timeout)
+    # --- the journal the journalctl stand-in reads ---
+    def add_journal(self, unit: str, records: Sequence[dict]) -> None:
+        """Append records (journald's field names) to the unit's journal."""
+        path = self.root / "journal" / f"{unit.removesuffix('.service')}.jsonl"
+        with open(path, "a", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
 
     def journalctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.bin / "journalctl"), *args], capture_output=True, text=True,
@@ -221,18 +183,6 @@ class FakeHost:
         self._groups.add(pgid)
 
     def cleanup(self) -> None:
-        units = self.root / "units"
-        for path in units.glob("*.service"):
-            state = self.unit_state(path.name)
-            sup = int(state.get("SupervisorPID") or 0)
-            if sup and pid_alive(sup):
-                try:
-                    self.systemctl("stop", path.name, timeout=30)
-                except subprocess.TimeoutExpired:
-                    pass
-            for pid in (sup, int(state.get("MainPID") or 0)):
-                if pid:
-                    self._groups.add(pid)
         for pgid in self._groups:
             try:
                 os.killpg(pgid, signal.SIGKILL)
@@ -249,11 +199,12 @@ class FakeHost:
                 pass
 
 
-def make_fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
+def make_fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                   tools: Sequence[str] = TOOLS) -> FakeHost:
     root = tmp_path / "fakehost"
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True)
-    for tool in TOOLS:
+    for tool in tools:
         (bin_dir / tool).symlink_to(STANDINS / tool)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
     monkeypatch.setenv("REWHEEL_FAKE_ROOT", str(root))
@@ -264,6 +215,16 @@ def make_fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeHost:
 @pytest.fixture
 def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHost]:
     host = make_fake_host(tmp_path, monkeypatch)
+    try:
+        yield host
+    finally:
+        host.cleanup()
+
+
+@pytest.fixture
+def fake_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHost]:
+    """Only the nvidia-smi stand-in (for tests against a real systemd)."""
+    host = make_fake_host(tmp_path, monkeypatch, tools=("nvidia-smi",))
     try:
         yield host
     finally:

@@ -207,7 +207,8 @@ def empty_snapshot_ref(c: Ctx) -> Call:
 
 def patched_files(*rel: bytes) -> Callable[[dict[str, Any]], None]:
     def check(doc: dict[str, Any]) -> None:
-        assert doc["status"] == "upgraded"
+        # The toy index has no newer toypkg: reinstalled at the same version (not "upgraded").
+        assert doc["status"] == "reinstalled"
         paths = [os.fsencode(p["path"]) for p in doc["patches"]]
         for r in rel:
             assert r in paths, paths
@@ -432,6 +433,20 @@ def system_resume(c: Ctx) -> Call:
     return Call(["resume", "--python", py, "--yes"], [py, "system interpreter"])
 
 
+def missing_ca_bundle(command: str) -> Setup:
+    """SSL_CERT_FILE naming a file that is gone (an image that moved its CA bundle)."""
+    def setup(c: Ctx) -> Call:
+        gone = str(c.tmp / "moved" / "ca-certificates.crt")
+        service = ('[service]\nmanager = "command"\nstart = ["{python}", "-m", "http.server", "1"]\n'
+                   'health_url = "http://127.0.0.1:1/health"\n')
+        recipe = str(c.recipe(service))
+        if command == "rollback":  # something to roll back to
+            assert c.cli("snapshot", recipe, "--json").returncode == 0
+        return Call([command, recipe, *(["--yes"] if command != "smoke" else [])],
+                    ["SSL_CERT_FILE", gone], env={"SSL_CERT_FILE": gone})
+    return setup
+
+
 CASES: list[tuple[str, Setup, int]] = [
     ("python-is-a-folder", python_folder, 2),
     ("python-is-empty", python_empty, 2),
@@ -489,6 +504,9 @@ CASES: list[tuple[str, Setup, int]] = [
     ("system-interpreter-run", system_run, 2),
     ("system-interpreter-rollback", system_rollback, 2),
     ("system-interpreter-resume", system_resume, 2),
+    ("ssl-cert-file-missing-run", missing_ca_bundle("run"), 2),
+    ("ssl-cert-file-missing-rollback", missing_ca_bundle("rollback"), 2),
+    ("ssl-cert-file-missing-smoke", missing_ca_bundle("smoke"), 2),
 ]
 
 

@@ -11,6 +11,8 @@ venvs, a real index and a real service.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dataclasses import replace
 
 import time
@@ -35,7 +37,9 @@ def test_good_upgrade_is_kept(world: tuple[World, runner.Target]) -> None:
                           ("unshare", True)]
     assert w.manager.calls == ["stop", "start"] and w.manager.up
     # Staged (the default): prepared once, online, with its checks, before the stop.
-    assert rep.staged and w.prepares == [{"offline": False, "checks": True, "lock": None}]
+    # The plan is the lock: the build installs exactly the lock the plan was resolved into.
+    assert rep.staged and w.resolves == 1
+    assert w.prepares == [{"offline": False, "checks": True, "lock": Path(rep.plan.install.lock)}]
     down = rep.downtime
     assert down is not None and set(down.parts) == {"stop", "snapshot", "install", "smoke", "start", "ready"}
     assert sum(down.parts.values()) <= down.seconds + 1e-3

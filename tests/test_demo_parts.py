@@ -386,7 +386,7 @@ def test_readme_look_around_commands_work_after_the_demo(tmp_path: Path) -> None
     from devtools.demo.__main__ import _stage_processes
 
     commands = readme_look_around()
-    assert [c.split()[1] for c in commands] == ["history", "diff", "why", "check", "rollback"]
+    assert [c.split()[1] for c in commands] == ["history", "diff", "why", "check", "status"]
     stage = tmp_path / ".demo"
     env = {k: v for k, v in os.environ.items() if k not in ("REWHEEL_DEMO_DIR", "REWHEEL_HOME")}
     demo = subprocess.run([sys.executable, "-m", "devtools.demo", "--dir", str(stage)], cwd=tmp_path,
@@ -408,7 +408,7 @@ def test_readme_look_around_commands_work_after_the_demo(tmp_path: Path) -> None
         assert "no package versions changed" in out["diff"] and "downgraded" not in out["diff"]
         assert "Worker_TP4" in out["why"] and "deepseek_v2.py" in out["why"]
         assert "recipe is ready" in out["check"] and "FAIL" not in out["check"]
-        assert "restored snapshot" in out["rollback"]
+        assert "reverted" in out["status"] and toy.GOOD_VERSION in out["status"]
         # The index the look-around served is gone, and the service stayed stopped.
         assert _stage_processes(stage) == []
     finally:

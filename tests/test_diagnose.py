@@ -390,7 +390,7 @@ def test_chunk_boundaries_do_not_matter(chunk: int, monkeypatch: pytest.MonkeyPa
     names = ["story_worker_crash_journald", "truncated_start", "nccl_error_interleaved", "unsupported_gpu_arch",
              "engine_core_failure_ansi"]
     want = {n: diagnose.analyse_file(LOGS / f"{n}.log", package="vllm").to_json() for n in names}
-    monkeypatch.setattr(diagnose, "CHUNK", chunk)
+    monkeypatch.setattr(diagnose.readers, "CHUNK", chunk)
     for n in names:
         assert diagnose.analyse_file(LOGS / f"{n}.log", package="vllm").to_json() == want[n], n
 

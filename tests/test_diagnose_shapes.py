@@ -24,7 +24,16 @@ SHAPES = ["wrap_docker_compose", "wrap_kubectl_prefix", "wrap_ci_timestamps", "j
           "ray_nested_task_error", "ipython_traceback", "pytest_failure", "torchrun_child_failed",
           "shutdown_cascade_after_nccl", "smoke_runner_lines_end_message", "ray_task_pid_prefix",
           "pytest_short_traceback", "nccl_watchdog_terminate", "torchrun_child_signal",
-          "faulthandler_segfault", "json_escaped_traceback", "quoted_in_reply"]
+          "faulthandler_segfault", "json_escaped_traceback", "quoted_in_reply",
+          # third round: prefixes before / stacked on a traceback, tracebacks inside a message,
+          # ranks interleaved without prefixes, crashes without a Python traceback
+          "ray_prefix_midline_traceback", "stacked_prefixes_skypilot", "docker_desktop_engine_core",
+          "ranks_interleaved_no_prefix", "ray_serve_wrapped_traceback", "dataloader_worker_reraise",
+          "nccl_watchdog_rank_text", "sglang_tp_header_no_pid", "ranks_chars_interleaved_line",
+          # ... and shapes nobody listed: a wrapper learnt, TGI's rank field, a quoted remote traceback
+          "unknown_wrapper_pdsh", "tgi_shard_rank_field", "process_pool_remote_traceback",
+          "ray_data_operator_error", "torchrun_error_file_traceback", "docker_json_file_log",
+          "nccl_abort_ranks_garbled_wrapped"]
 
 
 def expected(name: str) -> dict:
@@ -61,7 +70,11 @@ def test_process_identity_is_kept(name: str) -> None:
     lambda ln: f"{ln}" + " " * 90,
 ])
 @pytest.mark.parametrize("name", ["story_worker_crash_plain", "ray_nested_task_error", "sglang_scheduler_exception",
-                                  "ipython_traceback", "chained_direct_cause"])
+                                  "ipython_traceback", "chained_direct_cause", "ray_prefix_midline_traceback",
+                                  "stacked_prefixes_skypilot", "ray_serve_wrapped_traceback",
+                                  "dataloader_worker_reraise", "sglang_tp_header_no_pid",
+                                  "ranks_interleaved_no_prefix", "nccl_watchdog_rank_text",
+                                  "unknown_wrapper_pdsh", "process_pool_remote_traceback"])
 def test_wrappers_do_not_change_the_answer(name: str, wrap) -> None:
     exp = expected(name)
     text = (LOGS / f"{name}.log").read_text()
@@ -162,3 +175,66 @@ def test_a_paste_that_lost_its_indentation_gives_the_same_answer(name: str) -> N
 def test_tab_indented_frames() -> None:
     rc = root_of_text("Traceback (most recent call last):\n\tFile \"/x/vllm/a.py\", line 3, in f\n\t\tg()\nKeyError: 7")
     assert (rc["type"], rc["message"], rc["frame"]["line"], rc["frame"]["source"]) == ("KeyError", "7", 3, "g()")
+
+
+def test_a_paste_that_kept_html_escapes() -> None:
+    rc = root_of_text("Traceback (most recent call last):\n  File &quot;/work/app.py&quot;, line 3, in &lt;module&gt;\n"
+                      "    main()\nValueError: can&#39;t parse &lt;config&gt;")
+    assert (rc["type"], rc["message"], rc["frame"]["file"], rc["frame"]["function"]) == \
+        ("ValueError", "can't parse <config>", "/work/app.py", "<module>")
+
+
+# ("120: ..." is `srun -l`'s task number, not learnt)
+@pytest.mark.parametrize("wrap", [lambda n, ln: f"{n}:{ln}", lambda n, ln: f"  {n} | {ln}",
+                                  lambda n, ln: f"node-{n % 3}: {ln}"])
+def test_a_wrapper_nobody_listed_is_learnt(wrap) -> None:
+    # `grep -n` output, a viewer's line numbers, a launcher's host names: text before the
+    # traceback that begins every following line too
+    text = ["loading", "Traceback (most recent call last):", '  File "/work/app.py", line 3, in f', "    main()",
+            "KeyError: 7"]
+    rc = root_of_text("\n".join(wrap(n, ln) for n, ln in enumerate(text, 120)))
+    assert (rc["type"], rc["message"], rc["frame"]["line"], rc["frame"]["source"]) == ("KeyError", "7", 3, "main()")
+
+
+def test_loguru_records_name_no_node_and_its_traceback_is_read() -> None:
+    # loguru: "DATE TIME.ms | LEVEL    | module:function:line - message", then its annotated
+    # traceback ("> File" marks the frame that raised, "└ ..." the values)
+    rc = root_of_text("\n".join([
+        "2024-05-01 10:00:00.000 | INFO     | app.server:load:40 - loading model",
+        "2024-05-01 10:00:01.123 | ERROR    | app.server:load:52 - An error has been caught in function 'load':",
+        "Traceback (most recent call last):", "",
+        '  File "/app/server.py", line 52, in load', "    model = build(cfg)", "    └ <function build at 0x7f>", "",
+        '> File "/app/build.py", line 7, in build', '    raise ValueError("bad cfg")', "",
+        "ValueError: bad cfg"]))
+    assert (rc["type"], rc["message"], rc["node"], rc["frame"]["file"]) == ("ValueError", "bad cfg", None, "/app/build.py")
+    rc = root_of_text("2024-05-01 10:00:01.123 | ERROR    | app.server:load:52 - RuntimeError: CUDA error: misaligned address")
+    assert (rc["type"], rc["node"]) == ("RuntimeError", None)
+
+
+def test_sglang_ranks_failing_together_interleave_into_one_traceback() -> None:
+    # two TP ranks' records began at once; their unprefixed lines alternate
+    frames = ['  File "/sgl/scheduler.py", line 2015, in run_scheduler_process', "    scheduler.event_loop_normal()",
+              '  File "/sgl/batch.py", line 1138, in prepare', "    write()",
+              "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    lines = ["[2025-04-23 21:31:41 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+             "[2025-04-23 21:31:41 TP1] Scheduler hit an exception: Traceback (most recent call last):"]
+    for ln in frames:
+        lines += [ln, ln]
+    rc = root_of_text("\n".join(lines + ["", "[2025-04-23 21:31:42] Received sigquit from a child process."]))
+    assert (rc["type"], rc["message"], rc["rank"], rc["frame"]["line"], rc["log_line"]) == \
+        ("RuntimeError", "CUDA error: an illegal memory access was encountered", "TP0", 1138, 1)
+
+
+@pytest.mark.parametrize("width", [70, 90, 110, 120])
+def test_a_frame_line_a_terminal_copy_hard_wrapped_is_joined(width: int) -> None:
+    sp = "/home/user/miniconda3/envs/serve/lib/python3.11/site-packages"
+    tb = ["Traceback (most recent call last):",
+          f'  File "{sp}/vllm/v1/executor/multiproc_executor.py", line 596, in worker_busy_loop',
+          "    output = func(*args, **kwargs)",
+          f'  File "{sp}/vllm/v1/worker/gpu_model_runner.py", line 1513, in execute_model',
+          "    sampler_output = self.sampler(",
+          "RuntimeError: CUDA error: an illegal memory access was encountered"]
+    lines = [ln[i:i + width] for ln in tb for i in range(0, len(ln), width)]
+    rc = root_of_text("\n".join(lines))
+    assert rc["type"] == "RuntimeError"
+    assert (rc["frame"]["file"], rc["frame"]["line"]) == (f"{sp}/vllm/v1/worker/gpu_model_runner.py", 1513)

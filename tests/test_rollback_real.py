@@ -6,7 +6,8 @@ server under the `command` manager, `rewheel` run as a user runs it.
   the service's log, no interrupted run left behind, and the rollback undone from the
   snapshot it took;
 - roll forward to an upgraded build after its nightly left the index;
-- under systemd (the stand-in systemctl and journalctl), the cause read from the unit's journal.
+- under a real systemd (booted in a container, tests/support_systemd.py), the cause read from
+  the unit's journal.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def test_roll_forward_after_the_nightly_left_the_index(host_factory) -> None:
     assert h.served_version() == "2.0.0" and h.state() == upgraded
 
 
-def test_under_systemd_the_cause_comes_from_the_units_journal(systemd_host, fake_host) -> None:
+def test_under_systemd_the_cause_comes_from_the_units_journal(systemd_host, real_systemd) -> None:
     from support_standins import wait_for
 
     h = systemd_host("4.0.0", "service-fails")
@@ -98,4 +99,4 @@ def test_under_systemd_the_cause_comes_from_the_units_journal(systemd_host, fake
     code, doc, err = rollback(h, doc["undo_snapshot_id"])
     assert code == 0, err
     wait_for(lambda: h.served_version() == "1.0.0", timeout=20)
-    assert fake_host.unit_state("vllm-toy")["ActiveState"] == "active"
+    assert real_systemd.show("vllm-toy", "ActiveState")["ActiveState"] == "active"

@@ -56,7 +56,10 @@ def test_the_default_rollback_target_is_never_a_failed_build(world: Pair) -> Non
     w, t = world
     bad = failed_build(w, t)
     pre = [m for m in t.store.list() if m.status == "pre-upgrade"]
-    assert [m.id for m in pre] and runner.default_rollback_snapshot(t.store).id == pre[0].id
+    # The reverted run's pre-upgrade snapshot is what its revert already put back: no default.
+    with pytest.raises(SnapshotError, match="no upgrade is in place to undo") as undone:
+        runner.default_rollback_snapshot(t.store)
+    assert pre[0].id in undone.value.message and undone.value.exit_code == EXIT_USAGE
     # Without a pre-upgrade snapshot the newest usable one is the default, never the failed one.
     t.store.delete(pre[0].id)
     manual = runner.snapshot_now(t, label="by hand").result.meta
@@ -66,6 +69,18 @@ def test_the_default_rollback_target_is_never_a_failed_build(world: Pair) -> Non
     assert bad in exc.value.message and exc.value.exit_code == EXIT_USAGE
     manual = runner.snapshot_now(t, label="by hand").result.meta
     assert runner.default_rollback_snapshot(t.store).id == manual.id
+
+
+def test_after_a_reverted_run_a_plain_rollback_undoes_the_upgrade_still_in_place(world: Pair) -> None:
+    w, t = world
+    kept = runner.run(t)
+    assert kept.status == "upgraded" and version(t) == "2.0.0"
+    failed_build(w, t)  # reverted: 2.0.0 is live again, put back from that run's snapshot
+    assert version(t) == "2.0.0"
+    assert runner.default_rollback_snapshot(t.store).id == kept.snapshot_id
+    res = runner.rollback(t)
+    assert res.snapshot.id == kept.snapshot_id and version(t) == "1.0.0"
+    assert res.exit_code == 0 and w.manager.up
 
 
 def test_the_state_a_rollback_replaces_while_a_failed_build_is_live_is_marked_failed(world: Pair) -> None:

@@ -1,8 +1,8 @@
 """The service's state across a command: what was up before a run or a rollback is up and
 healthy after it, what was down stays down, and a rollback that changes no byte restarts
 nothing. Real processes throughout: services started outside rewheel, start commands that
-daemonize (double fork, exit 0), the toy model server in a real venv, and the systemctl
-stand-in."""
+daemonize (double fork, exit 0), the toy model server in a real venv. A systemd unit that
+was inactive is in test_run_systemd.py, against a real systemd."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from rewheel.errors import PreflightError
 from rewheel.recipe import ServiceSpec
 from rewheel.service import CommandManager, HealthCheckFailed, make_manager, wait_ready
 from support_run import SERVER, Host, make_host
-from support_standins import FakeHost, free_port, http_service_argv, pid_alive, wait_for
+from support_standins import free_port, http_service_argv, pid_alive, wait_for
 
 SERVICES = Path(__file__).parent / "services"
 DAEMONIZE = SERVICES / "daemonize.py"
@@ -279,20 +279,3 @@ def test_a_rollback_that_changes_no_byte_restarts_nothing(hosts) -> None:
     assert [s["name"] for s in doc["steps"]] == ["restore", "health"]
     assert json.loads(info.read_text())["pid"] == pid and pid_alive(pid)  # the same process
     assert _starts(h) == 1 and h.served_version() == "1.0.0"
-
-
-def test_a_systemd_unit_that_was_inactive_stays_inactive(tmp_path: Path, fake_host: FakeHost) -> None:
-    h = make_host(tmp_path / "h", "2.0.0", "good")
-    try:
-        fake_host.add_unit("vllm-toy", [str(h.python), str(SERVER), "--port", str(h.port)])
-        h.write_recipe(service={"manager": "systemd", "unit": "vllm-toy",
-                                "health_url": f"http://127.0.0.1:{h.port}/health",
-                                "ready_timeout_s": 30, "stop_timeout_s": 10, "settle_s": 0.5})
-        rc, rep = h.run_json()
-        assert rc == 0, rep["_stderr"]
-        assert (rep["service_before"], rep["service_judged_by"]) == ("inactive", "systemd")
-        assert fake_host.unit_state("vllm-toy").get("ActiveState", "inactive") == "inactive"
-        assert not [c for c in fake_host.calls("systemctl") if c[1] == "start"]
-        assert h.served_version() is None
-    finally:
-        h._index.stop()  # type: ignore[attr-defined]

@@ -223,6 +223,11 @@ def play(demo: Demo) -> None:
 
     # 7 ---------------------------------------------------------------------------------
     demo.header(7, "Did the story play out as designed?")
+
+    def run_fetched(j) -> list:  # journal.RunJournal | None: what uv downloaded after the stop
+        return [x for r in (j.records if j else []) if r.get("event") == "note"
+                for x in r.get("fetched_after_stop") or []]
+
     fin = (run.last("finished") or {}) if run else {}
     demo.check("`rewheel run` exited 1: verification failed, environment restored", rc == 1, f"exit status {rc}")
     demo.check("the run is recorded as reverted", fin.get("status") == "reverted",
@@ -231,11 +236,14 @@ def play(demo: Demo) -> None:
     demo.check("the run showed dev313 -> dev344", "dev313" in text and "dev344" in text)
     steps = [r.get("name") for r in (run.records if run else []) if r.get("event") == "step"]
     start = (run.first("started") or {}) if run else {}
+    # The story's patch was written in place through uv's hard links: its clean wheel is
+    # fetched again while the service serves (`rewarm`), so the swap stays offline.
     demo.check("the run was staged: prepared, pre-checked and snapshotted while the service served, "
-               "installed offline",
+               "the patched package's clean wheel fetched before the stop, installed offline",
                bool(start.get("staged")) and bool(start.get("prepared"))
-               and steps[:3] == ["snapshot", "stop", "snapshot-check"],
-               f"staged={start.get('staged')}, first steps {steps[:3]}")
+               and steps[:4] == ["snapshot", "rewarm", "stop", "snapshot-check"]
+               and not (fin.get("fetched_after_stop") or run_fetched(run)),
+               f"staged={start.get('staged')}, first steps {steps[:4]}")
     down = fin.get("downtime") or {}
     demo.check("the downtime is reported, until the old service answered again (with the revert)",
                down.get("seconds", 0) > 0 and down.get("parts", {}).get("revert", 0) > 0
@@ -360,7 +368,7 @@ def look_around_commands(stage: Path) -> list[str]:
             f"{where}/rewheel diff {where}/demo.toml",
             f"{where}/rewheel why {where}/home/envs/*/runs/*/smoke.log",
             f"{where}/rewheel check {where}/demo.toml",
-            f"{where}/rewheel rollback {where}/demo.toml --yes"]
+            f"{where}/rewheel status {where}/demo.toml"]
 
 
 def print_look_around(console: Console, stage: Path) -> None:

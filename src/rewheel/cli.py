@@ -426,7 +426,7 @@ def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOp
 @app.command()
 @handles_errors
 def rollback(target: TargetArg = None,
-             snapshot_id: Annotated[str | None, typer.Argument(metavar="[SNAPSHOT]", help="Snapshot id (default: the newest taken before an upgrade).")] = None,
+             snapshot_id: Annotated[str | None, typer.Argument(metavar="[SNAPSHOT]", help="Snapshot id (default: the one taken before the last upgrade still in place).")] = None,
              python: PythonOpt = None, yes: YesOpt = False,
              force: Annotated[bool, typer.Option("--force", help="Restore a snapshot of a failed build (refused without it).")] = False,
              no_undo: Annotated[bool, typer.Option("--no-undo", help="Do not snapshot the state it replaces first (faster; it cannot be undone).")] = False,

@@ -138,16 +138,42 @@ class Distribution:
 
     @cached_property
     def import_names(self) -> list[str]:
-        """Top-level import packages and modules this distribution installed (from RECORD)."""
-        out: list[str] = []
+        """The modules this distribution provides, as `import` spells them, from its RECORD:
+        top-level packages and modules (`numpy`, `six`, extension modules), and for a namespace
+        package (a folder without `__init__.py`, e.g. `jaraco/`) the packages inside it
+        (`jaraco.functools`). Never folders Python cannot import — bundled libraries
+        (`numpy.libs`), `*.data`, `*.dist-info`, `__pycache__` — nor `.pth` files or scripts.
+        The one named like the distribution comes first (`setuptools` before
+        `_distutils_hack`), then the rest in RECORD order."""
+        tops: dict[str, bool] = {}  # top-level name -> has an __init__ (a regular package)
+        subs: dict[str, list[str]] = {}  # namespace folder -> the packages/modules inside it
         for e in self.record:
             rel = os.path.relpath(e.path, self.site)
-            top = rel.split(os.sep, 1)[0]
-            if top.endswith((".dist-info", ".data")) or top.startswith("..") or top == "__pycache__":
+            parts = rel.split(os.sep)
+            if parts[0].startswith(".."):
                 continue
-            top = top[:-3] if top.endswith(".py") else top
-            if top not in out:
-                out.append(top)
+            name = _module_name(parts[0]) if len(parts) == 1 else parts[0]
+            if name is None or not name.isidentifier() or name == "__pycache__":
+                continue
+            if len(parts) == 1:
+                tops.setdefault(name, True)
+                continue
+            init = parts[1] in ("__init__.py", "__init__.pyi") or (
+                len(parts) == 2 and parts[1].startswith("__init__.") and parts[1].endswith((".so", ".pyd")))
+            tops[name] = tops.get(name, False) or init
+            inner = _module_name(parts[1]) if len(parts) == 2 else parts[1]
+            if inner and inner.isidentifier() and inner not in ("__init__", "__pycache__"):
+                subs.setdefault(name, [])
+                if inner not in subs[name]:
+                    subs[name].append(inner)
+        out: list[str] = []
+        for name, regular in tops.items():
+            if regular or name not in subs:
+                out.append(name)
+            else:  # a namespace package: what this distribution put inside it
+                out += [f"{name}.{inner}" for inner in subs[name]]
+        own = canonicalize_name(self.name).replace("-", "_")
+        out.sort(key=lambda n: 0 if n.lower() == own or n.lower().replace(".", "_") == own else 1)
         return out
 
     @property
@@ -169,6 +195,16 @@ class Distribution:
                 "url": (self.direct_url or {}).get("url"), "sha256": sha,
                 "editable": bool((self.direct_url or {}).get("dir_info", {}).get("editable")),
                 "project_urls": self.project_urls}
+
+
+def _module_name(filename: str) -> str | None:
+    """The module a top-level file provides (`six.py` -> `six`, `_cffi.cpython-311-x86_64-linux-gnu.so`
+    -> `_cffi`), or None for anything else (`.pth` files, data)."""
+    if filename.endswith((".py", ".pyi")):
+        return filename.rsplit(".", 1)[0]
+    if filename.endswith((".so", ".pyd")):
+        return filename.split(".", 1)[0]
+    return None
 
 
 def _compress_tags(tags: list[str]) -> str:

@@ -65,6 +65,11 @@ class PreflightError(RewheelError):
     """A precondition of a run does not hold; nothing was changed."""
 
 
+class ResolutionRefused(PreflightError):
+    """The upgrade's resolution would downgrade a package the recipe upgrades, or build one from an
+    sdist: refused before anything is built or stopped (exit 2), with uv's explanation."""
+
+
 class PreparedStale(RewheelError):
     """`run --prepared` with no prepared upgrade, or one the recipe, the live environment, uv's
     settings or uv's cache no longer match: exit 2, nothing changed."""

@@ -24,7 +24,7 @@ from rewheel.errors import EXIT_OK, EXIT_REVERTED, EXIT_UNRESTORED, UsageError
 
 # A host's outcome, worst first: the order of the summary's counts.
 STATUSES = ("failed", "error", "reverted", "rejected", "not-reached", "upgraded", "planned", "unchanged")
-_RUN_STATUSES = {"upgraded", "reverted", "failed", "planned", "rejected"}
+_RUN_STATUSES = {"upgraded", "reinstalled", "unchanged", "reverted", "failed", "planned", "rejected"}
 
 
 @dataclass
@@ -171,10 +171,13 @@ def host_result(host: str, doc: Any, source: str | None = None) -> HostResult:
             res.status = "unchanged"  # the dry run found the host already there
         res.after = dict(before)
         return res
-    res.changes = _changes(before, dict(doc.get("attempted") or {}) if status != "upgraded" else after)
+    kept = status in ("upgraded", "reinstalled", "unchanged")
+    if status in ("reinstalled", "unchanged"):
+        res.status = "unchanged"  # kept, and no version changed
+    res.changes = _changes(before, dict(doc.get("attempted") or {}) if not kept else after)
     res.downtime_s, res.downtime_source = downtime(doc)
     failure = doc.get("failure")
-    if isinstance(failure, dict) and status != "upgraded":
+    if isinstance(failure, dict) and not kept:
         res.message = failure.get("message")
     revert = doc.get("revert")
     if status == "failed" and isinstance(revert, dict) and revert.get("error"):

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from rewheel.installer import InstallPlan, InstallResult
     from rewheel.preflight import CheckResult
     from rewheel.recipe import Recipe, ServiceSpec
+    from rewheel.resolution import Resolution
     from rewheel.service import HealthResult, ServiceManager
     from rewheel.smoke import SmokeResult
     from rewheel.staging import Build
@@ -38,6 +39,12 @@ def _prepare(recipe: Recipe, env: Environment, **kw: Any) -> Build:
     from rewheel import staging
 
     return staging.build(recipe, env, **kw)
+
+
+def _resolve(recipe: Recipe, env: Environment, **kw: Any) -> Resolution:
+    from rewheel import resolution
+
+    return resolution.resolve(recipe, env, **kw)
 
 
 def _plan(recipe: Recipe, *, lock: Path | None = None) -> InstallPlan:
@@ -91,6 +98,9 @@ class Host:
     raises `InstallError`, `smoke` never raises (its result says how the command ended)."""
 
     checks: Callable[..., CheckResult] = _checks  # preflight.run_checks(recipe, client=, indexes=)
+    # resolution.resolve(recipe, env, folder=, on_line=, say=): the upgrade's one resolution
+    # (its lock and plan); `plan` only for a run given `--lock FILE` (uv's dry run of the sync).
+    resolve: Callable[..., Resolution] = _resolve
     plan: Callable[..., InstallPlan] = _plan  # installer.plan(recipe, lock=)
     install: Callable[..., InstallResult] = _install  # installer.install(recipe, lock=, on_line=, ...)
     smoke: Callable[..., SmokeResult] = _smoke  # smoke.run_smoke(recipe, log_path=, on_line=)

@@ -42,7 +42,7 @@ import httpx
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from rewheel import proc
+from rewheel import httpclient, proc
 from rewheel.errors import CommandNotFound, InstallError, PreflightError, RecipeError, UsageError
 from rewheel.recipe import Recipe
 
@@ -380,6 +380,22 @@ def parse_changes(lines: Sequence[str]) -> list[PlannedChange]:
     return [PlannedChange(n, old.get(n), new.get(n)) for n in sorted(order)]
 
 
+_FETCHED = re.compile(r"^\s*Download(?:ing|ed)\s+(?P<what>\S.*?)\s*$")
+
+
+def fetched_lines(lines: Sequence[str]) -> list[str]:
+    """What uv's output says it downloaded (`Downloading numpy (16.1MiB)`), once each."""
+    out: list[str] = []
+    for line in lines:
+        m = _FETCHED.match(redact(line))
+        if m and not m.group("what").startswith("and "):
+            what = m.group("what")
+            name = what.split(" ", 1)[0]
+            if not any(o.split(" ", 1)[0] == name for o in out):
+                out.append(what)
+    return out
+
+
 def _count(lines: Sequence[str], pattern: str) -> int | None:
     rx = re.compile(pattern)
     for line in lines:
@@ -410,6 +426,9 @@ class InstallPlan:
     resolved: int | None = None
     lock: str | None = None
     output: list[str] = field(default_factory=list)  # redacted
+    # Recipe packages the index offers newer than resolved, and uv's reason
+    # (resolution.HeldBack.to_json()); only a resolution fills it.
+    held_back: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -417,7 +436,7 @@ class InstallPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"argv": self.argv, "lock": self.lock, "resolved": self.resolved,
-                "changes": [c.to_json() for c in self.changes]}
+                "changes": [c.to_json() for c in self.changes], "held_back": self.held_back}
 
 
 @contextmanager
@@ -519,11 +538,13 @@ class InstallResult:
     changes: list[PlannedChange]
     log_path: str | None = None
     tail: list[str] = field(default_factory=list)  # redacted
+    # What uv downloaded ("numpy (16.1MiB)"): nothing, for an install from a warm cache.
+    fetched: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "returncode": self.returncode, "seconds": round(self.seconds, 3),
                 "argv": self.argv, "log_path": self.log_path,
-                "changes": [c.to_json() for c in self.changes]}
+                "changes": [c.to_json() for c in self.changes], "fetched": self.fetched}
 
 
 def install(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str] | None = None,
@@ -548,8 +569,23 @@ def install(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str
             Path(log_path).parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "a", encoding="utf-8") as log:
                 log.write(f"[rewheel] $ {' '.join(shown)}\n")
-        cp = proc.stream(argv, on_line=on_line, timeout=timeout, env=_uv_env(lock_path, recipe),
-                         log_path=log_path, redact=redact)
+        cp = None
+        if lock is not None and not offline and "--offline" not in argv:
+            # uv fetches a lock's wheels again by URL when online, though its cache has them
+            # (10 GB for a vLLM environment, in the downtime of an unstaged run): first from
+            # the cache alone; uv prepares every wheel before it touches the environment, so an
+            # attempt that misses one changed nothing, and the online run below takes over.
+            first = [*argv[:3], "--offline", *argv[3:]]
+            cp = proc.stream(first, on_line=None, timeout=timeout, env=_uv_env(lock_path, recipe),
+                             log_path=log_path, redact=redact)
+            if cp.returncode != 0 and not cp.timed_out and _offline_miss(cp.stdout):
+                cp = None
+            elif on_line is not None:
+                for line in cp.stdout.splitlines():
+                    on_line(redact(line))
+        if cp is None:
+            cp = proc.stream(argv, on_line=on_line, timeout=timeout, env=_uv_env(lock_path, recipe),
+                             log_path=log_path, redact=redact)
     lines = cp.stdout.splitlines()
     tail = [redact(l) for l in lines[-50:]]
     where = f" (full output: {log_path})" if log_path else ""
@@ -562,7 +598,14 @@ def install(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str
                            f"{where}:\n{detail}", hint=_hint_for(lines))
     return InstallResult(ok=True, returncode=cp.returncode, seconds=cp.seconds, argv=shown,
                          changes=parse_changes(lines),
-                         log_path=str(log_path) if log_path else None, tail=tail)
+                         log_path=str(log_path) if log_path else None, tail=tail,
+                         fetched=fetched_lines(lines))
+
+
+def _offline_miss(output: str) -> bool:
+    """uv's `--offline` failing because a wheel or an index page is not in its cache."""
+    return bool(re.search(r"offline|network connectivity is disabled|not found in the cache|cache miss",
+                          output, re.I))
 
 
 # --- preflight --------------------------------------------------------------------------------
@@ -682,7 +725,7 @@ def check_indexes(recipe: Recipe, client: httpx.Client | None = None, *,
         targets.append(("index", spec.index_url))
     targets += [("extra-index", u) for u in spec.extra_index_urls]
     own = client is None
-    client = client or httpx.Client(timeout=INDEX_TIMEOUT_S, follow_redirects=True)
+    client = client or httpclient.client(timeout=INDEX_TIMEOUT_S, follow_redirects=True)
     checks: list[IndexCheck] = []
     try:
         for kind, url in targets:

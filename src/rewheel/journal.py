@@ -483,9 +483,16 @@ def _maybe_fault(event: str, data: dict[str, Any]) -> None:
         return
     key = f"{event}:{data.get('name')}" if event == "step" else event
     if want == key:
-        import signal
+        os.kill(os.getpid(), fault_signal())
 
-        os.kill(os.getpid(), signal.SIGKILL)
+
+def fault_signal() -> int:
+    """The signal the testing hooks send: SIGKILL, or `REWHEEL_FAULT_SIGNAL` (TERM, INT, HUP:
+    an operator's Ctrl-C, a service manager's stop, a closed terminal at that very point)."""
+    import signal
+
+    name = os.environ.get("REWHEEL_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")
+    return int(getattr(signal, f"SIG{name}", signal.SIGKILL))
 
 
 def list_runs(env_dir: Path) -> list[RunJournal]:

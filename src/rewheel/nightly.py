@@ -36,7 +36,7 @@ from packaging.utils import (InvalidSdistFilename, InvalidWheelFilename, canonic
                              parse_sdist_filename, parse_wheel_filename)
 from packaging.version import Version
 
-from rewheel import proc
+from rewheel import httpclient, proc
 from rewheel.errors import PreflightError, UsageError
 from rewheel.installer import _ACCEPT, INDEX_TIMEOUT_S, find_uv, redact
 from rewheel.paths import ensure_private_dir, state_home
@@ -188,7 +188,7 @@ def index_files(index_url: str, name: str, client: httpx.Client | None = None) -
     canon = canonicalize_name(name)
     page = f"{index_url.rstrip('/')}/{quote(canon)}/"
     own = client is None
-    client = client or httpx.Client(timeout=INDEX_TIMEOUT_S, follow_redirects=True)
+    client = client or httpclient.client(timeout=INDEX_TIMEOUT_S, follow_redirects=True)
     try:
         r = client.get(page, headers={"Accept": _ACCEPT})
     except httpx.HTTPError as exc:
@@ -289,7 +289,7 @@ def compare_commits(repo: str, base: str, head: str, *, client: httpx.Client | N
     if token:
         headers["Authorization"] = f"Bearer {token}"
     own = client is None
-    client = client or httpx.Client(timeout=30.0, follow_redirects=True)
+    client = client or httpclient.client(timeout=30.0, follow_redirects=True)
     commits: list[str] = []
     base_sha = base
     try:
@@ -343,18 +343,22 @@ def git_commits(repo: str | os.PathLike[str], base: str, head: str) -> CommitRan
 # --- locks ------------------------------------------------------------------------------------
 
 def compile_argv(recipe: Recipe, requirements: Path, output: Path, *, uv: str | None = None,
-                 upgrade_packages: Sequence[str] | None = None, fmt: str = "pylock.toml") -> list[str]:
+                 upgrade_packages: Sequence[str] | None = None, fmt: str = "pylock.toml",
+                 no_deps: bool = False) -> list[str]:
     """`uv pip compile` writing a PEP 751 lock (wheel URLs and sha256 hashes from the index) for
     the recipe's packages at their newest versions, for the recipe's interpreter.
 
     `upgrade_packages`: only these go to their newest versions (`--upgrade-package`); every
     other package keeps the version `output` already pins, where it can (uv's preferences).
-    `fmt`: `pylock.toml` or `requirements.txt`."""
+    `fmt`: `pylock.toml` or `requirements.txt`. `no_deps`: exactly the requirements (each pinned),
+    their dependencies not added — the lock of a set already resolved."""
     from rewheel.installer import _index_args
 
     spec = recipe.install
     argv = [uv or find_uv(), "pip", "compile", "--python", str(recipe.python), "--no-progress",
             "--color", "never", "--quiet", "--format", fmt, "-o", str(output)]
+    if no_deps:
+        argv.append("--no-deps")
     if upgrade_packages is None:
         argv.append("--upgrade")
     else:
@@ -427,7 +431,8 @@ def export_pins(env: Any, upgraded: Sequence[str], where: Path) -> tuple[Path | 
     return (path if pins else None), len(pins), left_out
 
 
-def _compile(recipe: Recipe, argv: list[str], log: Path, on_output: Any) -> proc.Completed:
+def run_compile(recipe: Recipe, argv: list[str], log: Path, on_output: Any) -> proc.Completed:
+    """Run a `compile_argv` command with the recipe's index credentials, logged to `log`."""
     from rewheel.installer import redact_argv, uv_environment
 
     with open(log, "a", encoding="utf-8") as f:
@@ -438,29 +443,12 @@ def _compile(recipe: Recipe, argv: list[str], log: Path, on_output: Any) -> proc
                        log_path=log, redact=redact)
 
 
-def resolve_lock(recipe: Recipe, lock: Path, work: Path, log: Path, *, pins: Path | None = None,
-                 upgrade_all: bool = False, on_output: Any = None) -> proc.Completed:
-    """Resolve the recipe's upgrade to an exact PEP 751 lock (wheel URLs and sha256 hashes)
-    with `uv pip compile`, for `recipe.python`'s Python version; writes `lock`, logs to `log`,
-    keeps its inputs in `work`. Returns uv's completed process (the caller judges it).
-
-    With `pins` (a target's pinned set): its names are requirements too and its versions uv's
-    preferences, so a neighbour moves only where the upgrade needs it to — unless
-    `upgrade_all`, which lets every package go to its newest version (what a force-reinstall
-    of everything does). Without: the recipe's packages alone, at their newest."""
+def resolve_lock(recipe: Recipe, lock: Path, work: Path, log: Path, *, on_output: Any = None) -> proc.Completed:
+    """Resolve the recipe's packages alone, at their newest, to an exact PEP 751 lock (wheel
+    URLs and sha256 hashes) with `uv pip compile`, for `recipe.python`'s Python version;
+    writes `lock`, logs to `log`, keeps its input in `work`. Returns uv's completed process
+    (the caller judges it). An upgrade of an existing environment is resolved by
+    `resolution.resolve` instead."""
     req = work / "requirements.in"
-    if pins is None:
-        req.write_text("".join(p + "\n" for p in recipe.install.packages), encoding="utf-8")
-        return _compile(recipe, compile_argv(recipe, req, lock), log, on_output)
-    names = [line.split("==", 1)[0] for line in pins.read_text().split()]
-    req.write_text("".join(p + "\n" for p in [*recipe.install.packages, *names]), encoding="utf-8")
-    resolved = work / "resolved.txt"
-    shutil.copyfile(pins, resolved)
-    upgrade = None if upgrade_all else [r.name for r in recipe.install.requirements]
-    cp = _compile(recipe, compile_argv(recipe, req, resolved, upgrade_packages=upgrade,
-                                       fmt="requirements.txt"), log, on_output)
-    if cp.returncode == 0 and not cp.timed_out:
-        # Every version is pinned now: the lock only adds the wheels' URLs and hashes.
-        cp = _compile(recipe, compile_argv(recipe, resolved, lock, upgrade_packages=[]), log, on_output)
-    return cp
-
+    req.write_text("".join(p + "\n" for p in recipe.install.packages), encoding="utf-8")
+    return run_compile(recipe, compile_argv(recipe, req, lock), log, on_output)

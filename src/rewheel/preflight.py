@@ -179,14 +179,20 @@ def check_recipe(path: str) -> CheckResult:
 
 
 def _resolve(recipe: Recipe) -> str:
-    """What uv would install into the recipe's environment; PreflightError with uv's own
-    error lines when it cannot resolve."""
-    from rewheel import installer
+    """The resolution `rewheel run` would install (resolution.resolve, in a scratch folder):
+    its version changes and held-back releases; PreflightError with uv's own error lines when
+    it cannot resolve, ResolutionRefused where `run` would refuse it."""
+    import tempfile
 
-    plan = installer.plan(recipe)
-    changes = [f"{c.name} {c.old or '-'} → {c.new or '-'}" for c in plan.changes]
-    resolved = f"{plan.resolved} package(s) resolve" if plan.resolved is not None else "the packages resolve"
+    from rewheel.environment import Environment
+    from rewheel.resolution import resolve
+
+    with tempfile.TemporaryDirectory(prefix="rewheel-check-") as tmp:
+        res = resolve(recipe, Environment.inspect(recipe.python), folder=Path(tmp))
+    changes = [f"{c.name} {c.old or '-'} → {c.new or '-'}" for c in res.version_changes]
+    resolved = f"{len(res.locked)} distribution(s) locked"
+    held = "".join(f"; held back: {h.summary()}" for h in res.held_back)
     if not changes:
-        return f"{resolved}; nothing would change"
+        return f"{resolved}; no version would change{held}"
     return (f"{resolved}; {len(changes)} would change: " + ", ".join(changes[:5])
-            + (f", … {len(changes) - 5} more" if len(changes) > 5 else ""))
+            + (f", … {len(changes) - 5} more" if len(changes) > 5 else "") + held)

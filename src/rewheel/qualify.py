@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from packaging.utils import canonicalize_name
 
 from rewheel import nightly
-from rewheel.errors import EXIT_OK, EXIT_REVERTED, InstallError, RewheelError, UsageError
+from rewheel.errors import EXIT_OK, EXIT_REVERTED, InstallError, PreflightError, RewheelError, UsageError
 from rewheel.installer import error_lines, install
 from rewheel.journal import new_run_id
 from rewheel.paths import atomic_write, ensure_private_dir, pseudo_fs_of, state_home
@@ -189,7 +189,8 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
         scoped = nightly.scoped_recipe(recipe, env_root / "bin" / "python")
         lock = run_dir / "pylock.toml"
         rep.lock = str(lock)
-        run_step("resolve", lambda: _resolve(scoped, lock, run_dir, rep, on_output, pins))
+        target = Path(recipe.python) if pins is not None else None
+        run_step("resolve", lambda: _resolve(scoped, lock, run_dir, rep, on_output, target))
         run_step("install", lambda: _install(scoped, lock, run_dir, rep, on_output))
         run_step("diff", lambda: _diff(scoped, baseline, rep))
         run_step("smoke", lambda: _smoke(scoped, name, run_dir, rep, on_output, recipe.python))
@@ -251,10 +252,28 @@ def export_target(recipe: Recipe, run_dir: Path, rep: CiReport) -> Path | None:
 
 
 def _resolve(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say,
-             pins: Path | None = None) -> str:
+             target: Path | None = None) -> str:
+    """The nightly's lock. From a target environment (`target`, its interpreter): the same
+    resolution `rewheel run` makes against it (resolution.resolve: what `uv pip install -U`
+    would pick there, the whole environment locked), without the run's guards (a bisect pins
+    older builds on purpose). Without: the recipe's packages alone, at their newest."""
     log = run_dir / "resolve.log"
     rep.logs["resolve"] = str(log)
-    cp = nightly.resolve_lock(scoped, lock, run_dir, log, pins=pins, on_output=on_output)
+    if target is not None:
+        from rewheel.environment import Environment
+        from rewheel.resolution import resolve
+
+        env = Environment.inspect(target)
+        try:
+            res = resolve(scoped, env, folder=run_dir / "resolution", guards=False)
+        except PreflightError as exc:
+            lines = exc.message.splitlines()
+            raise _StepFailed(lines[0], lines[1:]) from None
+        shutil.copyfile(res.lock, lock)
+        shutil.copyfile(res.lock.parent / "resolve.log", log)
+        return (f"{len(res.locked)} package(s) locked, {len(res.version_changes)} version change(s) "
+                f"against {env.prefix}")
+    cp = nightly.resolve_lock(scoped, lock, run_dir, log, on_output=on_output)
     lines = cp.stdout.splitlines()
     if cp.timed_out:
         raise _StepFailed(f"uv could not resolve the nightly within {nightly.COMPILE_TIMEOUT_S:g}s",

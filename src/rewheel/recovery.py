@@ -235,7 +235,9 @@ def recover_snapshot(env: Environment, snap: SnapshotMeta, *, check: VerifyResul
             folder_got = fx.unpack(owner.dist) if fx is not None else None
             if folder_got is None:
                 notes = getattr(fx, "notes", None) or []
-                whys.append(f"index: {notes[-1]}" if notes else "no index: the target names none ([install] index_url)")
+                whys.append(f"index: {notes[-1]}" if notes else
+                            "no index: a bare --python target names none (a recipe's rollback asks its index, "
+                            "or uv's default index)")
             else:
                 p = _in_unpacked(Path(folder_got), owner)
                 if p is not None and _holds(str(p), want, d.size, sst):
@@ -336,8 +338,8 @@ def refusal(rec: Recovery, snap: SnapshotMeta, cli_ref: str) -> SnapshotDamaged:
     shown = "; ".join(f"{u['path']} ({u['distribution'] or 'no distribution'} {u['version'] or ''}".rstrip()
                       + f": {u['why']})" for u in missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
     wheels = sorted({f"{u['distribution']}=={u['version']}" for u in missing if u["distribution"]})
-    bring = (f"the wheel{'s' if len(wheels) > 1 else ''} {', '.join(wheels)} on the index the recipe names "
-             f"([install] index_url) or in uv's cache (any `uv pip install` of {'them' if len(wheels) > 1 else 'it'} "
+    bring = (f"the wheel{'s' if len(wheels) > 1 else ''} {', '.join(wheels)} on the recipe's index "
+             f"([install] index_url, else uv's default index) or in uv's cache (any `uv pip install` of {'them' if len(wheels) > 1 else 'it'} "
              "puts it there)" if wheels else "no wheel holds them")
     return SnapshotDamaged(
         f"snapshot {snap.id}: {len(missing)} stored file(s) were changed after the snapshot (an edit written in "

@@ -209,6 +209,9 @@ def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # run
                       f"{human_bytes(est['store_free'])} free at the store)"
                       + (f"; {human_bytes(est['bytes_reused'])} unchanged since the last snapshot is shared with it"
                          if est.get("bytes_reused") else ""))
+    render_held_back(console, plan)
+    if plan is not None and plan.install.lock:
+        console.print(f"  the lock this plan installs: {escape(plan.install.lock)}")
     if getattr(rep, "staged", False):
         console.print("  staged: built and pre-checked beside the environment while the service serves; "
                       "stopped only for the swap (offline install, smoke test, start)")
@@ -254,8 +257,8 @@ def render_changes(console: Console, changes: list, limit: int = 60, *,
 
 
 def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
-    colour = {"upgraded": "bold green", "reverted": "bold yellow", "planned": "bold cyan",
-              "prepared": "bold cyan"}.get(rep.status, "bold red")
+    colour = {"upgraded": "bold green", "reinstalled": "bold green", "unchanged": "bold green",
+              "reverted": "bold yellow", "planned": "bold cyan", "prepared": "bold cyan"}.get(rep.status, "bold red")
     if rep.status == "planned":
         console.print(f"[{colour}]dry run: nothing was changed[/]")
         return
@@ -312,11 +315,26 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     steps = "  ".join(f"{s.name} {'ok' if s.ok else 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
     console.print(f"  steps: {steps}")
     render_downtime(console, rep.downtime)
+    if rep.fetched_after_stop and rep.staged:
+        console.print("  [yellow]fetched after the stop (not in uv's cache before it): "
+                      f"{escape(', '.join(rep.fetched_after_stop))}[/]")
+    render_held_back(console, rep.plan)
     verdict = {"upgraded": "upgraded and verified",
+               "reinstalled": "reinstalled at the same versions and verified (no version changed)",
+               "unchanged": "unchanged: nothing was installed, and the service verified",
                "rejected": "rejected before the stop: the service kept serving, the environment is untouched",
                "reverted": "upgrade failed; the environment was restored and the old service verified",
                "failed": "FAILED: the environment is not in its verified state — see above"}[rep.status]
     console.print(f"[{colour}]{verdict}[/]")
+
+
+def render_held_back(console: Console, plan) -> None:  # runner.RunPlan | None
+    """Recipe packages the index offers newer than the plan takes, and uv's reason."""
+    for h in (plan.install.held_back if plan is not None else []):
+        newest = h.get("newest") or "a newer release"
+        why = (h.get("why") or ["uv gave no reason"])[0]
+        console.print(f"  [yellow]held back[/]: {escape(h['name'])} {escape(h.get('resolved'))}, not {escape(newest)}"
+                      f" — uv says: {escape(why)}")
 
 
 def render_prepared(console: Console, prepared) -> None:  # staging.Prepared | None

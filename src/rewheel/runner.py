@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rewheel import journal
 from rewheel.environment import Environment
-from rewheel.errors import ServiceError, SnapshotDamaged, SnapshotError
+from rewheel.errors import RewheelError, ServiceError, SnapshotDamaged, SnapshotError
 from rewheel.host import Host
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
@@ -102,7 +102,7 @@ def protected_snapshots(store: Store) -> set[str]:
     """Snapshots a pending rollback may need: those of unfinished runs, and the newest
     pre-upgrade one (the default rollback target)."""
     keep = {j.snapshot_id for j in journal.list_runs(store.env_dir) if not j.finished and j.snapshot_id}
-    pre = [m for m in store.list() if m.status == "pre-upgrade"]
+    pre = _upgrades_in_place(store, store.list())
     if pre:
         keep.add(pre[0].id)
     return {k for k in keep if k}
@@ -279,15 +279,33 @@ def refuse_failed_build(snap: SnapshotMeta, force: bool, cli_ref: str) -> None:
         f"snapshot {snap.id} ({what}) is a failed build: restoring it puts back a build that "
         "failed its checks",
         hint=f"to restore it anyway (to debug it), add --force: `rewheel rollback {cli_ref} {snap.id} "
-             f"--force`; without a SNAPSHOT, rollback picks the newest snapshot taken before an "
-             f"upgrade (`rewheel history {cli_ref}` lists them); nothing was changed")
+             f"--force`; without a SNAPSHOT, rollback picks the snapshot taken before the last "
+             f"upgrade still in place (`rewheel history {cli_ref}` lists them); nothing was changed")
+
+
+# How a run ends whose upgrade is not in place: its pre-upgrade snapshot is what the
+# environment already is again, so a plain rollback to it would undo nothing.
+UNDONE_RUNS = ("reverted", "rejected", "aborted")
+
+
+def _reverted_snapshots(store: Store, metas: list[SnapshotMeta]) -> set[str]:
+    """The pre-upgrade snapshots of runs whose upgrade was undone (reverted, rejected, aborted)."""
+    undone = {j.id for j in journal.list_runs(store.env_dir) if j.status in UNDONE_RUNS}
+    return {m.id for m in metas if m.status == "pre-upgrade" and m.run_id in undone}
+
+
+def _upgrades_in_place(store: Store, metas: list[SnapshotMeta]) -> list[SnapshotMeta]:
+    """Pre-upgrade snapshots, newest first, of upgrades still in place."""
+    reverted = _reverted_snapshots(store, metas)
+    return [m for m in metas if m.status == "pre-upgrade" and m.id not in reverted]
 
 
 def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     """The snapshot an interrupted run began from; else the newest snapshot taken before an
-    upgrade; else the newest snapshot at all — never a failed build (those need to be named,
-    with --force), and an undo point (`pre-rollback`) only when nothing else is left: a
-    second plain `rollback` must not undo the first."""
+    upgrade still in place (a reverted run's pre-upgrade snapshot is what the revert already
+    put back: never the default); else the newest snapshot at all — never a failed build
+    (those need to be named, with --force), and an undo point (`pre-rollback`) only when
+    nothing else is left: a second plain `rollback` must not undo the first."""
     interrupted = journal.interrupted_run(store.env_dir)
     if interrupted and interrupted.snapshot_id:
         snap = store.get(interrupted.snapshot_id)
@@ -297,11 +315,18 @@ def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     if not metas:
         raise SnapshotError("no snapshots exist for this environment",
                             hint="`rewheel snapshot TARGET` takes one")
-    pre = [m for m in metas if m.status == "pre-upgrade"]
+    pre = _upgrades_in_place(store, metas)
     if pre:
         return pre[0]
-    usable = [m for m in metas if not is_failed_build(m)]
+    reverted = _reverted_snapshots(store, metas)
+    usable = [m for m in metas if not is_failed_build(m) and m.id not in reverted]
     usable = [m for m in usable if m.status != PRE_ROLLBACK] or usable
+    if not usable and reverted:
+        raise SnapshotError("no upgrade is in place to undo: every upgrade of this environment was reverted, "
+                            f"and its revert already restored the snapshot taken before it "
+                            f"({', '.join(m.id for m in metas if m.id in reverted)})",
+                            hint="`rewheel history TARGET` lists the snapshots; name one to restore it; "
+                                 "nothing was changed")
     if not usable:
         raise SnapshotError(f"every snapshot of this environment is a failed build ({', '.join(m.id for m in metas)}): "
                             "there is no default rollback target",
@@ -351,6 +376,15 @@ def _left_down(j: RunJournal) -> bool:
     return "error" not in fin or any("restart_after_abort_failed" in r for r in j.records)
 
 
+def refuse_broken_tls(t: Target) -> None:
+    """A service's health check needs an HTTP client, and httpx cannot make one while
+    SSL_CERT_FILE names nothing: refused (exit 2, naming it) before anything is stopped."""
+    if t.recipe.service is not None and t.recipe.service.health_url:
+        from rewheel.httpclient import check_tls_env
+
+        check_tls_env()
+
+
 def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bool = True, say: Say = _quiet,
              progress: Progress | None = None) -> RollbackResult:
     """Restore a snapshot; with a recipe that has a service, stop it first and start and
@@ -369,6 +403,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
     # An interrupted rewheel's uv or smoke test that still runs is stopped (and waited for)
     # when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
+    refuse_broken_tls(t)
     with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
         refuse_failed_build(snap, force, t.cli_ref)  # before a journal exists: nothing to close
@@ -526,10 +561,11 @@ def _recover_stored_bytes(t: Target, snap: SnapshotMeta, say: Say) -> Any:  # re
     from rewheel.recovery import recover_before_restore
 
     inst = t.recipe.install
-    # Only an index the recipe names: a bare `--python` rollback never reaches for the network.
-    named = bool(inst.index_url or inst.extra_index_urls or inst.find_links)
+    # A recipe's indexes — uv's default index when it names none, as its installs use; a bare
+    # `--python` rollback reaches for the network only where the environment says nothing.
+    indexed = t.recipe.path is not None or bool(inst.index_url or inst.extra_index_urls or inst.find_links)
     return recover_before_restore(t.env, snap, cli_ref=t.cli_ref,
-                                  fetcher=(lambda: t.host.fetcher(t.recipe)) if named else None, say=say)
+                                  fetcher=(lambda: t.host.fetcher(t.recipe)) if indexed else None, say=say)
 
 
 def _live_is_failed_build(t: Target, runs: list[RunJournal], interrupted: RunJournal | None) -> bool:
@@ -854,7 +890,8 @@ class DiagnosisRecord:
 
 @dataclass
 class RunReport:
-    status: str  # "upgraded" | "reverted" | "failed" | "planned" | "prepared" | "rejected"
+    # "upgraded" | "reinstalled" | "unchanged" | "reverted" | "failed" | "planned" | "prepared" | "rejected"
+    status: str
     recipe: str
     run_id: str | None = None
     snapshot_id: str | None = None
@@ -897,19 +934,31 @@ class RunReport:
     prepared: Any = None
     # From the stop to the first healthy answer; None when the service was never stopped.
     downtime: Downtime | None = None
+    # What uv downloaded after the stop ("numpy (16.1MiB)"): empty when the install came from
+    # uv's cache, as a staged swap's does.
+    fetched_after_stop: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
         from rewheel.errors import EXIT_OK, EXIT_REVERTED, EXIT_UNRESTORED
 
-        return {"upgraded": EXIT_OK, "planned": EXIT_OK, "prepared": EXIT_OK, "reverted": EXIT_REVERTED,
-                "rejected": EXIT_REVERTED}.get(self.status, EXIT_UNRESTORED)
+        return {"upgraded": EXIT_OK, "reinstalled": EXIT_OK, "unchanged": EXIT_OK, "planned": EXIT_OK,
+                "prepared": EXIT_OK, "reverted": EXIT_REVERTED, "rejected": EXIT_REVERTED,
+                "failed": EXIT_UNRESTORED}[self.status]
 
     def to_json(self) -> dict[str, Any]:
         # The one place a run's report becomes JSON: each field by its own object's to_json.
         doc = {f.name: _to_json(getattr(self, f.name)) for f in fields(self)}
         doc["exit_code"] = self.exit_code
         return doc
+
+
+def kept_status(before: dict[str, str], after: dict[str, str], reinstalled: bool) -> str:
+    """A kept run's status: "upgraded" only when a version changed; else "reinstalled" (fresh
+    files at the same versions) or "unchanged"."""
+    if before != after:
+        return "upgraded"
+    return "reinstalled" if reinstalled else "unchanged"
 
 
 class _Step:
@@ -955,6 +1004,13 @@ class _Cycle:
         # the files the swap hard-linked from uv's cache get their own inodes then (unshare).
         self.files_pending = False
         self.install_ns: int | None = None
+        # The upgrade's one resolution (resolution.Resolution): its plan is shown, its lock is
+        # what the prepare builds or the unstaged reinstall installs. None with --lock/--prepared.
+        self.resolution: Any = None
+        # What the install reported (installer.InstallResult), and the uv cache entries cleaned
+        # of patched bytes (and fetched again) before the stop.
+        self.installed: Any = None
+        self.cleaned: set[str] = set()
         self.down_t0: float | None = None
         self.revert_t0: float | None = None
 
@@ -1004,8 +1060,10 @@ class _Cycle:
             from rewheel.staging import planned_swap
 
             plan = planned_swap(self.prepared, self.t.recipe)
+        elif self.lock:
+            plan = self.host.plan(self.t.recipe, lock=Path(self.lock))
         else:
-            plan = self.host.plan(self.t.recipe, lock=Path(self.lock) if self.lock else None)
+            plan = self._resolve()
         from rewheel.installer import annotate_plan
         plan.changes = annotate_plan(plan.changes, self.t.env.distributions())
         self.report.plan = RunPlan(plan)
@@ -1018,6 +1076,19 @@ class _Cycle:
         if confirm:
             confirm(self.report)
         return True
+
+    def _resolve(self) -> Any:  # installer.InstallPlan
+        """The one resolution (resolution.resolve), made in `<env>/resolution/`: its lock stays
+        there for a dry run to show, and moves with a run into the run's folder."""
+        import shutil
+
+        folder = self.t.store.env_dir / "resolution"
+        shutil.rmtree(folder, ignore_errors=True)
+        self.say("── resolve (what uv picks against the live environment)")
+        self.resolution = self.host.resolve(self.t.recipe, self.t.env, folder=folder, say=self.say)
+        for h in self.resolution.held_back:
+            self.say(f"   held back: {h.summary()}")
+        return self.resolution.plan
 
     def _snapshot_cost(self) -> None:
         """What the pre-upgrade snapshot will cost, in the plan; refused before anything is
@@ -1120,30 +1191,77 @@ class _Cycle:
                         if n in self.report.before}
                 if keep:
                     self.say("keeping patched distributions: " + ", ".join(f"{k} {v}" for k, v in keep.items()))
-            if self.report.hazards:
+            late = sorted(set(self.report.hazards) - self.cleaned)
+            if late:
                 self.say("patched files share bytes with uv's cache (the patch changed the cache too): "
-                         "cleaning " + ", ".join(self.report.hazards) + " from the cache")
-                patchmod.clean_uv_cache_for(self.report.hazards)
+                         "cleaning " + ", ".join(late) + " from the cache")
+                patchmod.clean_uv_cache_for(late)
             log = self.j.dir / "install.log"
             self.report.logs["install"] = str(log)
             if self.prepared is not None:
-                # Exactly the prepared lock, from uv's warm cache. Patched files that shared
-                # bytes with the cache had their cache entries cleaned above: those come from
-                # the index again, so uv may not be offline then.
-                offline = not self.report.hazards
+                # Exactly the prepared lock, from uv's warm cache (patched packages' entries were
+                # cleaned and fetched again before the stop, see `rewarm`). Only a patch found by
+                # a snapshot taken again in the window still needs the network.
+                offline = not late
                 if not offline:
                     self.say("installing with the network: uv's cache entries of patched packages were cleaned")
                 # Hard links from the warm cache: seconds, where copying torch and the CUDA
                 # libraries takes a minute of downtime; `unshare` copies them once the service
                 # answers (a link mode in uv_args is the recipe's choice, left alone).
                 self.install_ns = time.time_ns()
-                self.host.install(self.t.recipe, lock=Path(self.prepared.lock), on_line=self.on_output,
-                                  log_path=log, keep=keep, also_reinstall=self.report.hazards,
-                                  offline=offline, sync=self.lock is not None, link_mode="hardlink")
-                return
-            self.host.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
-                              on_line=self.on_output, log_path=log, keep=keep,
-                              also_reinstall=self.report.hazards)
+                self.installed = self.host.install(
+                    self.t.recipe, lock=Path(self.prepared.lock), on_line=self.on_output, log_path=log, keep=keep,
+                    also_reinstall=self.report.hazards, offline=offline, sync=self.lock is not None,
+                    link_mode="hardlink")
+            elif self.lock is None and self.resolution is not None and not keep:
+                # The resolution's lock: exactly the plan's versions, whatever the index
+                # published since; what the lock leaves out (editable installs) stays.
+                self.installed = self.host.install(self.t.recipe, lock=self.resolution.lock, sync=False,
+                                                   on_line=self.on_output, log_path=log,
+                                                   also_reinstall=self.report.hazards)
+            else:
+                # --lock FILE (a sync), or `keep-old-version` (its kept versions, known only from
+                # the snapshot's patch scan, constrain a resolution of their own).
+                self.installed = self.host.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
+                                                   on_line=self.on_output, log_path=log, keep=keep,
+                                                   also_reinstall=self.report.hazards)
+            fetched = list(getattr(self.installed, "fetched", None) or [])
+            if fetched:
+                self.report.fetched_after_stop = fetched
+                self.j.append("note", fetched_after_stop=fetched)
+                if self.prepared is not None:
+                    self.say("fetched after the stop (not in uv's cache): " + ", ".join(fetched))
+
+    def rewarm(self) -> None:
+        """Staged, before the stop: uv's cache entries of patched packages (`hazards`: the
+        patch written in place changed the cached bytes too) are cleaned, and the prepared
+        lock built again in a throwaway environment — which fetches their clean wheels — so
+        that the swap installs offline, nothing fetched in the window."""
+        import shutil
+
+        from rewheel import patches as patchmod
+        from rewheel import staging
+        from rewheel.errors import InstallError
+
+        hazards = sorted(set(self.report.hazards) - self.cleaned)
+        if self.prepared is None or not hazards:
+            return
+        with _Step(self, "rewarm", packages=hazards):
+            self.say("patched files share bytes with uv's cache: cleaning " + ", ".join(hazards)
+                     + " from the cache and fetching them again (the service keeps serving)")
+            patchmod.clean_uv_cache_for(hazards)
+            self.cleaned.update(hazards)
+            scratch = staging.new_folder(self.t.store.env_dir)
+            try:
+                build = self.host.prepare(self.t.recipe, self.t.env, folder=scratch, lock=Path(self.prepared.lock),
+                                          offline=False, checks=False, on_line=self.on_output, say=self.say)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            if not build.ok:
+                failed = build.failed
+                raise InstallError("the clean wheels of " + ", ".join(hazards) + " could not be fetched again: "
+                                   + (failed.detail.splitlines()[0] if failed and failed.detail else "uv failed"),
+                                   hint="check the indexes; the service was not stopped")
 
     def diff(self) -> None:
         from rewheel import diff as diffmod
@@ -1153,6 +1271,7 @@ class _Cycle:
             self.report.after = self.t.env.versions()
             self.report.attempted = dict(self.report.after)
             self.j.append("installed", versions=self.report.after)
+            self._check_planned()
             assert self.snap is not None
             reapply = self.t.recipe.patch_policy == "reapply" and bool(self.scan.patches)
             if self.prepared is not None and not reapply:
@@ -1173,6 +1292,26 @@ class _Cycle:
                     raise PatchConflict("local patches could not be carried onto the new version: "
                                         + ", ".join(f"{r.path} ({r.status})" for r in bad),
                                         hint=f"conflict files are in {self.j.dir / 'patches'}")
+
+    def _check_planned(self) -> None:
+        """The plan is what happened: every version the lock pinned is installed (InstallError,
+        so reverted, when uv installed anything else)."""
+        from rewheel.errors import InstallError
+
+        if self.prepared is not None and self.lock is None:
+            planned = dict(self.prepared.after)
+        elif self.resolution is not None and self.lock is None and self.installed is not None \
+                and self.t.recipe.patch_policy != "keep-old-version":
+            planned = dict(self.resolution.locked)
+        else:
+            return
+        from rewheel.resolution import installed_as_planned
+
+        wrong = installed_as_planned(planned, self.report.after)
+        if wrong:
+            raise InstallError("the install does not match its plan: " + "; ".join(wrong[:5])
+                               + (f"; … {len(wrong) - 5} more" if len(wrong) > 5 else ""),
+                               hint=f"uv's output: {self.report.logs.get('install', 'the install log')}")
 
     def file_diff(self) -> None:
         """The versions and installed files against the pre-upgrade snapshot."""
@@ -1247,7 +1386,8 @@ class _Cycle:
             assert self.snap is not None
             self.snap.extra["upgraded_to"] = self.report.after
             self.snap.save()
-            self.report.status = "upgraded"
+            reinstalled = bool(getattr(self.installed, "changes", None))
+            self.report.status = kept_status(self.report.before, self.report.after, reinstalled)
             pruned = self.t.store.prune(self.t.recipe.keep, protected_snapshots(self.t.store) | {self.snap.id})
             self.report.pruned = pruned
             if pruned:
@@ -1260,6 +1400,8 @@ class _Cycle:
         environment. Returns whether the swap follows; a build that fails a check ends the run
         here as `rejected` (journaled, diagnosed, the service untouched), `--prepare-only` as
         `prepared`."""
+        import shutil
+
         from rewheel import diff as diffmod
         from rewheel import staging
         from rewheel.installer import uv_version
@@ -1271,7 +1413,14 @@ class _Cycle:
         fingerprint, digest = staging.env_fingerprint(t.env), staging.recipe_digest(t.recipe)
         live = [d.to_json() for d in t.env.distributions()]
         new = staging.new_folder(t.store.env_dir)
-        build = self.host.prepare(t.recipe, t.env, folder=new, lock=Path(self.lock) if self.lock else None,
+        lock = Path(self.lock) if self.lock else self.resolution.lock if self.resolution is not None else None
+        if self.resolution is not None:
+            # The resolution's log goes with the prepared state it made.
+            (new / "logs").mkdir(parents=True, exist_ok=True)
+            for name in ("resolve.log", "resolved.txt"):
+                if (self.resolution.lock.parent / name).is_file():
+                    shutil.copyfile(self.resolution.lock.parent / name, new / "logs" / name)
+        build = self.host.prepare(t.recipe, t.env, folder=new, lock=lock,
                                   offline=False, checks=True, on_line=self.on_output, say=self.say)
         prepared = staging.Prepared(
             created=time.time(), recipe=t.label, recipe_sha256=digest, env_fingerprint=fingerprint,
@@ -1467,8 +1616,11 @@ class _Cycle:
         """Snapshot the failed build before restoring, so it can be diffed and inspected later
         (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
         this costs little; if it fails, the restore goes ahead anyway."""
-        if self.j.kind != "run" or self.j.first("failed-snapshot") is not None:
-            return  # only a failed upgrade is worth keeping, and only once
+        restoring = any(r["event"] == "step" and r.get("name") == "restore" for r in self.j.records)
+        if self.j.kind != "run" or self.j.first("failed-snapshot") is not None or restoring:
+            # Only a failed upgrade is worth keeping, and only once; never a half-restored one
+            # (a revert interrupted in its restore, finished by `resume`).
+            return
         try:
             res = take_snapshot(self.t.env, self.t.store, label=f"failed upgrade of run {self.j.id}",
                                 status="failed-upgrade", run_id=self.j.id, progress=self.progress,
@@ -1582,6 +1734,13 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
         lk.journal = cyc.j  # uv and the smoke test are journaled (pid, group, start time)
         cyc.report.run_id = cyc.j.id
         cyc.report.run_dir = str(cyc.j.dir)
+        if cyc.resolution is not None and cyc.prepared is None:
+            # The lock the unstaged install uses stays with its run.
+            import shutil
+
+            dest = cyc.j.dir / cyc.resolution.lock.name
+            shutil.copyfile(cyc.resolution.lock, dest)
+            cyc.resolution.moved(dest)
         try:
             return _swap(cyc, no_revert)
         finally:
@@ -1601,11 +1760,13 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
     try:
         if cyc.prepared is not None and t.recipe.service is not None:
             cyc.snapshot(served=True)
+            cyc.rewarm()
             cyc.stop()
             cyc.check_snapshot()
         else:
             cyc.stop()
             cyc.snapshot()
+            cyc.rewarm()
     except Exception as exc:
         # Nothing was installed yet: put the service back as it was and stop here.
         cyc.record_failure(exc)
@@ -1632,6 +1793,8 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
             cyc.j.append("finished", status="failed", kept_failed_state=True, before=cyc.report.before,
                          after=cyc.report.after, downtime=_to_json(cyc.report.downtime))
             return cyc.report
+        # A signal (Ctrl-C, SIGTERM, SIGHUP) or a kill during the revert leaves the run open in
+        # its journal: `resume` finishes the restore. Only an ended revert closes it.
         try:
             cyc.revert(reason)
         except RewheelError as rexc:
@@ -1639,16 +1802,15 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
             cyc.report.status = "failed"
             cyc.report.revert = cyc.report.revert or RevertRecord(reason)
             cyc.report.revert.error, cyc.report.revert.hint = rexc.message, rexc.hint
-        finally:
-            cyc.report.downtime = cyc.downtime()
-            cyc.j.append("finished", status=cyc.report.status, reason=reason,
-                         before=cyc.report.before, after=cyc.report.after,
-                         root_cause=_to_json(cyc.report.root_cause), downtime=_to_json(cyc.report.downtime))
+        cyc.report.downtime = cyc.downtime()
+        cyc.j.append("finished", status=cyc.report.status, reason=reason,
+                     before=cyc.report.before, after=cyc.report.after,
+                     root_cause=_to_json(cyc.report.root_cause), downtime=_to_json(cyc.report.downtime))
         return cyc.report
     cyc.report.downtime = cyc.downtime()
     cyc.finish_file_diff()  # the service answers already: outside the downtime
     cyc.unshare()
-    cyc.j.append("finished", status="upgraded", before=cyc.report.before, after=cyc.report.after,
+    cyc.j.append("finished", status=cyc.report.status, before=cyc.report.before, after=cyc.report.after,
                  downtime=_to_json(cyc.report.downtime))
     return cyc.report
 
@@ -1691,6 +1853,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
     # The interrupted rewheel's uv or smoke test, if still running, is stopped (and waited
     # for) when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
+    refuse_broken_tls(t)
     with EnvLock(t.store.env_dir, "resume", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         j = journal.interrupted_run(t.store.env_dir)
         if j is None:
@@ -1705,9 +1868,9 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
             cyc.report.after = t.env.versions()
             cyc.snap.extra["upgraded_to"] = cyc.report.after
             cyc.snap.save()
-            j.append("finished", status="upgraded", resumed=True, after=cyc.report.after)
+            cyc.report.status = kept_status(cyc.report.before, cyc.report.after, True)
+            j.append("finished", status=cyc.report.status, resumed=True, after=cyc.report.after)
             close_superseded(t.store.env_dir, j)
-            cyc.report.status = "upgraded"
             return ResumeResult("upgraded", j.id, "finished recording a verified upgrade", cyc.report,
                                 stopped_processes=lk.stopped)
 
@@ -1734,13 +1897,19 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
             return ResumeResult("aborted", j.id, "nothing had been changed; service restored as it was", cyc.report,
                                 stopped_processes=lk.stopped)
 
-        try:
-            cyc.revert(f"resuming interrupted {j.kind} {j.id} (last step: {j.last_step})")
-        finally:
+        def close() -> None:
             j.append("finished", status=cyc.report.status, resumed=True, after=cyc.report.after,
                      root_cause=_to_json(cyc.report.root_cause))
             # Older interrupted journals below this one describe states already overwritten.
             close_superseded(t.store.env_dir, j)
+
+        # Interrupted again (a signal, a kill): the run stays open for the next `resume`.
+        try:
+            cyc.revert(f"resuming interrupted {j.kind} {j.id} (last step: {j.last_step})")
+        except RewheelError:
+            close()
+            raise
+        close()
         return ResumeResult("reverted", j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report,
                             stopped_processes=lk.stopped)
 

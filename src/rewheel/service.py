@@ -31,7 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import httpx
 
-from rewheel import proc
+from rewheel import httpclient, proc
 from rewheel.errors import PreflightError, ServiceError
 from rewheel.paths import atomic_write
 from rewheel.recipe import ServiceSpec
@@ -489,6 +489,7 @@ class CommandManager:
         but not answered in time."""
         if not self.health_url:
             return False
+        httpclient.check_tls_env()  # not "nothing answers": a broken SSL_CERT_FILE, named
         try:
             httpx.get(self.health_url, timeout=2.0)
         except httpx.TimeoutException as exc:
@@ -738,7 +739,7 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
     within `spec.settle_s` after its first 200; or when the probe fails.
     """
     own_client = client is None
-    http = client if client is not None else httpx.Client(timeout=10.0)
+    http = client if client is not None else httpclient.client(timeout=10.0)
     mono0 = time.monotonic() - max(0.0, time.time() - started_at)
     deadline = mono0 + spec.ready_timeout_s
     what = manager.describe()
@@ -773,9 +774,11 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
             raise fail(f"{what} is restart-looping: its main process exited {phase} and it is "
                        f"waiting to be restarted ({st.state}/{st.sub_state}, Result={st.result}"
                        f"{code}, NRestarts={st.n_restarts})", "restart-looping", st.n_restarts)
-        if st.result == "start-limit-hit":
-            raise fail(f"{what} is restart-looping: it hit systemd's start limit ({st.state}, "
-                       f"Result=start-limit-hit, NRestarts={st.n_restarts}{code})",
+        # systemd 252 ends a Restart=always unit at its start limit as failed with the last
+        # exit's Result (exit-code), not start-limit-hit: a failed unit that restarted gave up.
+        if st.result == "start-limit-hit" or (st.state == "failed" and st.n_restarts > 0):
+            raise fail(f"{what} is restart-looping: systemd stopped restarting it at its start limit "
+                       f"({st.state}/{st.sub_state}, Result={st.result}, NRestarts={st.n_restarts}{code})",
                        "restart-looping", st.n_restarts)
         if st.state in DOWN_STATES:
             tail_of = getattr(manager, "output_tail", None)
@@ -814,6 +817,10 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
             if spec.health_url:
                 code, _body, said = _get(http, spec.health_url, 10.0)
                 if code != 200:
+                    # A crash closes the port a moment before systemd records it: name the
+                    # crash (or the restart loop) rather than the refused connection.
+                    time.sleep(min(poll_s, 1.0))
+                    liveness("right after becoming healthy")
                     raise fail(f"{what} stopped being healthy right after its first 200: "
                                f"{spec.health_url} answered: {said}", f"unhealthy: {said}", restarts)
             if time.monotonic() >= settle_end:

@@ -3,12 +3,12 @@ environment while the service still serves, and the prepared state a swap instal
 from uv's cache ([run-cycle.md](../../docs/run-cycle.md), "Staged upgrades").
 
 `build` is what the host does (the `Host.prepare` seam): in a throwaway `uv venv` (the
-recipe's interpreter, so the same Python) it resolves the upgrade to an exact PEP 751 lock —
-the same resolution `rewheel ci` makes, from the live environment's pinned set — installs it
-(which brings every wheel into uv's cache), and runs the CPU part of the check there: the
-recipe's packages imported, `uv pip check`, the recipe's `[smoke] precheck`. With `offline`
-and a lock it only rebuilds from the cache: the honest proof, for `run --prepared`, that every
-wheel is still there (uv's `--dry-run` says "would download" without looking).
+recipe's interpreter, so the same Python) it installs a lock — the run's one resolution
+(`resolution.resolve`, the plan the operator saw) or a `--lock FILE` — which brings every wheel
+into uv's cache, and runs the CPU part of the check there: the recipe's packages imported, `uv
+pip check`, the recipe's `[smoke] precheck`. With `offline` it only rebuilds from the cache:
+the honest proof, for `run --prepared`, that every wheel is still there (uv's `--dry-run` says
+"would download" without looking).
 
 The prepared state lives in the target's state folder, `<env>/prepared/`:
   pylock.toml     the exact set the swap installs
@@ -221,18 +221,17 @@ def _tail(cp: proc.Completed, n: int = 12) -> str:
     return "\n".join(lines[-n:])
 
 
-def build(recipe: Recipe, env: Environment, *, folder: Path, lock: Path | None = None,
+def build(recipe: Recipe, env: Environment, *, folder: Path, lock: Path,
           offline: bool = False, checks: bool = True, on_line: Say | None = None,
           say: Say | None = None) -> Build:
-    """Build the upgrade of `env` per `recipe` in a throwaway environment under `folder/work`
-    (removed at the end) and check it on the CPU; logs in `folder/logs`, the lock at
-    `folder/pylock.toml`. `lock`: install exactly that instead of resolving. `offline`: from
-    uv's cache only (a lock is then required). `checks=False`: only the build. A failing step
-    is a result (`Build.ok` false, the step in `checks`), never an exception; setup problems
-    (no interpreter) raise."""
+    """Build `lock` (the upgrade of `env` per `recipe`) in a throwaway environment under
+    `folder/work` (removed at the end) and check it on the CPU; logs in `folder/logs`, the lock
+    copied to `folder/pylock.toml`. `offline`: from uv's cache only. `checks=False`: only the
+    build. A failing step is a result (`Build.ok` false, the step in `checks`), never an
+    exception; setup problems (no interpreter) raise."""
     from rewheel import nightly
     from rewheel.environment import Environment
-    from rewheel.installer import error_lines, install, usable_lock
+    from rewheel.installer import install, usable_lock
 
     say = say or (lambda _: None)
     logs = folder / "logs"
@@ -251,17 +250,10 @@ def build(recipe: Recipe, env: Environment, *, folder: Path, lock: Path | None =
                                                      uv_args=(*scoped.install.uv_args, "--link-mode", "hardlink")))
 
         def resolve() -> str:
-            if lock is not None:
+            if Path(lock).resolve() != out.resolve():
                 with usable_lock(lock) as usable:
                     shutil.copyfile(usable, out)
-                return f"the given lock {lock}: {len(nightly.read_lock(out))} package(s)"
-            pins, pinned, _left = nightly.export_pins(env, recipe.install.names, folder)
-            cp = nightly.resolve_lock(scoped, out, folder, logs / "resolve.log", pins=pins,
-                                      upgrade_all=recipe.install.reinstall == "all", on_output=on_line)
-            if cp.timed_out or cp.returncode != 0 or not out.is_file():
-                raise _CheckFailed(f"uv could not resolve the upgrade (exit {cp.returncode}): "
-                                   + " ".join(error_lines(cp.stdout.splitlines(), 3)))
-            return f"{len(nightly.read_lock(out))} package(s) locked ({pinned} pinned from {env.prefix})"
+            return f"the lock {lock}: {len(nightly.read_lock(out))} package(s)"
 
         def make() -> str:
             try:
@@ -276,7 +268,7 @@ def build(recipe: Recipe, env: Environment, *, folder: Path, lock: Path | None =
                    (" offline from uv's cache" if offline else "")
 
         steps: list[tuple[str, Callable[[], str], Path | None]] = [
-            ("resolve", resolve, None if lock is not None else logs / "resolve.log"),
+            ("resolve", resolve, logs / "resolve.log" if (logs / "resolve.log").is_file() else None),
             ("build", make, logs / "build.log")]
         if checks:
             steps += [("imports", lambda: _imports(recipe, python, logs / "imports.log", on_line), logs / "imports.log"),

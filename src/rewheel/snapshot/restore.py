@@ -15,7 +15,6 @@ import gc
 import os
 import secrets
 import shutil
-import signal
 import stat
 import tempfile
 import threading
@@ -517,8 +516,10 @@ class _Restore:
 
     def count_written(self) -> None:
         self.written += 1
-        if self.written == self.kill_at:  # testing hook: a power cut halfway through the commit
-            os.kill(os.getpid(), signal.SIGKILL)
+        if self.written == self.kill_at:  # testing hook: a power cut (or a signal) halfway through the commit
+            from rewheel.journal import fault_signal
+
+            os.kill(os.getpid(), fault_signal())
         if self.progress and self.written % 500 == 0:
             # In two lanes, this process counts its own half (the other prints nothing).
             self.progress("restore" if self.owned is None else "restore (lane 1 of 2)", self.written, self.todo)
