@@ -185,10 +185,12 @@ def deep_toml(c: Ctx) -> Call:
     return Call(["check", str(p)], [str(p), "nested"])
 
 
-def settle(value: str) -> Setup:
+def service_key(key: str, value: str, *, quoted: bool = False) -> Setup:
+    """`check` of a recipe whose [service] KEY is VALUE (a TOML string when `quoted`)."""
     def setup(c: Ctx) -> Call:
-        r = c.recipe(f'[service]\nmanager = "command"\nstart = ["true"]\nsettle_s = {value}\n')
-        return Call(["check", str(r)], ["service.settle_s", value])
+        toml = f'"{value}"' if quoted else value
+        r = c.recipe(f'[service]\nmanager = "command"\nstart = ["true"]\n{key} = {toml}\n')
+        return Call(["check", str(r)], [f"service.{key}", value])
     return setup
 
 
@@ -366,13 +368,6 @@ def home_dangling_symlink(c: Ctx) -> Call:
                 env={"REWHEEL_HOME": str(link)})
 
 
-def health_url(value: str) -> Setup:
-    def setup(c: Ctx) -> Call:
-        r = c.recipe(f'[service]\nmanager = "command"\nstart = ["true"]\nhealth_url = "{value}"\n')
-        return Call(["check", str(r)], ["service.health_url", value])
-    return setup
-
-
 def index_url_newline(c: Ctx) -> Call:
     r = c.tmp / "nl.toml"
     r.write_text(f'[environment]\npython = "{c.python()}"\n[install]\npackages = ["toypkg"]\n'
@@ -458,9 +453,9 @@ CASES: list[tuple[str, Setup, int]] = [
     ("store-under-proc", store_under_proc, 2),
     ("home-world-writable-without-sticky-bit", home_world_writable, 2),
     ("deeply-nested-toml", deep_toml, 2),
-    ("settle_s-negative", settle("-3"), 2),
-    ("settle_s-nan", settle("nan"), 2),
-    ("settle_s-inf", settle("inf"), 2),
+    ("settle_s-negative", service_key("settle_s", "-3"), 2),
+    ("settle_s-nan", service_key("settle_s", "nan"), 2),
+    ("settle_s-inf", service_key("settle_s", "inf"), 2),
     ("snapshot-id-5000-characters", long_snapshot_id, 2),
     ("empty-snapshot-reference", empty_snapshot_ref, 2),
     ("non-utf8-file-name-in-a-package", non_utf8_name, 0),
@@ -486,10 +481,10 @@ CASES: list[tuple[str, Setup, int]] = [
     ("store-inside-site-packages", home_inside_prefix("site"), 2),
     ("home-inside-the-prefix-through-a-symlink", home_inside_prefix("link"), 2),
     ("home-a-dangling-symlink", home_dangling_symlink, 2),
-    ("health-url-unclosed-ipv6", health_url("http://[::1"), 2),
-    ("health-url-no-host", health_url("http://"), 2),
-    ("health-url-port-99999", health_url("http://127.0.0.1:99999/health"), 2),
-    ("health-url-port-0", health_url("http://127.0.0.1:0/health"), 2),
+    ("health-url-unclosed-ipv6", service_key("health_url", "http://[::1", quoted=True), 2),
+    ("health-url-no-host", service_key("health_url", "http://", quoted=True), 2),
+    ("health-url-port-99999", service_key("health_url", "http://127.0.0.1:99999/health", quoted=True), 2),
+    ("health-url-port-0", service_key("health_url", "http://127.0.0.1:0/health", quoted=True), 2),
     ("index-url-with-a-newline", index_url_newline, 2),
     ("restore-lanes-leading-space", restore_lanes(" 2"), 2),
     ("restore-lanes-trailing-newline", restore_lanes("2\n"), 2),
