@@ -397,12 +397,15 @@ class RunJournal:
                         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                     view = view[n:]
                 os.fsync(fd)
-            except OSError as exc:
-                # Take the partial record back out, so no reader ever sees half of it.
+            except BaseException as exc:
+                # Take the partial record back out (a full disk, or a signal's exception
+                # mid-write), so no reader ever sees half of it: the step did not start.
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, size)
                     os.fsync(fd)
-                raise JournalWriteError(event, path, exc) from None
+                if isinstance(exc, OSError):
+                    raise JournalWriteError(event, path, exc) from None
+                raise
         finally:
             os.close(fd)
         self.records.append(rec)
