@@ -137,3 +137,19 @@ def test_a_service_users_cache_is_debris_and_its_home_is_not() -> None:
     for home in homes:
         assert cleanup_glob_refusal(f"{home}/.cache/vllm/*.pt") is None, home
         assert cleanup_glob_refusal(f"{home}/*") is not None, home
+
+
+def test_uvs_cache_is_never_cleanup_debris(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv's cache is one of rewheel's recovery sources: a glob over a cache folder that
+    matches it is refused, naming it."""
+    from rewheel.errors import UsageError
+    from rewheel.snapshot.cleanup import cleanup_matches
+
+    cache = tmp_path / "cache"
+    (cache / "uv").mkdir(parents=True)
+    (cache / "torch").mkdir()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    assert cleanup_matches([f"{cache}/to*"], []) == [str(cache / "torch")]
+    with pytest.raises(UsageError, match=f"{cache}/uv"):
+        cleanup_matches([f"{cache}/*"], [])
+    assert (cache / "uv").is_dir()

@@ -122,11 +122,23 @@ def cleanup_refusal(path: str, protected: list[str]) -> str | None:
     return None
 
 
+def _uv_caches() -> list[str]:
+    """Where uv's cache may be (UV_CACHE_DIR, XDG_CACHE_HOME/uv, every home's .cache/uv): one
+    of rewheel's recovery sources, never debris, though it lies in a cache folder."""
+    places = [os.path.join(h, ".cache", "uv") for h in _homes()]
+    for var, sub in (("UV_CACHE_DIR", ""), ("XDG_CACHE_HOME", "uv")):
+        value = os.environ.get(var)
+        if value and os.path.isabs(os.path.expanduser(value)):
+            places.append(os.path.join(os.path.expanduser(value), sub) if sub else os.path.expanduser(value))
+    return [p for p in places if os.path.isdir(p)]
+
+
 def cleanup_matches(globs: list[str] | tuple[str, ...], protected: list[str]) -> list[str]:
     """What `[cleanup] paths` would move now; raises UsageError naming the glob and the path
     when a glob could only match system files (`cleanup_glob_refusal`) or any match is a
     system folder or inside one, the environment, rewheel's state, or holds one."""
     found: list[str] = []
+    protected = [*protected, *_uv_caches()]
     for pattern in globs:
         why = cleanup_glob_refusal(pattern)
         if why is not None:
