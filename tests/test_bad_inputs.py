@@ -185,10 +185,12 @@ def deep_toml(c: Ctx) -> Call:
     return Call(["check", str(p)], [str(p), "nested"])
 
 
-def settle(value: str) -> Setup:
+def service_key(key: str, value: str, *, quoted: bool = False) -> Setup:
+    """`check` of a recipe whose [service] KEY is VALUE (a TOML string when `quoted`)."""
     def setup(c: Ctx) -> Call:
-        r = c.recipe(f'[service]\nmanager = "command"\nstart = ["true"]\nsettle_s = {value}\n')
-        return Call(["check", str(r)], ["service.settle_s", value])
+        toml = f'"{value}"' if quoted else value
+        r = c.recipe(f'[service]\nmanager = "command"\nstart = ["true"]\n{key} = {toml}\n')
+        return Call(["check", str(r)], [f"service.{key}", value])
     return setup
 
 
@@ -278,6 +280,139 @@ def cleanup_matches_state(c: Ctx) -> Call:
                 ["[cleanup] paths", str(c.home)])
 
 
+def cleanup_glob(value: str, command: str = "check", *, shown: str | None = None) -> Setup:
+    """A `[cleanup] paths` glob that could only match system files: refused by `check`, by
+    `run --dry-run` and by `run`, naming the key and the glob; nothing moved."""
+    def setup(c: Ctx) -> Call:
+        args = {"check": ["check"], "dry-run": ["run", "--dry-run", "--yes"], "run": ["run", "--yes"]}[command]
+        return Call([*args, str(c.recipe(f'[cleanup]\npaths = ["{value}"]\n'))],
+                    ["cleanup.paths[0]", shown or value], check=system_files_untouched)
+    return setup
+
+
+def system_files_untouched(_doc: dict[str, Any]) -> None:
+    assert Path("/etc/hostname").exists() and Path("/etc/passwd").exists()
+
+
+def cleanup_match_through_symlink(c: Ctx) -> Call:
+    """The glob lies in a temporary folder, but what it matches is /etc's, through a link."""
+    (c.tmp / "dumps").symlink_to("/etc")
+    return Call(["run", "--yes", str(c.recipe(f'[cleanup]\npaths = ["{c.tmp}/dumps/hostnam?"]\n'))],
+                ["[cleanup] paths", "/etc/hostname", "inside the system folder /etc"], check=system_files_untouched)
+
+
+def cleanup_folder_relinked(c: Ctx) -> Call:
+    """A run stashed .../u/x.pt; `u` was then replaced by a link to another folder: rollback
+    must not write through it (it would write /etc/x.pt with a link to /etc)."""
+    (c.tmp / "u").mkdir()
+    (c.tmp / "u" / "x.pt").write_bytes(b"dump")
+    recipe = c.recipe(f'[cleanup]\npaths = ["{c.tmp}/u/*.pt"]\n')
+    first = c.cli("run", str(recipe), "--yes", "--json")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert not (c.tmp / "u" / "x.pt").exists()
+    (c.tmp / "u").rmdir()
+    victim = c.tmp / "victim"
+    victim.mkdir()
+    (c.tmp / "u").symlink_to(victim)
+    snap = json.loads(first.stdout)["snapshot_id"]
+
+    def nothing_written(_doc: dict[str, Any]) -> None:
+        assert not any(victim.iterdir())
+
+    return Call(["rollback", str(recipe), snap, "--yes"], [f"{c.tmp}/u/x.pt", f"{c.tmp}/u", str(victim)],
+                check=nothing_written)
+
+
+def exclude_takes_everything(c: Ctx) -> Call:
+    return Call(["check", str(c.recipe('[snapshots]\nexclude = ["?*"]\n'))],
+                ["snapshots.exclude", "?*", "would leave bin out"])
+
+
+def exclude_takes_a_package(command: str) -> Setup:
+    """A glob no sample path shows to be wrong, but that names an installed package's folder:
+    refused when the snapshot would be taken (run: at its preflight, before the stop)."""
+    def setup(c: Ctx) -> Call:
+        r = c.recipe('[snapshots]\nexclude = ["toyp?g"]\n')
+        args = ["run", str(r), "--yes"] if command == "run" else ["snapshot", str(r)]
+        rel = str(c.site.relative_to(c.python().parent.parent) / "toypkg")
+        return Call(args, ["[snapshots] exclude", "toyp?g", rel])
+    return setup
+
+
+def home_inside_prefix(where: str) -> Setup:
+    """REWHEEL_HOME or [snapshots] store inside the environment (or through a link into it):
+    refused before the folder is made."""
+    def setup(c: Ctx) -> Call:
+        prefix = c.python().parent.parent
+        inside = {"prefix": prefix / "rewheel-state", "site": c.site / "rewheel-store"}.get(where)
+        if where == "link":
+            (c.tmp / "state-link").symlink_to(c.site)
+            inside = c.tmp / "state-link" / "store"
+        assert inside is not None
+
+        def not_made(_doc: dict[str, Any]) -> None:
+            assert not os.path.lexists(inside)
+
+        if where == "site":
+            return Call(["snapshot", str(c.recipe(f'[snapshots]\nstore = "{inside}"\n'))],
+                        ["snapshots.store", str(inside), "inside the environment", str(prefix)], check=not_made)
+        return Call(["snapshot", "--python", str(c.python())], ["REWHEEL_HOME", str(inside), "inside the environment"],
+                    env={"REWHEEL_HOME": str(inside)}, check=not_made)
+    return setup
+
+
+def home_dangling_symlink(c: Ctx) -> Call:
+    link = c.tmp / "home-link"
+    link.symlink_to(c.tmp / "gone")
+    return Call(["history", "--python", str(c.python())], ["REWHEEL_HOME", str(link), "does not exist"],
+                env={"REWHEEL_HOME": str(link)})
+
+
+def index_url_newline(c: Ctx) -> Call:
+    r = c.tmp / "nl.toml"
+    r.write_text(f'[environment]\npython = "{c.python()}"\n[install]\npackages = ["toypkg"]\n'
+                 f'index_url = "{c.index_url}\\n--extra-index-url=http://127.0.0.1:9/simple"\n')
+    return Call(["run", str(r), "--yes"], ["install.index_url", "control character"])
+
+
+def restore_lanes(value: str) -> Setup:
+    def setup(c: Ctx) -> Call:
+        return Call(["rollback", "--python", str(c.python()), "--yes"], ["REWHEEL_RESTORE_LANES", repr(value)],
+                    env={"REWHEEL_RESTORE_LANES": value})
+    return setup
+
+
+def dry_run_with(flag: str) -> Setup:
+    def setup(c: Ctx) -> Call:
+        return Call(["run", str(c.recipe()), "--dry-run", flag, "--yes"], ["--dry-run", flag])
+    return setup
+
+
+def ci_promote_into_proc(c: Ctx) -> Call:
+    r = c.recipe('[smoke]\ncommand = ["{python}", "-c", "pass"]\n')
+    return Call(["ci", str(r), "--promote", "--lockfiles", "/proc"], ["--lockfiles /proc", "pseudo-filesystem"])
+
+
+def _env_state_dir(c: Ctx) -> Path:
+    return next((c.home / "envs").iterdir())
+
+
+def meta_json_wrong_types(c: Ctx) -> Call:
+    doc = json.loads(c.cli("snapshot", "--python", str(c.python()), "--json").stdout)
+    meta = Path(doc["path"]) / "meta.json"
+    m = json.loads(meta.read_text())
+    m["created"], m["files"] = "yesterday", "many"
+    meta.write_text(json.dumps(m))
+    return Call(["rollback", "--python", str(c.python()), doc["id"], "--yes"], [doc["id"], "meta.json", "created"])
+
+
+def journal_is_a_folder(c: Ctx) -> Call:
+    assert c.cli("snapshot", "--python", str(c.python())).returncode == 0
+    bad = _env_state_dir(c) / "runs" / "20260101-000000-abcd" / "journal.jsonl"
+    bad.mkdir(parents=True)
+    return Call(["history", "--python", str(c.python())], [str(bad), "not a regular file"])
+
+
 def system_run(c: Ctx) -> Call:
     py = system_python()
     return Call(["run", str(c.recipe(python=py)), "--yes"], [py, "environment.system"])
@@ -318,9 +453,9 @@ CASES: list[tuple[str, Setup, int]] = [
     ("store-under-proc", store_under_proc, 2),
     ("home-world-writable-without-sticky-bit", home_world_writable, 2),
     ("deeply-nested-toml", deep_toml, 2),
-    ("settle_s-negative", settle("-3"), 2),
-    ("settle_s-nan", settle("nan"), 2),
-    ("settle_s-inf", settle("inf"), 2),
+    ("settle_s-negative", service_key("settle_s", "-3"), 2),
+    ("settle_s-nan", service_key("settle_s", "nan"), 2),
+    ("settle_s-inf", service_key("settle_s", "inf"), 2),
     ("snapshot-id-5000-characters", long_snapshot_id, 2),
     ("empty-snapshot-reference", empty_snapshot_ref, 2),
     ("non-utf8-file-name-in-a-package", non_utf8_name, 0),
@@ -329,6 +464,38 @@ CASES: list[tuple[str, Setup, int]] = [
     ("disk-full-writing-the-journal", disk_full_journal, 2),
     ("unreadable-file-in-the-environment", unreadable_file, 2),
     ("cleanup-glob-matches-the-state-folder", cleanup_matches_state, 2),
+    ("cleanup-glob-etc-star-check", cleanup_glob("/etc/*"), 2),
+    ("cleanup-glob-etc-star-dry-run", cleanup_glob("/etc/*", "dry-run"), 2),
+    ("cleanup-glob-root-star-run", cleanup_glob("/root/*", "run"), 2),
+    ("cleanup-glob-var-lib-star", cleanup_glob("/var/lib/*"), 2),
+    ("cleanup-glob-usr-lib-so", cleanup_glob("/usr/lib/*.so", "dry-run"), 2),
+    ("cleanup-glob-run-lock", cleanup_glob("/run/lock"), 2),
+    ("cleanup-glob-relative-escape", cleanup_glob("../../../../../../../../etc/hostname", shown="/etc/hostname"), 2),
+    ("cleanup-glob-root-folder", cleanup_glob("/"), 2),
+    ("cleanup-glob-home-tilde", cleanup_glob("~", shown=os.path.expanduser("~")), 2),
+    ("cleanup-glob-boot", cleanup_glob("/boot"), 2),
+    ("cleanup-glob-top-level-star", cleanup_glob("/*", "run"), 2),
+    ("cleanup-match-through-a-symlink-into-etc", cleanup_match_through_symlink, 2),
+    ("cleanup-folder-relinked-before-rollback", cleanup_folder_relinked, 2),
+    ("home-inside-the-prefix", home_inside_prefix("prefix"), 2),
+    ("store-inside-site-packages", home_inside_prefix("site"), 2),
+    ("home-inside-the-prefix-through-a-symlink", home_inside_prefix("link"), 2),
+    ("home-a-dangling-symlink", home_dangling_symlink, 2),
+    ("health-url-unclosed-ipv6", service_key("health_url", "http://[::1", quoted=True), 2),
+    ("health-url-no-host", service_key("health_url", "http://", quoted=True), 2),
+    ("health-url-port-99999", service_key("health_url", "http://127.0.0.1:99999/health", quoted=True), 2),
+    ("health-url-port-0", service_key("health_url", "http://127.0.0.1:0/health", quoted=True), 2),
+    ("index-url-with-a-newline", index_url_newline, 2),
+    ("restore-lanes-leading-space", restore_lanes(" 2"), 2),
+    ("restore-lanes-trailing-newline", restore_lanes("2\n"), 2),
+    ("dry-run-with-prepared", dry_run_with("--prepared"), 2),
+    ("dry-run-with-prepare-only", dry_run_with("--prepare-only"), 2),
+    ("ci-promote-lockfiles-proc", ci_promote_into_proc, 2),
+    ("meta-json-with-wrong-types", meta_json_wrong_types, 3),
+    ("journal-jsonl-is-a-folder", journal_is_a_folder, 2),
+    ("snapshots-exclude-question-star", exclude_takes_everything, 2),
+    ("snapshots-exclude-a-package-run", exclude_takes_a_package("run"), 2),
+    ("snapshots-exclude-a-package-snapshot", exclude_takes_a_package("snapshot"), 2),
     ("system-interpreter-run", system_run, 2),
     ("system-interpreter-rollback", system_rollback, 2),
     ("system-interpreter-resume", system_resume, 2),

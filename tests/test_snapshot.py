@@ -757,7 +757,8 @@ def test_snapshots_exclude_leaves_caches_out_and_alone(lanes: int, venv: Path, w
     assert snapmod.verify(Environment.inspect(venv), res.meta) > 0
 
 
-@pytest.mark.parametrize("glob", ["", "/etc/*", "../x", "*", "**/"])
+@pytest.mark.parametrize("glob", ["", "/etc/*", "../x", "*", "**/", "?*", "*.py", "*.so", "RECORD", "*.dist-info",
+                                  "lib/*", "lib/python3*/site-packages/*", "*-info/*", "[!x]*"])
 def test_snapshots_exclude_refuses_globs_that_take_everything(glob: str, venv: Path, tmp_path: Path) -> None:
     from rewheel.errors import RecipeError
     from rewheel.recipe import load_recipe

@@ -10,6 +10,7 @@ import copy
 import functools
 import gc
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -263,6 +264,15 @@ def main() -> None:
 
 def _main() -> None:
     install_signal_handlers()
+    # Nothing rewheel writes (runs, snapshots, stored copies, logs, what uv installs) is ever
+    # world-writable, whatever umask it was started with; group bits stay as the caller set them.
+    os.umask(os.umask(0o002) | 0o002)
+    # A terminal or pipe that cannot show every character (PYTHONIOENCODING=ascii:strict, a C
+    # locale) gets escapes for the rest, never an encoding error halfway through an answer.
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and (getattr(stream, "errors", None) or "strict") == "strict":
+            reconfigure(errors="backslashreplace")
     sys.argv[1:] = _plain_first(sys.argv[1:])
     this = _app_for(sys.argv[1:])
     if "--json" not in sys.argv[1:]:

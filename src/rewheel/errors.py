@@ -143,10 +143,36 @@ class SnapshotDamaged(RestoreError):
     """A snapshot failed its integrity check; it was refused before anything was changed."""
 
 
+class UnsafeCleanupPath(RewheelError):
+    """A stashed cleanup file would go back through a folder that changed into a symlink
+    since it was stashed: refused (exit 2); the file stays in the snapshot."""
+
+
 class LockHeld(RewheelError):
     """Another rewheel process holds this environment."""
 
     exit_code = EXIT_BUSY
+
+
+class JournalDamaged(RewheelError):
+    """A run's journal that cannot be read as one (not a regular file, unreadable): exit 2,
+    nothing was changed; the message names the file."""
+
+
+class JournalWriteError(RewheelError):
+    """A journal record could not be written whole (a full disk, an I/O error): nothing of it
+    was kept, and the step it announced did not start. A person must free the disk and
+    `resume` (exit 3)."""
+
+    exit_code = EXIT_UNRESTORED
+
+    def __init__(self, event: str, path: object, exc: OSError) -> None:
+        done = ("what the command did is done, but its end is not recorded" if event == "finished"
+                else "the step it announced was not started")
+        super().__init__(f"cannot write the journal {path} (record {event!r}): {exc.strerror or exc}; {done}",
+                         hint="free disk there, then `rewheel resume TARGET` finishes or undoes the run")
+        self.path = str(path)
+        self.reason = exc.strerror or str(exc)
 
 
 class InterruptedRun(RewheelError):

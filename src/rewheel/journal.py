@@ -11,6 +11,7 @@ before the step it announces acts.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rewheel import proc
-from rewheel.errors import InterruptedRun, LockHeld, PreflightError
+from rewheel.errors import InterruptedRun, JournalDamaged, JournalWriteError, LockHeld, PreflightError
 from rewheel.paths import fsync_dir, lock_dir
 
 RECLAIM_WAIT_S = 10.0  # after stopping a dead holder's children: how long the lock may take to free
@@ -299,6 +300,9 @@ class RunJournal:
 
     dir: Path
     records: list[dict[str, Any]] = field(default_factory=list)
+    # Lines `load` skipped (line number, their first characters): torn or not rewheel's.
+    damaged: list[tuple[int, str]] = field(default_factory=list)
+    _damage_noted: bool = field(default=False, repr=False)
 
     @property
     def id(self) -> str:
@@ -312,38 +316,96 @@ class RunJournal:
             fsync_dir(run_dir.parent)
             j = cls(run_dir)
             j.append("started", kind=kind, **info)
-        except OSError as exc:
+        except (OSError, JournalWriteError) as exc:
             # A journal that could not be started (a full disk) must not be left behind: it
             # would read as an interrupted run. Nothing was changed yet.
             import shutil
 
             shutil.rmtree(run_dir, ignore_errors=True)
-            raise PreflightError(f"cannot write the journal in {run_dir.parent}: {exc.strerror or exc}",
+            reason = exc.reason if isinstance(exc, JournalWriteError) else exc.strerror or exc
+            raise PreflightError(f"cannot write the journal in {run_dir.parent}: {reason}",
                                  hint="free disk there (or move the store: [snapshots] store, "
                                       "REWHEEL_HOME); nothing was changed") from None
         return j
 
     @classmethod
     def load(cls, run_dir: Path) -> RunJournal:
+        """The records of a run folder. A line that is not a record rewheel wrote — torn by a
+        crash or a full disk, or garbage from any cause — is skipped and remembered in
+        `damaged` (line number, its start), and the records after it still count: one bad line
+        must never hide the `finished` record that closes the run. A journal that is not a
+        regular file is refused (exit 2), never read: a FIFO would hang, a folder has no lines."""
         j = cls(run_dir)
         path = run_dir / "journal.jsonl"
-        if path.exists():
-            for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    break  # a torn last write: everything before it stands
-                if isinstance(rec, dict) and isinstance(rec.get("event"), str):
-                    j.records.append(rec)  # anything else is not a record rewheel wrote
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return j
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.EISDIR):
+                raise JournalDamaged(f"cannot read the journal {path}: {exc.strerror or exc}",
+                                     hint=f"fix its permissions, or move the run folder {run_dir} "
+                                          "out of the store") from None
+            fd = -1
+        try:
+            if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise JournalDamaged(f"the journal {path} is not a regular file",
+                                     hint=f"move the run folder {run_dir} out of the store (it was not "
+                                          "written by rewheel); nothing was changed")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read()
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        for n, line in enumerate(raw.decode("utf-8", errors="replace").split("\n"), 1):
+            if not line.strip():
+                continue
+            rec = _record(line)
+            if rec is None:
+                j.damaged.append((n, line[:120]))
+            else:
+                j.records.append(rec)
         return j
 
     def append(self, event: str, **data: Any) -> dict[str, Any]:
+        """Write one record and fsync it: all of it, or nothing and a `JournalWriteError`.
+
+        A short write (a full disk) is finished or, when the rest cannot be written, cut
+        off again, so a half record is never left behind to be read later. A journal whose last
+        line was torn before (a crash mid-write) gets its new record on a line of its own."""
+        if self.damaged and not self._damage_noted:
+            # Recorded once in the journal itself: what `load` skipped, so the history says so.
+            self._damage_noted = True
+            self.append("note", damaged_lines=[n for n, _ in self.damaged],
+                        damaged_text=[text for _, text in self.damaged[:5]])
         rec = {"event": event, "time": time.time(), **data}
-        line = json.dumps(rec, default=str) + "\n"
-        fd = os.open(self.dir / "journal.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        line = (json.dumps(rec, default=str) + "\n").encode()
+        path = self.dir / "journal.jsonl"
         try:
-            os.write(fd, line.encode())
-            os.fsync(fd)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise JournalWriteError(event, path, exc) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # the last record was torn: start a line of its own
+            try:
+                view = memoryview(line)
+                while view:
+                    n = os.write(fd, view)
+                    if n <= 0:
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    view = view[n:]
+                os.fsync(fd)
+            except BaseException as exc:
+                # Take the partial record back out (a full disk, or a signal's exception
+                # mid-write), so no reader ever sees half of it: the step did not start.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)
+                    os.fsync(fd)
+                if isinstance(exc, OSError):
+                    raise JournalWriteError(event, path, exc) from None
+                raise
         finally:
             os.close(fd)
         self.records.append(rec)
@@ -395,7 +457,24 @@ class RunJournal:
                 # What the upgrade installed, also when it was reverted afterwards.
                 "attempted": installed.get("versions") or fin.get("attempted"),
                 # From the stop to the first healthy answer (None: the service was not stopped).
-                "downtime": fin.get("downtime")}
+                "downtime": fin.get("downtime"),
+                # Lines that were not records (torn by a crash or a full disk), skipped.
+                **({"damaged_lines": [n for n, _ in self.damaged]} if self.damaged else {})}
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """One journal line as the record rewheel wrote, or None when it is not one."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(rec, dict) or not isinstance(rec.get("event"), str):
+        return None
+    if not isinstance(rec.get("time", 0), int | float) or isinstance(rec.get("time"), bool):
+        return None  # the history orders runs by it
+    if rec["event"] == "step" and not isinstance(rec.get("name"), str):
+        return None
+    return rec
 
 
 def _maybe_fault(event: str, data: dict[str, Any]) -> None:
@@ -439,7 +518,8 @@ def interrupted_run(env_dir: Path) -> RunJournal | None:
 
 def interrupted_error(j: RunJournal, target: str) -> InterruptedRun:
     return InterruptedRun(
-        f"{j.kind} {j.id} on {target} was interrupted (last step: {j.last_step or 'start'})",
+        f"{j.kind} {j.id} on {target} was interrupted (last step: {j.last_step or 'start'})"
+        + (f"; its journal has {len(j.damaged)} damaged line(s), skipped" if j.damaged else ""),
         hint=f"`rewheel resume {target}` finishes or undoes it; `rewheel rollback {target}` "
              f"restores its pre-upgrade snapshot {j.snapshot_id or ''}".rstrip())
 

@@ -37,6 +37,12 @@ def state_home(override: str | os.PathLike[str] | None = None) -> Path:
 _PSEUDO_FS = ("/proc", "/sys")
 
 
+def pseudo_fs_of(path: str | os.PathLike[str]) -> str | None:
+    """The pseudo-filesystem (/proc, /sys) a path lies on, through symlinks, or None."""
+    real = os.path.realpath(path)
+    return next((p for p in _PSEUDO_FS if real == p or real.startswith(p + "/")), None)
+
+
 def ensure_private_dir(path: Path, *, what: str | None = None) -> Path:
     """A folder for rewheel's state. When rewheel creates it, it is private to its owner
     (0700). A folder that already exists keeps its mode — it may be shared, like a 1777 /tmp —
@@ -49,8 +55,7 @@ def ensure_private_dir(path: Path, *, what: str | None = None) -> Path:
     path = Path(path)
     name = f"{what} {path}" if what else f"state folder {path}"
     hint = "give a folder of your own, or one that does not exist yet (rewheel creates it, mode 0700)"
-    real = os.path.realpath(path)
-    pseudo = next((p for p in _PSEUDO_FS if real == p or real.startswith(p + "/")), None)
+    pseudo = pseudo_fs_of(path)
     if pseudo is not None:
         raise UsageError(f"{name}: is under {pseudo}, a pseudo-filesystem, not a place to keep "
                          "snapshots", hint=hint)
@@ -60,12 +65,18 @@ def ensure_private_dir(path: Path, *, what: str | None = None) -> Path:
         st = None
     except OSError as exc:
         raise UsageError(f"{name}: cannot be used: {exc.strerror or exc}", hint=hint) from None
+    if st is None and os.path.islink(path):
+        raise UsageError(f"{name}: is a symlink to {os.readlink(path)}, which does not exist",
+                         hint="create the folder it points to, remove the link, or give another folder")
     if st is None:
         try:
             path.mkdir(parents=True, mode=0o700)
             return path
         except FileExistsError:
-            st = os.stat(path)  # made meanwhile by another rewheel: check it as any other
+            try:
+                st = os.stat(path)  # made meanwhile by another rewheel: check it as any other
+            except OSError as exc:
+                raise UsageError(f"{name}: cannot be used: {exc.strerror or exc}", hint=hint) from None
         except OSError as exc:
             raise UsageError(f"{name}: cannot be created: {exc.strerror or exc}", hint=hint) from None
     if not stat.S_ISDIR(st.st_mode):
@@ -85,6 +96,24 @@ def ensure_private_dir(path: Path, *, what: str | None = None) -> Path:
         raise UsageError(f"{name}: belongs to uid {st.st_uid} and sits in {path.parent}, a folder "
                          "every user can write to: refusing to keep state there", hint=hint)
     return path
+
+
+def refuse_home_inside(home: Path, prefix: Path, *, what: str) -> None:
+    """The state folder never lies inside the environment it keeps snapshots of (nor is it
+    the prefix): a snapshot's files would be written into the environment, and a restore
+    or an upgrade would meet them there. Checked through symlinks, before anything is made
+    (UsageError, exit 2, naming `what` and both folders)."""
+    from rewheel.errors import UsageError
+
+    real_prefix = os.path.realpath(prefix)
+    # The folder as it will be: its deepest existing part resolved, the rest as written.
+    real_home = os.path.realpath(home)
+    for where in {os.path.normpath(os.path.abspath(home)), real_home}:
+        if where == real_prefix or where.startswith(real_prefix.rstrip("/") + "/"):
+            raise UsageError(f"{what} {home}: is inside the environment {prefix}: snapshots and run journals "
+                             "would be written into the environment they protect",
+                             hint="keep the state outside the environment (the default is "
+                                  "~/.local/state/rewheel); nothing was changed")
 
 
 def env_key(prefix: Path) -> str:

@@ -102,6 +102,22 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
 
     _run_check(result, "disk", disk)
 
+    if recipe.cleanup_paths:
+        def cleanup() -> str:
+            # What each glob matches today, each match checked as a run checks it before moving.
+            from rewheel.snapshot import cleanup_matches
+
+            env = env_box.get("env")
+            protected = [str(recipe.store or state_home())] + ([str(env.prefix)] if env is not None else [])
+            parts = []
+            for g in recipe.cleanup_paths:
+                found = cleanup_matches([g], protected)
+                shown = ", ".join(found[:5]) + (f", … {len(found) - 5} more" if len(found) > 5 else "")
+                parts.append(f"{g}: {len(found)} match(es)" + (f" ({shown})" if found else ""))
+            return "; ".join(parts)
+
+        _run_check(result, "cleanup", cleanup)
+
     if recipe.service is not None:
         svc = recipe.service
 

@@ -21,6 +21,7 @@ No service and no live environment is touched. Exit codes: 0 qualified; 1 the ni
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -38,7 +39,7 @@ from rewheel import nightly
 from rewheel.errors import EXIT_OK, EXIT_REVERTED, InstallError, PreflightError, RewheelError, UsageError
 from rewheel.installer import error_lines, install
 from rewheel.journal import new_run_id
-from rewheel.paths import atomic_write, ensure_private_dir, state_home
+from rewheel.paths import atomic_write, ensure_private_dir, pseudo_fs_of, state_home
 from rewheel.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -155,6 +156,8 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
         from rewheel import gpu
 
         gpu.require_gpus(recipe.smoke.gpus)
+    if promote:
+        _check_lockfiles(lockfiles)
     name = nightly.package_name(recipe, package)
     rep = CiReport(status="failed", recipe=recipe.source, recipe_name=recipe.name, package=name)
     run_dir = ensure_private_dir(work_dir or state_home() / "ci" / _slug(recipe.name)) / new_run_id()
@@ -357,13 +360,33 @@ def _diff(scoped: Recipe, baseline: Path, rep: CiReport) -> str:
     return f"{len(rep.changes)} change(s) since {baseline}"
 
 
+def _check_lockfiles(folder: Path) -> None:
+    """`--promote` writes into `--lockfiles`: a folder that cannot hold the lock (a
+    pseudo-filesystem, a file, one this user cannot write) is refused before the nightly is
+    installed, not after it qualified (UsageError, exit 2)."""
+    hint = "give a folder of the repository, e.g. --lockfiles lockfiles"
+    pseudo = pseudo_fs_of(folder)
+    if pseudo is not None:
+        raise UsageError(f"--lockfiles {folder}: is under {pseudo}, a pseudo-filesystem: a qualified lock "
+                         "cannot be kept there", hint=hint)
+    existing = next((p for p in (folder, *folder.absolute().parents) if os.path.lexists(p)), None)
+    if existing is not None and not os.path.isdir(existing):
+        raise UsageError(f"--lockfiles {folder}: {existing} is not a folder", hint=hint)
+    if existing is not None and not os.access(existing, os.W_OK):
+        raise UsageError(f"--lockfiles {folder}: {existing} is not writable by this user", hint=hint)
+
+
 def _promote(lock: Path, target: Path, rep: CiReport) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     head = (f"# Qualified by `rewheel ci {rep.recipe}` on {stamp}: {rep.package} "
             f"{rep.version}, Python {rep.python_version}; smoke test passed.\n"
             f"# Install exactly this set: rewheel run {rep.recipe} --lock {target}\n")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(target, head + lock.read_text(encoding="utf-8"), mode=0o644)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, head + lock.read_text(encoding="utf-8"), mode=0o644)
+    except OSError as exc:
+        raise UsageError(f"--lockfiles {target.parent}: cannot write {target.name}: {exc.strerror or exc}",
+                         hint=f"the qualified lock is still at {lock}") from None
     rep.promoted = str(target)
     return f"promoted to {target}"
 

@@ -220,6 +220,40 @@ def _check(path: Path, data: dict[str, Any], schema: dict[str, Any], prefix: str
             raise RecipeError(path, f"{prefix}{key}", "missing required key")
 
 
+def _check_http_url(path: Path, key: str, url: str) -> None:
+    """An http(s) URL with a host and, if given, a port from 1 to 65535 — what a health
+    check can ask; RecipeError naming the key and the value otherwise."""
+    from urllib.parse import urlsplit
+
+    problem = None
+    if not url.startswith(("http://", "https://")):
+        problem = "expected an http(s) URL"
+    elif any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        problem = "expected a URL without spaces or control characters"
+    else:
+        try:
+            parts = urlsplit(url)
+            port = parts.port  # raises for a port out of range or not a number
+            if not parts.hostname:
+                problem = "expected a URL with a host"
+            elif port == 0:
+                problem = "expected a port from 1 to 65535"
+        except ValueError as exc:
+            problem = f"not a valid URL ({exc})"
+    if problem is not None:
+        raise RecipeError(path, key, f"{problem}, got {_describe(url)}",
+                          hint='e.g. "http://127.0.0.1:8000/health"')
+
+
+def _check_no_controls(path: Path, key: str, value: str) -> None:
+    """A URL or path handed to uv: a newline or other control character in it would split
+    uv's configuration or its arguments' meaning; refused, naming the key."""
+    bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise RecipeError(path, key, f"contains the control character {bad!r}: {value!r}",
+                          hint="write the URL on one line, without control characters")
+
+
 def _resolve_path(base: Path, value: str) -> Path:
     p = Path(os.path.expanduser(value))
     return p if p.is_absolute() else (base / p)
@@ -227,7 +261,58 @@ def _resolve_path(base: Path, value: str) -> Path:
 
 def _resolve_glob(base: Path, value: str) -> str:
     v = os.path.expanduser(value)
-    return v if os.path.isabs(v) else str(base / v)
+    # Normalized ("../" resolved as written): what it may match is judged on this path.
+    return os.path.normpath(v if os.path.isabs(v) else str(base / v))
+
+
+# Paths every environment's distributions have (relative to the prefix): an exclude glob that
+# matches one takes installed files or metadata (the snapshot then cannot restore them). A glob
+# that only matches a package's own files is refused when a snapshot is taken (capture).
+_DIST_SAMPLES = ("bin", "bin/python", "lib", "lib/python3.12", "lib/python3.12/site-packages",
+                 "lib/python3.12/site-packages/pkg", "lib/python3.12/site-packages/pkg/__init__.py",
+                 "lib/python3.12/site-packages/pkg/_C.cpython-312-x86_64-linux-gnu.so",
+                 "lib/python3.12/site-packages/pkg-1.0.dist-info",
+                 "lib/python3.12/site-packages/pkg-1.0.dist-info/RECORD",
+                 "lib/python3.12/site-packages/pkg-1.0.dist-info/METADATA",
+                 "lib/python3.12/site-packages/pkg-1.0.dist-info/INSTALLER",
+                 "lib/python3.12/site-packages/pkg-1.0.dist-info/WHEEL",
+                 "lib/python3.12/site-packages/pkg-1.0.dist-info/top_level.txt")
+
+
+def _excluded_sample(glob: str) -> str | None:
+    """The first of `_DIST_SAMPLES` that `[snapshots] exclude` glob would leave out, or None
+    (the rule of `snapshot.tree.exclusion`: with a slash, the path from the prefix, `*`
+    crossing folders; without, a name at any depth)."""
+    import fnmatch
+
+    g = glob.strip("/")
+    for rel in _DIST_SAMPLES:
+        if fnmatch.fnmatchcase(rel if "/" in g else rel.rpartition("/")[2], g):
+            return rel
+    return None
+
+
+def _cleanup_globs(path: Path, base: Path, values: list[str]) -> tuple[str, ...]:
+    """`[cleanup] paths`, absolute; a glob that could only match system files (inside /etc,
+    /usr, /root, ...: debris lives in /tmp, /var/tmp, /dev/shm and ~/.cache) is refused."""
+    if not values:
+        return ()
+    from rewheel.snapshot.cleanup import cleanup_glob_refusal
+
+    out = []
+    for i, value in enumerate(values):
+        if not value.strip() or "\x00" in value:
+            raise RecipeError(path, f"cleanup.paths[{i}]", f"expected a glob, got {_describe(value)}")
+        glob = _resolve_glob(base, value)
+        why = cleanup_glob_refusal(glob)
+        if why is not None:
+            raise RecipeError(path, f"cleanup.paths[{i}]",
+                              f"{_describe(value)}" + (f" ({glob})" if glob != value else "") + f" {why}; "
+                              "refusing to move what it matches",
+                              hint="cleanup globs name debris: files in /tmp, /var/tmp, /dev/shm, a user's "
+                                   '~/.cache, or a data folder of your own, e.g. "/tmp/*.pt"')
+        out.append(glob)
+    return tuple(out)
 
 
 def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = True) -> Recipe:
@@ -267,14 +352,11 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
         for k in ("ready_timeout_s", "stop_timeout_s"):
             if k in s and s[k] <= 0:
                 raise RecipeError(path, f"service.{k}", f"expected a positive integer, got {s[k]}")
-        for k in ("health_url",):
-            if k in s and not s[k].startswith(("http://", "https://")):
-                raise RecipeError(path, f"service.{k}", f"expected an http(s) URL, got {_describe(s[k])}")
+        if "health_url" in s:
+            _check_http_url(path, "service.health_url", s["health_url"])
         probe = None
         if "probe" in s:
-            if not s["probe"]["url"].startswith(("http://", "https://")):
-                raise RecipeError(path, "service.probe.url",
-                                  f"expected an http(s) URL, got {_describe(s['probe']['url'])}")
+            _check_http_url(path, "service.probe.url", s["probe"]["url"])
             probe = Probe(url=s["probe"]["url"], expect=s["probe"].get("expect"))
         service = ServiceSpec(
             manager=manager, unit=s.get("unit"), start=tuple(s.get("start", ())),
@@ -298,9 +380,14 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
     for key in ("index_url",):
         if key in inst and not inst[key].strip():
             raise RecipeError(path, f"install.{key}", "expected a URL, got an empty string")
+        if key in inst:
+            _check_no_controls(path, f"install.{key}", inst[key])
     for i, url in enumerate(inst.get("extra_index_urls", [])):
         if not url.strip():
             raise RecipeError(path, f"install.extra_index_urls[{i}]", "expected a URL, got an empty string")
+        _check_no_controls(path, f"install.extra_index_urls[{i}]", url)
+    for i, link in enumerate(inst.get("find_links", [])):
+        _check_no_controls(path, f"install.find_links[{i}]", link)
     install = InstallSpec(
         packages=tuple(inst.get("packages", ())), index_url=inst.get("index_url"),
         extra_index_urls=tuple(inst.get("extra_index_urls", ())),
@@ -336,10 +423,16 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
                               f"{pat!r} would leave out the whole environment or a path outside it",
                               hint='give globs relative to the prefix, e.g. "lib/python3*/site-packages/*/.cache" '
                                    'or a name matched at any depth, e.g. "*.pt"')
+        took = _excluded_sample(pat)
+        if took is not None:
+            raise RecipeError(path, "snapshots.exclude",
+                              f"{pat!r} would leave {took} out of snapshots: a distribution's files or metadata, "
+                              "which a rollback must restore",
+                              hint='exclude caches only, e.g. "lib/python3*/site-packages/*/.cache" or "*.pt"')
     return Recipe(
         name=data.get("name") or path.stem, python=python, path=path, service=service,
         install=install, smoke=smoke, patch_policy=policy,
-        cleanup_paths=tuple(_resolve_glob(base, p) for p in data.get("cleanup", {}).get("paths", ())),
+        cleanup_paths=_cleanup_globs(path, base, data.get("cleanup", {}).get("paths", [])),
         keep=keep, store=store, snapshot_exclude=exclude,
         system=data["environment"].get("system", False))
 

@@ -151,6 +151,9 @@ def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
     console.print(f"  {r.written:,} files written, {r.deleted:,} removed, {r.chmodded:,} modes fixed, "
                   f"{r.unchanged:,} unchanged; {r.verified:,} entries verified against the manifest "
                   f"in {r.seconds:.2f}s")
+    if not (r.written or r.deleted or r.chmodded or r.folders_rebuilt or r.cleanup_restored):
+        # Said, not implied by the counts: "restored" alone reads as if something came back.
+        console.print("  nothing needed restoring: the environment already matched the snapshot")
     if r.proven_same:
         console.print(f"  {r.proven_same:,} of the unchanged were reinstalled at the same version: "
                       "proven identical (same RECORD hash and size, untouched since), left in place")

@@ -21,7 +21,7 @@ from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import state_home
 from rewheel.recipe import Recipe
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, SnapshotResult, Store,
-                              discard_displaced, restore_lanes_setting, restore_snapshot, take_snapshot,
+                              check_cleanup_entries, discard_displaced, restore_lanes_setting, restore_snapshot, take_snapshot,
                               unstash_cleanup)
 
 if TYPE_CHECKING:
@@ -63,22 +63,23 @@ def open_target(recipe: Recipe, host: Host | None = None) -> Target:
     real one unless a caller hands another)."""
     restore_lanes_setting()  # a bad value is refused before any command acts
     env = Environment.inspect(recipe.python)
-    return Target(recipe, env, Store(env.prefix, _checked_home(recipe)), host or Host.real())
+    return Target(recipe, env, Store(env.prefix, _checked_home(recipe, env.prefix)), host or Host.real())
 
 
-def _checked_home(recipe: Recipe) -> Path:
+def _checked_home(recipe: Recipe, prefix: Path) -> Path:
     """The store's folder, refused (exit 2, naming where it came from) when it is a file,
     on a pseudo-filesystem (/proc, /sys), or a world-writable folder without the
     sticky bit; created private (0700) when it does not exist."""
     import os
 
-    from rewheel.paths import ensure_private_dir
+    from rewheel.paths import ensure_private_dir, refuse_home_inside
 
     if recipe.store is not None:
         home, what = recipe.store, f"{recipe.source}: snapshots.store"
     else:
         home = state_home()
         what = "REWHEEL_HOME" if os.environ.get("REWHEEL_HOME") else "the state folder"
+    refuse_home_inside(home, prefix, what=what)
     return ensure_private_dir(home, what=what)
 
 
@@ -406,6 +407,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
     with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
         refuse_failed_build(snap, force, t.cli_ref)  # before a journal exists: nothing to close
+        check_cleanup_entries(snap, t.recipe.cleanup_paths)  # tampered or re-linked: refused, nothing changed
         interrupted = journal.interrupted_run(t.store.env_dir)
         runs = journal.list_runs(t.store.env_dir)
         # The last command, if it left the service stopped: interrupted, or failed without
@@ -1697,6 +1699,10 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
     from rewheel.errors import UsageError
 
     refuse_system_interpreter(t)
+    if dry_run and (prepare_only or prepared):
+        flag = "--prepare-only" if prepare_only else "--prepared"
+        raise UsageError(f"--dry-run and {flag} exclude each other: {flag} changes things, --dry-run never does",
+                         hint="`run RECIPE --dry-run` shows the plan; then run with --prepare-only or --prepared")
     if prepare_only and prepared:
         raise UsageError("--prepare-only and --prepared exclude each other",
                          hint="--prepare-only prepares now; --prepared swaps in what was prepared")

@@ -50,7 +50,13 @@ def analyse_file(path: str | os.PathLike[str], *, package: str | None = None) ->
     """Analyse a log file; fast path for large files (see module docstring)."""
     p = Path(path)
     if not p.is_file():
-        raise UsageError(f"log file not found: {p}", hint="give the path of a log file, or --unit UNIT")
+        if p.is_dir():
+            raise UsageError(f"{p} is a folder, not a log file", hint="give the path of a log file, or --unit UNIT")
+        if not p.exists():
+            raise UsageError(f"log file not found: {p}", hint="give the path of a log file, or --unit UNIT")
+        # A pipe (`why <(journalctl …)`) or a device (/dev/null): read once, as a stream.
+        with open(p, encoding="utf-8", errors="replace", newline="\n") as fh:
+            return analyse_lines(fh, package=package, source=str(p))
     an = Analyser(package, error_lines=False)
     with open(p, "rb", buffering=0) as f:
         _scan_fast(f, an)

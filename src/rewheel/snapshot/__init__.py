@@ -36,8 +36,8 @@ from __future__ import annotations
 
 from rewheel.errors import RestoreError, SnapshotDamaged, SnapshotError
 from rewheel.snapshot.capture import SnapshotResult, copy_hashed, estimate_snapshot, take_snapshot
-from rewheel.snapshot.cleanup import (SYSTEM_FOLDERS, cleanup_matches, cleanup_refusal, pending_cleanup,
-                                      stash_cleanup, unstash_cleanup)
+from rewheel.snapshot.cleanup import (SYSTEM_FOLDERS, check_cleanup_entries, cleanup_glob_refusal, cleanup_matches,
+                                      cleanup_refusal, pending_cleanup, stash_cleanup, unstash_cleanup)
 from rewheel.snapshot.lanes import LANES_MIN_FILES, restore_lanes_setting
 from rewheel.snapshot.manifest import MANIFEST_VERSION, Entry, Folder, Manifest, ManifestDamaged, match_roots
 from rewheel.snapshot.restore import (RestoreResult, discard_displaced, remove_displaced, restore_snapshot,
@@ -51,7 +51,7 @@ from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, exclusion, ha
 __all__ = [
     "ALIASES", "LANES_MIN_FILES", "MANIFEST_VERSION", "STAGING_PREFIX", "SYSTEM_FOLDERS", "Entry", "Folder", "Manifest",
     "ManifestDamaged", "Progress", "RestoreError", "RestoreResult", "Root", "SnapshotDamaged", "SnapshotError",
-    "SnapshotMeta", "SnapshotResult", "Store", "cleanup_matches", "cleanup_refusal", "copy_hashed",
+    "SnapshotMeta", "SnapshotResult", "Store", "check_cleanup_entries", "cleanup_glob_refusal", "cleanup_matches", "cleanup_refusal", "copy_hashed",
     "discard_displaced", "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix",
     "pending_cleanup", "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting",
     "restore_snapshot", "scope_of", "share_folders", "stash_cleanup", "take_snapshot", "unstash_cleanup", "verify", "walk",

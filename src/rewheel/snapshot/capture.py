@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from rewheel.environment import Distribution, Environment
-from rewheel.errors import SnapshotDamaged, SnapshotError
+from rewheel.errors import SnapshotDamaged, SnapshotError, UsageError
 from rewheel.paths import atomic_write, fsync_dir
 from rewheel.snapshot.manifest import Folder, Manifest, ManifestDamaged
 from rewheel.snapshot.store import SnapshotMeta, Store, aliased_files
-from rewheel.snapshot.tree import (CHUNK, Progress, Root, TIE_HASH_MAX, exclusion, hash_file, kind_of,
-                                   provably_pristine, proven_sha, record_index, safe_rel, scope_of, shared_paths,
-                                   walk)
+from rewheel.snapshot.tree import (CHUNK, Progress, Root, TIE_HASH_MAX, excluded_distribution_file, exclusion,
+                                   hash_file, kind_of, provably_pristine, proven_sha, record_index, safe_rel, scope_of,
+                                   shared_paths, walk)
 
 _FICLONE = 0x40049409
 
@@ -169,6 +169,7 @@ def estimate_snapshot(env: Environment, store: Store, *, dists: list[Distributio
     filesystem)."""
     dists = dists if dists is not None else env.distributions()
     records = record_index(dists)
+    _refuse_excluded_distributions(env, records, exclude)
     roots = scope_of(env)
     previous = _PreviousCopies(store, roots)
     files = to_copy = bytes_to_copy = bytes_reused = bytes_total = 0
@@ -298,6 +299,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     t0 = time.monotonic()
     dists = dists if dists is not None else env.distributions()
     records = record_index(dists)
+    _refuse_excluded_distributions(env, records, exclude)
     shared = shared_paths(dists)
     roots = scope_of(env)
     snap_id = secrets.token_hex(4)
@@ -410,6 +412,19 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
             raise _snapshot_failed(exc, env, store) from None
         raise
     return SnapshotResult(meta, time.monotonic() - t0, n_linked, n_copied)
+
+
+def _refuse_excluded_distributions(env: Environment, records: dict[str, Any], exclude: tuple[str, ...]) -> None:
+    """`[snapshots] exclude` leaves out caches, never a distribution's files or metadata: a
+    snapshot without them could not restore it (a rollback would say "restored" and change
+    nothing there). Refused before anything is stopped or written (exit 2)."""
+    hit = excluded_distribution_file(exclude, str(env.prefix), records)
+    if hit is not None:
+        glob, rel = hit
+        raise UsageError(f"[snapshots] exclude: {glob!r} would leave {rel} out of the snapshot of {env.prefix}, "
+                         "and an installed distribution's files or metadata are there",
+                         hint="exclude caches only, e.g. \"*.pt\" or \"lib/python3*/site-packages/*/.cache\"; "
+                              "nothing was changed")
 
 
 def _snapshot_failed(exc: OSError, env: Environment, store: Store) -> SnapshotError:

@@ -50,9 +50,11 @@ LANES_MIN_FILES = 4000  # below this, a second lane costs more (a fork) than it 
 def restore_lanes_setting() -> int | None:
     """`REWHEEL_RESTORE_LANES` (1 or 2), or None when unset. Commands check it before they
     act (`runner.open_target`), so a bad value changes nothing."""
-    forced = os.environ.get("REWHEEL_RESTORE_LANES", "").strip()
+    # Exactly "1" or "2": " 2" or "2\n" is refused rather than read one way here and another
+    # by whatever else reads the variable; empty is unset.
+    forced = os.environ.get("REWHEEL_RESTORE_LANES", "")
     if forced and forced not in ("1", "2"):
-        raise UsageError(f"REWHEEL_RESTORE_LANES={forced!r}: expected 1 or 2",
+        raise UsageError(f"REWHEEL_RESTORE_LANES={forced!r}: expected 1 or 2 (no spaces or newlines)",
                          hint="unset it to let rewheel choose (2 on Linux with two CPUs, for a large environment)")
     return int(forced) if forced else None
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from rewheel.errors import SnapshotDamaged, SnapshotError
-from rewheel.snapshot.store import SnapshotMeta
+from rewheel.snapshot.store import SnapshotMeta, read_regular
 from rewheel.snapshot.tree import Root, safe_rel
 
 MANIFEST_VERSION = 2  # 2: by folder, as columns, with shared inodes; version 1 still loads
@@ -166,7 +166,12 @@ class Manifest:
         restore, which checks the folders as it walks them and each entry it acts on."""
         path = snap.path / "manifest.json"
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads(read_regular(path))
+            version = doc.get("version", 1)
+            if type(version) is not int or not 1 <= version <= MANIFEST_VERSION:
+                # Written by a newer rewheel (or tampered with): its layout is not known here.
+                raise ValueError(f"manifest version {version!r}; this rewheel reads versions 1 to "
+                                 f"{MANIFEST_VERSION}")
             roots = [Root(str(r["path"]), bool(r["whole"])) for r in doc["roots"]]
             real_roots = [str(r) for r in doc["real_roots"]] if "real_roots" in doc else None
             exclude = doc.get("exclude") or []
@@ -187,7 +192,7 @@ class Manifest:
                     raise bad_entry(snap, bad)
                 man = cls.of(roots, entries, real_roots, exclude)
             entries = man.entries if validate else []
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
             raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",
                                   hint="restore another snapshot (`rewheel history`)") from None
         if validate:

@@ -994,6 +994,11 @@ def _into_trash(paths: list[str], trash: Path) -> list[str]:
     """Move `paths` into a new folder of `trash` and start its deletion; the paths not moved."""
     try:
         trash.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(trash)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            # A link (or someone else's folder) in its place: its stale entries are not the
+            # store's to delete. What was displaced is deleted where it is instead.
+            return list(paths)
         bin_ = tempfile.mkdtemp(prefix="restore-", dir=trash)
     except OSError:
         return list(paths)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 from array import array
@@ -80,12 +81,49 @@ class SnapshotMeta:
 
     @classmethod
     def load(cls, path: Path, home: Path) -> SnapshotMeta:
+        """A snapshot's meta.json, refused (SnapshotDamaged) when it is not a regular file (a
+        FIFO would hang the read), not JSON, or has a field of the wrong type — which would
+        otherwise fail later, far from the file, as an internal error."""
         try:
-            doc = json.loads((path / "meta.json").read_text())
+            doc = json.loads(read_regular(path / "meta.json"))
+            if not isinstance(doc, dict):
+                raise TypeError("not a JSON object")
+            for key, want in _META_TYPES.items():
+                if key in doc and not _is(doc[key], want):
+                    raise TypeError(f"{key} is {type(doc[key]).__name__}, expected {want}")
             return cls(path=path, home=home, **doc)
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
             raise SnapshotDamaged(f"snapshot {path.name}: unreadable meta.json ({exc})",
                                   hint=f"inspect or delete {path}") from None
+
+
+# What each meta.json field must be ("number": int or float, never bool; "?": or null).
+_META_TYPES = {"id": "str", "label": "str", "status": "str", "created": "number", "prefix": "str",
+               "python": "str", "kind": "str", "versions": "dict", "distributions": "list", "files": "int",
+               "bytes_total": "int", "bytes_copied": "int", "bytes_linked": "int", "link_mode": "str",
+               "run_id": "str?", "cleanup": "list", "extra": "dict"}
+_PY_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "number": (int, float), "dict": dict,
+                                                  "list": list}
+
+
+def _is(value: Any, want: str) -> bool:
+    if want.endswith("?"):
+        return value is None or _is(value, want[:-1])
+    return isinstance(value, _PY_TYPES[want]) and not isinstance(value, bool)
+
+
+def read_regular(path: Path, limit: int = 1 << 30) -> str:
+    """A state file's text, read only when it is a regular file: opened without blocking and
+    without following a last symlink, so a FIFO or device put in its place cannot hang or
+    feed a command (OSError otherwise)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit).decode("utf-8")
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------------------

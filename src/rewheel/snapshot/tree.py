@@ -133,6 +133,31 @@ def exclusion(globs: list[str] | tuple[str, ...]) -> Callable[[str], bool] | Non
     return excluded
 
 
+def excluded_distribution_file(globs: list[str] | tuple[str, ...], prefix: str,
+                               records: dict[str, Any]) -> tuple[str, str] | None:
+    """(glob, path) of the first file a distribution's RECORD lists (its files, its metadata)
+    that `[snapshots] exclude` would leave out of a snapshot — or a folder above one, which
+    the walk skips whole — else None. Such a snapshot could not restore that distribution."""
+    if not globs:
+        return None
+    base = prefix.rstrip("/") + "/"
+    matchers = [(g, exclusion([g])) for g in globs]
+    seen: set[str] = set()  # folders already judged (each is shared by many files)
+    for path in records:
+        if not path.startswith(base):
+            continue
+        parts = path[len(base):].split("/")
+        for i in range(1, len(parts) + 1):
+            rel = "/".join(parts[:i])
+            if rel in seen:
+                continue
+            seen.add(rel)
+            for g, excluded in matchers:
+                if excluded is not None and excluded(rel):
+                    return g, rel
+    return None
+
+
 def walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str],
           nested: list[str] | None = None,
           excluded: Callable[[str], bool] | None = None) -> Iterator[tuple[int, str, os.stat_result]]:
