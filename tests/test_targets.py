@@ -73,16 +73,20 @@ def test_anything_else_that_is_not_an_interpreter_is_exit_2(what: str, tmp_path:
     assert str(path) in json.loads(cp.stdout)["message"]
 
 
-def test_an_internal_error_names_its_traceback_file_and_exits_5(venv: Path, rewheel_home: Path) -> None:
+def test_an_internal_error_names_its_traceback_file_and_exits_5(venv: Path, rewheel_home: Path,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cp = rewheel("snapshot", "--python", str(venv), "--json")
     assert cp.returncode == 0, cp.stderr
-    # A meta.json that parses but holds a date where a timestamp belongs: nothing expects it,
-    # so listing the snapshots fails deep inside (sorting a str against a float).
-    meta = next(rewheel_home.glob("envs/*/snapshots/*/meta.json"))
-    doc = json.loads(meta.read_text())
-    assert rewheel("snapshot", "--python", str(venv)).returncode == 0
-    doc["created"] = "yesterday"
-    meta.write_text(json.dumps(doc))
+    # A bug planted in the rewheel process (every bad input a user can give is a sentence and
+    # exit 2 now): listing the snapshots fails deep inside with a TypeError.
+    bug = tmp_path / "bug"
+    bug.mkdir()
+    (bug / "sitecustomize.py").write_text(
+        "from rewheel.snapshot import store\n"
+        "def broken(self, *a, **k):\n"
+        "    return sorted([1, 'yesterday'])\n"
+        "store.Store.list = broken\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(bug), os.environ.get("PYTHONPATH")) if p))
     for args in (["history", "--python", str(venv), "--json"], ["history", "--python", str(venv)]):
         cp = rewheel(*args)
         assert cp.returncode == 5, (cp.stdout, cp.stderr)
