@@ -48,11 +48,10 @@ TargetArg = Annotated[str | None, typer.Argument(help="A recipe file, or use --p
 
 
 def _stderr_console() -> Console:
-    # Messages name paths and URLs: never break them across lines (logs get grepped).
-    # (rich is imported here, not with the module: `--help` never needs it.)
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    # Messages name paths and URLs: never broken inside one — fitted between words on a
+    # terminal, never wrapped in a pipe or a log (which get grepped); see report.fitted_console.
+    # (rich is imported there, not with this module: `--help` never needs it.)
+    return report.fitted_console(stderr=True, highlight=False, emoji=False)
 
 
 def consoles(json_mode: bool) -> tuple[Console, Console]:
@@ -60,10 +59,8 @@ def consoles(json_mode: bool) -> tuple[Console, Console]:
     err: Console = _PlainStderr() if _PlainStderr.fits() else _stderr_console()  # type: ignore[assignment]
     if json_mode:
         return err, err
-    from rich.console import Console
-
     # emoji=False: rewheel writes no `:name:` codes, and text from files must not turn into one.
-    return Console(highlight=False, emoji=False), err
+    return report.fitted_console(highlight=False, emoji=False), err
 
 
 class _PlainStderr:

@@ -461,8 +461,26 @@ def render_package_changes(console: Console, packages: list, unchanged: int = 0,
             _plain(console, f"  {name}: {url}")
 
 
+def print_diff(console: Console, diff: str) -> None:
+    """A unified diff: coloured on a terminal (control characters made visible); elsewhere
+    (a file, a pipe) its text exactly as it is, never wrapped, as `git diff` writes it — so
+    `rewheel diff … > x.patch` applies with `git apply` and `patch`."""
+    if console.is_terminal:
+        from rich.syntax import Syntax
+
+        console.print(Syntax(clean(diff), "diff", theme="ansi_dark", word_wrap=True))
+        return
+    text = diff if diff.endswith("\n") else diff + "\n"
+    buffer = getattr(console.file, "buffer", None)
+    console.file.flush()
+    if buffer is not None:  # the bytes of a file that was not UTF-8 go out as they were read
+        buffer.write(text.encode("utf-8", "surrogateescape"))
+        buffer.flush()
+    else:
+        console.file.write(text)
+
+
 def render_diff(console: Console, result, *, stat_only: bool = False, verbose: bool = False) -> None:  # diff.DiffResult
-    from rich.syntax import Syntax
     from rich.text import Text
 
     console.print(f"[bold]diff {escape(result.old)} → {escape(result.new)}[/]")
@@ -503,7 +521,7 @@ def render_diff(console: Console, result, *, stat_only: bool = False, verbose: b
         return
     for f in result.files:
         if f.diff:
-            console.print(Syntax(clean(f.diff), "diff", theme="ansi_dark", word_wrap=True))
+            print_diff(console, f.diff)
     h = result.stats
     if h.get("hashed_files"):
         console.print(f"[dim]{h['hashed_files']} file(s) hashed ({human_bytes(h['hashed_bytes'])}); "
@@ -511,8 +529,6 @@ def render_diff(console: Console, result, *, stat_only: bool = False, verbose: b
 
 
 def render_patches(console: Console, scan) -> None:  # patches.PatchScan
-    from rich.syntax import Syntax
-
     st = scan.stats
     if not scan.patches:
         console.print(f"[bold green]no local patches[/] in {escape(scan.prefix)} "
@@ -535,7 +551,7 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
         for p in scan.patches:
             console.print(f"[bold]{escape(p.path)}[/] ({p.kind}, {escape(p.distribution)} {escape(p.version)})")
             if p.diff:
-                console.print(Syntax(clean(p.diff), "diff", theme="ansi_dark", word_wrap=True))
+                print_diff(console, p.diff)
             elif p.pristine_note:
                 console.print(f"  [yellow]{escape(p.pristine_note)}[/]")
     for p in scan.patches:
@@ -915,3 +931,95 @@ def render_suspects(console: Console, suspects: list | None, indent: str = "  ",
                           f"{escape(str(pr.get('patch') or 'not saved'))}")
         if s.get("compare_url"):
             console.print(f"{indent}     compare: {escape(str(s['compare_url']))}")
+
+
+# ---- the consoles: fitted to a terminal, never wrapped elsewhere ----
+# A line's indent, with the gutter of a tool's streamed output (`  │ `): kept on the lines a
+# long line is wrapped onto.
+_INDENT = re.compile(r" *(?:│ )?")
+_CONSOLE_CLASS: type | None = None
+
+
+def fitted_console(**kw: object) -> Console:
+    """A rich Console for rewheel's human text. On a terminal every line of text is fitted to
+    its width: wrapped between words only, the continuation indented like the line (two more
+    spaces), a word or path longer than the room never cut (it gets a line of its own). On
+    anything else (a pipe, a file, a CI log) nothing is wrapped: each line is written whole,
+    whatever COLUMNS says, so a diff applies and grep finds a path."""
+    global _CONSOLE_CLASS
+    if _CONSOLE_CLASS is None:
+        _CONSOLE_CLASS = _make_console_class()
+    return _CONSOLE_CLASS(**kw)  # type: ignore[no-any-return]
+
+
+def _make_console_class() -> type:
+    from rich.console import Console as RichConsole
+    from rich.text import Text
+
+    class Fitted(RichConsole):
+        def print(self, *objects: object, sep: str = " ", end: str = "\n", style: object = None,  # type: ignore[override]
+                  markup: bool | None = None, highlight: bool | None = None, soft_wrap: bool | None = None,
+                  **kw: object) -> None:
+            if not self.is_terminal:  # never wrapped: each line whole
+                super().print(*objects, sep=sep, end=end, style=style, markup=markup,  # type: ignore[arg-type]
+                              highlight=highlight, soft_wrap=True, **kw)  # type: ignore[arg-type]
+                return
+            if not objects or not all(isinstance(o, (str, Text)) for o in objects) or kw.get("width"):
+                super().print(*objects, sep=sep, end=end, style=style, markup=markup,  # type: ignore[arg-type]
+                              highlight=highlight, soft_wrap=soft_wrap, **kw)  # type: ignore[arg-type]
+                return
+            text = Text(end="")
+            for i, o in enumerate(objects):
+                if i:
+                    text.append(sep)
+                text.append(o if isinstance(o, Text) else self.render_str(
+                    o, markup=markup, highlight=False, emoji=False))
+            lines = [piece for line in text.split("\n", allow_blank=True)
+                     for piece in fit_text(line, self.width)]
+            for i, line in enumerate(lines):
+                super().print(line, style=style, end=end if i == len(lines) - 1 else "\n",  # type: ignore[arg-type]
+                              soft_wrap=True, highlight=False, markup=False, emoji=False)
+
+    return Fitted
+
+
+def fit_text(line, width: int) -> list:  # rich.text.Text -> list[Text]
+    """One line of text wrapped to `width` between words (spaces) only; continuation lines
+    carry the line's indent (and its `│ ` gutter) and two more spaces. A word longer than the
+    room is never cut: it starts its own line, at the indent when it fits there, else at the
+    line's start (only a word longer than the whole width overflows)."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    plain = line.plain
+    if cell_len(plain) <= width:
+        return [line]
+    indent = _INDENT.match(plain).group()  # type: ignore[union-attr]
+    cont = indent + "  "
+    # The words (after the indent): their [start, end) offsets in `plain`.
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", plain[len(indent):])]
+    words = [(s + len(indent), e + len(indent)) for s, e in words]
+    out: list[Text] = []
+    cur: Text | None = None
+    cur_len = 0
+    first = True
+    for s, e in words:
+        piece = line[s:e]
+        n = cell_len(piece.plain)
+        if cur is not None and cur_len + 1 + n <= width:
+            cur.append(" ")
+            cur.append(piece)
+            cur_len += 1 + n
+            continue
+        if cur is not None:
+            out.append(cur)
+        lead = indent if first else cont
+        if cell_len(lead) + n > width:
+            lead = ""
+        cur = Text(lead)
+        cur.append(piece)
+        cur_len = cell_len(lead) + n
+        first = False
+    if cur is not None:
+        out.append(cur)
+    return out or [line]
