@@ -52,6 +52,37 @@ def print_error(console: Console, exc: RewheelError) -> None:
         console.print(f"  [yellow]hint:[/] {escape(exc.hint)}", markup=True, highlight=False)
 
 
+def show_path(console: Console, path: object, base: tuple[object, str] | None = None) -> str:
+    """A path as a terminal shows it: short enough to stay whole on a line — relative to
+    `base` (a folder, and what to call it: `prepared/pylock.toml in the run's folder`) or to
+    the current folder when it lies under one, else `~/…` under the home folder. Anywhere
+    else (a pipe, a file) the path as it is: grep and scripts get it whole."""
+    import os
+    from pathlib import Path
+
+    text = str(path)
+    if not text or not console.is_terminal:
+        return text
+    p = Path(text)
+    if base is not None and base[0]:
+        try:
+            rel = p.relative_to(Path(str(base[0])))
+            return base[1] if str(rel) == "." else f"{rel} in {base[1]}"
+        except ValueError:
+            pass
+    try:
+        cwd = Path.cwd()
+        rel = p.relative_to(cwd)
+        if cwd != Path("/") and str(rel) != ".":
+            return str(rel)
+    except (ValueError, OSError):
+        pass
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and text.startswith(home.rstrip("/") + "/"):
+        return "~" + text[len(home.rstrip("/")):]
+    return text
+
+
 def human_bytes(n: int | float) -> str:
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -216,7 +247,7 @@ def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # run
             console.print(f"  GPUs: {escape(check.detail)}")
 
 
-def render_root_cause(console: Console, rc) -> None:  # diagnose.RootCause | None
+def render_root_cause(console: Console, rc, base: tuple[object, str] | None = None) -> None:  # diagnose.RootCause | None
     if not rc:
         console.print("  root cause: none found in the logs")
         return
@@ -227,12 +258,16 @@ def render_root_cause(console: Console, rc) -> None:  # diagnose.RootCause | Non
                       (f" ({rc.count} occurrences)" if rc.count > 1 else ""))
     fr = rc.frame
     if fr and fr.file:
-        console.print(f"    at {escape(fr.file)}:{fr.line} in {escape(str(fr.function))}")
+        from rewheel.diagnose import short_path
+
+        # Inside site-packages the file as the package names it: a path that fits a line.
+        console.print(f"    at {escape(short_path(fr.file) if console.is_terminal else fr.file)}:{fr.line} "
+                      f"in {escape(str(fr.function))}")
         if fr.source:
             console.print(f"      {escape(fr.source.strip())}")
     if rc.log_line:
         console.print(f"    log line {rc.log_line}")
-    render_suspects(console, rc.suspects, indent="    ")
+    render_suspects(console, rc.suspects, indent="    ", base=base)
     for sec in rc.secondary[:5]:
         console.print(f"    [dim]secondary: {escape(f'{sec.type}: {sec.message}')[:200]}[/]")
 
@@ -256,8 +291,10 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     if rep.status == "planned":
         console.print(f"[{colour}]dry run: nothing was changed[/]")
         return
-    console.print(f"[bold]run {rep.run_id}[/] of {escape(rep.recipe)}")
-    render_prepared(console, rep.prepared)
+    here = (rep.run_dir, "the run's folder") if rep.run_dir else None
+    console.print(f"[bold]run {rep.run_id}[/] of {escape(rep.recipe)}"
+                  + (f"; its folder: {escape(show_path(console, rep.run_dir))}" if here else ""))
+    render_prepared(console, rep.prepared, here)
     if rep.status == "prepared":
         console.print(f"[{colour}]prepared: the service kept serving; `rewheel run {escape(rep.recipe)} --prepared` "
                       "swaps it in[/]")
@@ -283,7 +320,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
             console.print(f"    … and {len(rep.files) - 15} more (`rewheel diff` lists them all)")
     if rep.patches:
         console.print(f"[bold]local patches[/] ({len(rep.patches)}) — the reinstall replaced these files; "
-                      f"saved as .patch files in {escape(str(rep.run_dir))}")
+                      f"saved as .patch files in {escape(show_path(console, rep.run_dir, here))}")
         for p in rep.patches[:20]:  # patches.Patch items
             console.print(f"  {escape(p.path)} ({escape(p.distribution)}, {p.kind})")
     for r in rep.reapply:  # patches.ReapplyResult items
@@ -292,7 +329,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
         console.print(f"  [yellow]patched files shared inodes with uv's cache: {escape(', '.join(rep.hazards))}[/]")
     if rep.failure:
         console.print(f"[bold red]failed at {rep.failure.step}:[/] {escape(rep.failure.message)}")
-        render_root_cause(console, rep.root_cause)
+        render_root_cause(console, rep.root_cause, base=here)
     if rep.revert:
         rv = rep.revert  # runner.RevertRecord
         r = rv.restore
@@ -316,11 +353,12 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     console.print(f"[{colour}]{verdict}[/]")
 
 
-def render_prepared(console: Console, prepared) -> None:  # staging.Prepared | None
+def render_prepared(console: Console, prepared, base: tuple[object, str] | None = None) -> None:  # staging.Prepared | None
     """A staged run's prepare: where the lock is, and each check of the build."""
     if prepared is None:
         return
-    console.print(f"  prepared ({escape(prepared.source)}) while the service served: {escape(prepared.lock)}")
+    console.print(f"  prepared ({escape(prepared.source)}) while the service served: "
+                  f"{escape(show_path(console, prepared.lock, base))}")
     for c in prepared.checks:  # staging.PrepCheck items
         first = c.detail.splitlines()[0] if c.detail else ""
         console.print(f"    {'ok    ' if c.ok else 'FAILED'} {c.name} {c.seconds:.1f}s — {escape(first)}")
@@ -898,7 +936,8 @@ def render_pruned(console: Console, pruned: list[str]) -> None:
     if pruned:
         console.print(f"  pruned old snapshots (\\[snapshots] keep): {escape(', '.join(pruned))}")
 # ---- suspects (rewheel.suspects) ----
-def render_suspects(console: Console, suspects: list | None, indent: str = "  ", hunk_lines: int = 14) -> None:
+def render_suspects(console: Console, suspects: list | None, indent: str = "  ", hunk_lines: int = 14,
+                    base: tuple[object, str] | None = None) -> None:
     """The changes of the upgrade a root cause points at, innermost first, each with the
     hunk around the failing line, its compare link and a removed local patch."""
     if not suspects:
@@ -928,7 +967,7 @@ def render_suspects(console: Console, suspects: list | None, indent: str = "  ",
             counts = (f" (+{pr.get('added_lines')} -{pr.get('removed_lines')})"
                       if pr.get("added_lines") is not None else "")
             console.print(f"{indent}     [yellow]a local patch on this file was removed by the reinstall{counts}:[/] "
-                          f"{escape(str(pr.get('patch') or 'not saved'))}")
+                          f"{escape(show_path(console, pr.get('patch'), base) if pr.get('patch') else 'not saved')}")
         if s.get("compare_url"):
             console.print(f"{indent}     compare: {escape(str(s['compare_url']))}")
 
@@ -973,7 +1012,7 @@ def _make_console_class() -> type:
                 if i:
                     text.append(sep)
                 text.append(o if isinstance(o, Text) else self.render_str(
-                    o, markup=markup, highlight=False, emoji=False))
+                    shorten_paths(self, o), markup=markup, highlight=False, emoji=False))
             lines = [piece for line in text.split("\n", allow_blank=True)
                      for piece in fit_text(line, self.width)]
             for i, line in enumerate(lines):
@@ -981,6 +1020,19 @@ def _make_console_class() -> type:
                               soft_wrap=True, highlight=False, markup=False, emoji=False)
 
     return Fitted
+
+
+# An absolute path in a message: not part of a URL (`http://host/x`) or of another path.
+_ABS_PATH = re.compile(r"(?<![\w~.:/\\])/(?:[\w.@+-]+/)*[\w.@+-]+")
+
+
+def shorten_paths(console: Console, text: str) -> str:
+    """The absolute paths in a message, as `show_path` shows them on a terminal (relative to
+    the current folder, else `~/…`): what keeps a line's paths whole at 80 columns, and
+    still pastes from where the command ran. Elsewhere the text as it is."""
+    if not console.is_terminal or "/" not in text:
+        return text
+    return _ABS_PATH.sub(lambda m: show_path(console, m.group()), text)
 
 
 def fit_text(line, width: int) -> list:  # rich.text.Text -> list[Text]
