@@ -10,6 +10,7 @@ import copy
 import functools
 import gc
 import json
+import re
 import signal
 import sys
 from pathlib import Path
@@ -145,8 +146,11 @@ def confirm(question: str, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        raise ConfirmationRequired(f"{question} — refusing without a terminal",
-                                   hint="pass --yes to confirm non-interactively")
+        import shlex
+
+        raise ConfirmationRequired(f"no terminal to ask on, so nothing was changed: {question.rstrip('?')}",
+                                   hint="to confirm without a terminal, add --yes: "
+                                        f"`{shlex.join(['rewheel', *sys.argv[1:], '--yes'])}`")
     if not typer.confirm(question, default=False, err=True):
         from rewheel.errors import NotConfirmed
 
@@ -159,6 +163,7 @@ def handles_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         json_mode = bool(kwargs.get("json_out"))
+        typed = _typed_target(kwargs)
         failure: RewheelError
         try:
             return fn(*args, **kwargs)
@@ -177,14 +182,41 @@ def handles_errors(fn: F) -> F:
 
             failure = InterruptedRun(
                 f"interrupted ({exc.signame if isinstance(exc, Terminated) else 'Ctrl-C'})",
-                hint="if this was changing an environment, its run is recorded as interrupted: "
-                     "`rewheel resume TARGET` finishes or undoes it, `rewheel history TARGET` shows it")
+                hint=None if typed is None else
+                "if this was changing an environment, its run is recorded as interrupted: "
+                f"`rewheel resume {typed}` finishes or undoes it, `rewheel history {typed}` shows it")
+        _as_typed(failure, typed)
         if json_mode:
             emit_json(failure.to_json())
         report.print_error(_stderr_console(), failure)
         raise typer.Exit(failure.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _typed_target(kwargs: dict[str, Any]) -> str | None:
+    """The target as the person typed it, for hints they can paste: the recipe path, or
+    `--python PATH` (then a positional argument is a snapshot, not a target)."""
+    import shlex
+
+    if kwargs.get("python"):
+        return f"--python {shlex.quote(str(kwargs['python']))}"
+    given = kwargs.get("target") or kwargs.get("recipe_path")
+    return shlex.quote(str(given)) if given else None
+
+
+# A placeholder word of the usage in a message (`rewheel history TARGET`).
+_PLACEHOLDER = re.compile(r"\b(TARGET|RECIPE)\b")
+
+
+def _as_typed(err: RewheelError, typed: str | None) -> None:
+    """Core modules that do not know what was typed say TARGET or RECIPE in their hints; the
+    message a person reads names what they gave instead, so that the hint pastes as it is."""
+    if typed is None:
+        return
+    err.message = _PLACEHOLDER.sub(lambda _m: typed, err.message)
+    if err.hint:
+        err.hint = _PLACEHOLDER.sub(lambda _m: typed, err.hint)
 
 
 def internal_error(exc: BaseException) -> RewheelError:
@@ -278,7 +310,10 @@ def _main() -> None:
             raise
         from rewheel.errors import UsageError
 
-        err = UsageError(fmt(), hint="`rewheel COMMAND --help` shows the usage")
+        named = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+        known = {c.name or (c.callback.__name__.replace("_", "-") if c.callback else "")
+                 for c in app.registered_commands}
+        err = UsageError(fmt(), hint=f"`rewheel {named + ' ' if named in known else ''}--help` shows the usage")
         emit_json(err.to_json())
         report.print_error(_stderr_console(), err)
         sys.exit(err.exit_code)

@@ -886,7 +886,8 @@ def render_status(console: Console, st) -> None:  # status.Status
     if st.interrupted:
         r = st.interrupted
         console.print(f"[bold red]interrupted {escape(r['kind'])} {escape(r['id'])}[/] (last step: "
-                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume` or `rewheel rollback` first")
+                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume {escape(st.target)}` or "
+                      f"`rewheel rollback {escape(st.target)}` first")
     shown = ", ".join(f"{n} {v or 'not installed'}" for n, v in st.key_packages.items())
     console.print(f"  versions: {escape(shown) or 'no key packages installed'}")
     if st.equals is not None:
@@ -902,7 +903,7 @@ def render_status(console: Console, st) -> None:  # status.Status
         if len(st.differs_from_newest) > 10:
             console.print(f"    … and {len(st.differs_from_newest) - 10} more (`rewheel diff` shows all)")
     else:
-        console.print("  no snapshots yet (`rewheel snapshot TARGET` takes one)")
+        console.print(f"  no snapshots yet (`rewheel snapshot {escape(st.target)}` takes one)")
     if st.last_run:
         r = st.last_run
         console.print(f"  last command: {escape(r['kind'])} {escape(r['id'])}: {escape(r['status'])}")
