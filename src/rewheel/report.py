@@ -1056,13 +1056,16 @@ def fit_text(line, width: int) -> list:  # rich.text.Text -> list[Text]
     cur: Text | None = None
     cur_len = 0
     first = True
+    prev_end = 0
     for s, e in words:
         piece = line[s:e]
         n = cell_len(piece.plain)
-        if cur is not None and cur_len + 1 + n <= width:
-            cur.append(" ")
+        gap = plain[prev_end:s]  # the spaces as written: columns of a plain line stay apart
+        prev_end = e
+        if cur is not None and cur_len + len(gap) + n <= width:
+            cur.append(gap)
             cur.append(piece)
-            cur_len += 1 + n
+            cur_len += len(gap) + n
             continue
         if cur is not None:
             out.append(cur)
