@@ -785,7 +785,7 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
             how = (f"it is {st.state}/{st.sub_state} (Result={st.result or '?'}{code})"
                    if st.judged_by in ("systemd", "") else
                    f"its process was killed by signal {st.exit_status}" if st.result == "signal" else
-                   f"its process exited with status {st.exit_status}" if st.exit_status is not None else
+                   f"its process ended with exit status {st.exit_status}" if st.exit_status is not None else
                    "its process is gone")
             raise fail(f"{what} died {phase}: {how} {elapsed():.0f}s after start{said}",
                        f"service {st.state}", st.n_restarts)
