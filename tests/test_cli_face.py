@@ -221,3 +221,51 @@ def test_a_mistyped_command_is_suggested_once() -> None:
     cp = rewheel_cli("rollbak")
     assert cp.returncode == 2
     assert cp.stderr.count("Did you mean 'rollback'?") == 1, cp.stderr
+
+
+ALL_COMMANDS = [*COMMANDS, "verify", "pin", "unpin", "forget", "status", "fleet-report"]
+TABLES = ["history", "diff", "patches", "run", "ci", "fleet-report"]
+
+
+@pytest.mark.parametrize("command", ALL_COMMANDS)
+def test_help_describes_every_argument_and_shows_plain_where_it_applies(command: str) -> None:
+    cp = rewheel_cli(command, "--help", env={"COLUMNS": "100"})
+    assert cp.returncode == 0, cp.stderr
+    args = cp.stdout.split("Arguments:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    named = [line for line in args if re.match(r"  \S", line)]
+    assert named, cp.stdout
+    for line in named:
+        # `  RECIPE  The recipe to run.  [required]`: a description, not only the name.
+        words = re.sub(r"\[required\]", "", line).split()
+        assert len(words) > 2, f"{command}: {line!r} has no description"
+    assert ("--plain" in cp.stdout) == (command in TABLES), cp.stdout
+    assert "ummarise" not in cp.stdout
+
+
+def test_help_spells_summarize_one_way() -> None:
+    cp = rewheel_cli("--help", env={"COLUMNS": "100"})
+    assert "Summarize" in cp.stdout and "ummarise" not in cp.stdout
+
+
+def test_plain_given_to_a_command_lists_one_fact_per_line(tmp_path: Path) -> None:
+    py = make_venv(tmp_path / "env")
+    assert rewheel_cli("snapshot", "--python", str(py)).returncode == 0
+    # On a terminal (pty), `history --plain` is the plain list, not a table.
+    code, out = _on_a_terminal(["history", "--python", str(py), "--plain"], b"")
+    assert code == 0 and re.search(r"^snapshot [0-9a-f]{8}  ", out, re.M) and "┃" not in out, out
+
+
+@pytest.mark.parametrize("given, typed", [
+    ({"target": "recipes/my host.toml"}, "'recipes/my host.toml'"),
+    ({"recipe_path": "vllm.toml"}, "vllm.toml"),
+    ({"target": "abc123", "python": "/opt/env/bin/python"}, "--python /opt/env/bin/python"),
+])
+def test_a_core_hint_names_the_target_as_it_was_typed(given: dict, typed: str) -> None:
+    """Core modules that do not know what was typed (the store, the lock, a diff) say TARGET in
+    their hints; the CLI puts in what the person gave, quoted for the shell."""
+    from rewheel import cli
+    from rewheel.errors import LockHeld
+
+    err = LockHeld("held", hint="`rewheel resume TARGET` (or `rewheel rollback TARGET`) stops them")
+    cli._as_typed(err, cli._typed_target(given))
+    assert err.hint == f"`rewheel resume {typed}` (or `rewheel rollback {typed}`) stops them"

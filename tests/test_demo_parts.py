@@ -9,6 +9,10 @@ with only rewheel's `src` on PYTHONPATH, as on a GPU host.
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import shutil
+import tempfile
 import os
 import subprocess
 import sys
@@ -413,3 +417,62 @@ def test_readme_look_around_commands_work_after_the_demo(tmp_path: Path) -> None
         assert _stage_processes(stage) == []
     finally:
         subprocess.run([str(stage / "rewheel"), "--stop-service"], capture_output=True, timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_the_demo_on_an_80_by_40_terminal_keeps_every_line_and_word_whole() -> None:
+    """`make demo` on a real 80×40 terminal (tmux): no line is wider than the terminal (tmux
+    wrapped none: its joined capture equals the screen), the words and paths the story turns
+    on appear whole, and every path shown on the screen is a whole one that exists."""
+    # A short folder, as `make demo`'s own `.demo` is: the store names the environment's folder
+    # after its path, and a path longer than the terminal can only overflow it.
+    tmp_path = Path(tempfile.mkdtemp(prefix="rwdemo-"))
+    stage = tmp_path / ".demo"
+    sock = f"rewheel-demo-test-{os.getpid()}"
+    conf = tmp_path / "tmux.conf"
+    conf.write_text("set -g history-limit 100000\n")
+    # The stage's path goes to the demo through the environment, never on a command line:
+    # the demo ends every process whose command line names it (tmux's server included).
+    env = {k: v for k, v in os.environ.items() if k not in ("REWHEEL_HOME", "COLUMNS", "LINES")}
+    env.update(REWHEEL_DEMO_DIR=str(stage), PYTHONPATH=str(REPO), TERM="xterm-256color")
+    tmux = ["tmux", "-L", sock, "-f", str(conf)]
+    subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "40",
+                    f"{shlex.quote(sys.executable)} -m devtools.demo; echo DEMO-EXIT $?; sleep 600"],
+                   cwd=tmp_path, env=env, check=True, timeout=30)
+    try:
+        deadline = time.monotonic() + 400
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = subprocess.run([*tmux, "capture-pane", "-p", "-S", "-", "-E", "-"], capture_output=True,
+                                    text=True, timeout=30).stdout
+            if "DEMO-EXIT" in screen:
+                break
+            time.sleep(2)
+        joined = subprocess.run([*tmux, "capture-pane", "-p", "-J", "-S", "-", "-E", "-"], capture_output=True,
+                                text=True, timeout=30).stdout
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=30)
+        subprocess.run([str(stage / "rewheel"), "--stop-service"], capture_output=True, timeout=60)
+    try:
+        check_demo_screen(screen, joined, tmp_path, stage)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def check_demo_screen(screen: str, joined: str, tmp_path: Path, stage: Path) -> None:
+    assert "DEMO-EXIT 0" in screen, screen[-4000:]
+    lines = [line.rstrip() for line in screen.splitlines()]
+    assert lines == [line.rstrip() for line in joined.splitlines()], "a line was wider than the terminal"
+    assert max(len(line) for line in lines) <= 80
+    for word in ("vllm/model_executor/models/deepseek_v2.py", "Worker_TP4", toy.GOOD_VERSION, toy.BAD_VERSION,
+                 "https://github.com/vllm-project/vllm/compare/", "prepared/pylock.toml",
+                 "The story played out as designed"):
+        assert word in screen, f"{word!r} is not whole on the screen:\n{screen}"
+    for token in re.findall(r"(?<![\w:/.*])(?:/|home/|\.demo/)[\w./@+*-]*", screen):
+        token = token.rstrip(".")
+        if "*" in token:
+            assert list(stage.glob(token.removeprefix(".demo/"))), token  # a glob the demo prints
+            continue
+        if "/prepared" in token or token.startswith("/v1") or token in ("/", "/health", "/version"):
+            continue  # a run's staging folders, gone once it ends; the toy server's URLs
+        assert any(Path(base, token).exists() for base in (tmp_path, stage)), f"{token!r} is not a whole path:\n{screen}"

@@ -228,3 +228,63 @@ def test_patches_report_versions_and_paths_whole(width: int, plain: bool) -> Non
         assert needle in text, f"{needle!r} not whole at {width} columns:\n{text}"
     if not plain:
         assert max(len(line) for line in text.splitlines()) <= width
+
+
+# --- the fitted console: wrapped between words on a terminal, never in a pipe ------------------
+
+def _fitted(width: int, terminal: bool):
+    import io
+
+    buf = io.StringIO()
+    return report.fitted_console(file=buf, width=width, force_terminal=terminal, color_system=None,
+                                 highlight=False, emoji=False), buf
+
+
+LINE = ("  stopping service command `/srv/envs/ml-env/bin/python -m vllm.entrypoints.cli.main serve "
+        "moonshotai/Kimi-K2.5-NVFP4 --tensor-parallel-size 8` (pid 4242)")
+
+
+@pytest.mark.parametrize("width", [40, 60, 80])
+def test_a_terminal_gets_lines_wrapped_between_words_with_the_indent_kept(width: int) -> None:
+    console, buf = _fitted(width, True)
+    console.print(LINE, markup=False)
+    console.print("  │ " + "uv says " * 20, markup=False, style="dim")
+    lines = buf.getvalue().splitlines()
+    assert all(len(line) <= width for line in lines), lines
+    # Every word whole, in order: joining the lines' words gives the text's words.
+    assert " ".join(" ".join(lines).split()).startswith(" ".join(LINE.split())), lines
+    first = lines.index(next(line for line in lines if "│" in line))
+    assert lines[0].startswith("  stopping") and all(line.startswith("    ") for line in lines[1:first])
+    # A streamed tool's lines keep their gutter.
+    assert all(line.startswith("  │ ") for line in lines[first:]), lines
+
+
+def test_a_word_longer_than_the_terminal_is_never_cut() -> None:
+    path = "/srv/" + "x" * 70 + "/pylock.toml"
+    console, buf = _fitted(60, True)
+    console.print(f"  prepared: locked in {path}, every wheel cached", markup=False)
+    lines = buf.getvalue().splitlines()
+    assert lines == ["  prepared: locked in", f"{path},", "    every wheel cached"], lines
+
+
+@pytest.mark.parametrize("width", [40, 80, 200])
+def test_a_pipe_gets_every_line_whole_whatever_the_width(width: int) -> None:
+    console, buf = _fitted(width, False)
+    console.print(LINE, markup=False)
+    console.print(f"[bold]run[/] of {LINE}")
+    assert buf.getvalue() == f"{LINE}\nrun of {LINE}\n"
+
+
+def test_paths_on_a_terminal_are_short_and_whole_in_a_pipe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    inside, home = tmp_path / "recipes" / "r.toml", tmp_path / "home" / "state" / "x.log"
+    term, _ = _fitted(80, True)
+    pipe, _ = _fitted(80, False)
+    assert report.show_path(term, inside) == "recipes/r.toml"
+    assert report.show_path(term, tmp_path / "runs" / "1" / "patches" / "a.patch",
+                            (tmp_path / "runs" / "1", "the run's folder")) == "patches/a.patch in the run's folder"
+    monkeypatch.chdir("/")
+    assert report.show_path(term, home) == "~/state/x.log"
+    assert report.shorten_paths(term, f"see {home}, http://h/x/y") == "see ~/state/x.log, http://h/x/y"
+    assert report.show_path(pipe, home) == str(home) and report.shorten_paths(pipe, f"see {home}") == f"see {home}"

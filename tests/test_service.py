@@ -127,6 +127,9 @@ def test_command_service_that_crashes_at_start_fails_fast(managed) -> None:
     with pytest.raises(HealthCheckFailed) as exc:
         wait_ready(m, spec_for(port, ready_timeout_s=600), started_at=started)
     assert "died while starting" in exc.value.message and "exit status 1" in exc.value.message
+    # In the command manager's own words: its process ended; not systemd's states and Result=.
+    assert "its process ended with exit status 1" in exc.value.message
+    assert "Result=" not in exc.value.message and "failed/failed" not in exc.value.message
     assert str(m.log_path) in (exc.value.hint or "")
     assert exc.value.result.ok is False
     assert any("model init failed on purpose" in line for line in m.log_lines(started))

@@ -35,6 +35,8 @@ from devtools import REPO
 from devtools.demo import stage as st
 from devtools.demo import toyvllm as toy
 from rewheel import proc
+from rewheel.diagnose import short_path
+from rewheel.report import fitted_console
 
 
 @dataclass
@@ -144,7 +146,7 @@ def play(demo: Demo) -> None:
 
     # 1 ---------------------------------------------------------------------------------
     demo.header(1, "A toy vLLM nightly index on 127.0.0.1",
-                "Two nightlies of a small package shaped like vLLM (worker processes Worker_TP0..7,\n"
+                "Two nightlies of a small package shaped like vLLM (worker processes Worker_TP0..7, "
                 "a DeepSeek-V2 model, vLLM's log format), served by a real package index.")
     idx = st.build_index(stage / "index")
     demo.index = start_index(idx.root, prefix_paths=idx.prefix_paths)
@@ -155,7 +157,7 @@ def play(demo: Demo) -> None:
 
     # 2 ---------------------------------------------------------------------------------
     demo.header(2, "The service's environment, as the story found it",
-                f"A virtualenv on vllm {toy.GOOD_VERSION}, a hand-made debugging patch in installed files,\n"
+                f"A virtualenv on vllm {toy.GOOD_VERSION}, a hand-made debugging patch in installed files, "
                 f"and {st.N_DUMPS} leftover debug dumps.")
     python = st.create_env(stage, demo.index.url, demo.index.sub_url(toy.GOOD_SHA), os.environ)
     patched = st.apply_local_patch(python)
@@ -187,8 +189,8 @@ def play(demo: Demo) -> None:
 
     # 4 ---------------------------------------------------------------------------------
     demo.header(4, "rewheel run: upgrade to the nightly, prove it, or put everything back",
-                "Plan; prepare the nightly beside the live environment and pre-check it while the service\n"
-                "serves; then stop, snapshot, install offline from uv's cache, diff, smoke test on 8 ranks;\n"
+                "Plan; prepare the nightly beside the live environment and pre-check it while the service "
+                "serves; then stop, snapshot, install offline from uv's cache, diff, smoke test on 8 ranks; "
                 "on failure: revert. The downtime is measured from the stop to the first healthy answer.")
     # --quiet: uv's and the smoke test's own output stay in the run's logs (shown below).
     rc = demo.rewheel("run", str(recipe_path), "--yes", "--quiet", capture=demo.run_output)
@@ -196,8 +198,8 @@ def play(demo: Demo) -> None:
     smoke_log = run.dir / "smoke.log" if run else None
     if smoke_log is not None and smoke_log.is_file():
         lines = smoke_log.read_text(errors="replace").splitlines()
-        c.print(f"\n  The smoke test's log ({len(lines)} lines, {smoke_log}) ends with what a person "
-                "reads first — the cascade:", highlight=False)
+        c.print(f"\n  The smoke test's log ({len(lines)} lines, smoke.log in the run's folder) ends with "
+                "what a person reads first — the cascade:", highlight=False, markup=False)
         for line in [ln for ln in lines if not ln.startswith("[rewheel]")][-3:]:
             c.print(f"    {line[:160]}", style="dim", highlight=False, markup=False)
         first = next((i for i, ln in enumerate(lines, 1) if "Worker_TP4" in ln and " ERROR " in ln), None)
@@ -214,7 +216,7 @@ def play(demo: Demo) -> None:
                         if r.get("failed_snapshot_id")), None)
     pre_snap = run.snapshot_id if run else None
     demo.header(6, "rewheel diff",
-                "What the failed nightly changed: the pre-upgrade snapshot against the failed build,\n"
+                "What the failed nightly changed: the pre-upgrade snapshot against the failed build, "
                 "which the revert kept as a snapshot for inspection.")
     if pre_snap and failed_snap:
         demo.rewheel("diff", str(recipe_path), pre_snap, failed_snap, "--stat", capture=demo.diff_output)
@@ -257,7 +259,7 @@ def play(demo: Demo) -> None:
                f"rank {rcause.get('rank')!r}")
     frame = rcause.get("frame") or {}
     demo.check("root cause points into deepseek_v2.py", "deepseek_v2.py" in str(frame.get("file", "")),
-               f"{frame.get('file')}:{frame.get('line')} in {frame.get('function')}")
+               f"{short_path(str(frame.get('file')))}:{frame.get('line')} in {frame.get('function')}")
     demo.check("root cause is the real exception, not the cascade",
                rcause.get("type") == "RuntimeError" and "cannot reshape" in str(rcause.get("message", "")),
                f"{rcause.get('type')}: {str(rcause.get('message', ''))[:70]}")
@@ -310,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="the demo's folder (default: $REWHEEL_DEMO_DIR or <repo>/.demo)")
     args = ap.parse_args(argv)
     stage = Path(args.dir).resolve() if args.dir else _default_stage()
-    console = Console(highlight=False)
+    # Fitted to the terminal as rewheel's own output is: wrapped between words, indent kept.
+    console = fitted_console(highlight=False)
     # A previous demo that was killed may have left its service running: end it first.
     _kill(_stage_processes(stage))
     if stage.exists():
@@ -320,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     if sys.stdout.isatty():
         env.pop("NO_COLOR", None)
         env["FORCE_COLOR"] = "1"
-    env["COLUMNS"] = str(max(80, shutil.get_terminal_size((120, 40)).columns - 4))
+    # The CLI's lines are shown indented by 4: it fits them to what is left of the terminal.
+    env["COLUMNS"] = str(max(40, shutil.get_terminal_size((120, 40)).columns - 4))
     os.environ.clear()
     os.environ.update(env)
 

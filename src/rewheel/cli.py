@@ -11,6 +11,7 @@ import functools
 import gc
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -41,19 +42,49 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+def _keep_argument_help() -> None:
+    """Typer sets an argument's help and then click's Argument.__init__ (8.2 and later, which
+    takes `help` itself) resets it to None: `rewheel diff --help` listed `[A] [B]` with no
+    word on them. Hand the help to click too."""
+    from typer.core import TyperArgument
+
+    init = TyperArgument.__init__
+    if getattr(init, "keeps_help", False):
+        return
+
+    def __init__(self: TyperArgument, *args: Any, help: str | None = None, **kw: Any) -> None:  # noqa: A002
+        init(self, *args, help=help, **kw)
+        self.help = help
+
+    __init__.keeps_help = True  # type: ignore[attr-defined]
+    TyperArgument.__init__ = __init__  # type: ignore[method-assign]
+
+
+_keep_argument_help()
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="One JSON document on stdout; human text on stderr.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Answer yes to the confirmation (needed without a terminal).")]
 PythonOpt = Annotated[str | None, typer.Option("--python", metavar="PATH", help="Target an interpreter instead of a recipe.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", help="Also list the packages reinstalled at the same version.")]
-TargetArg = Annotated[str | None, typer.Argument(help="A recipe file, or use --python PATH.", show_default=False)]
+TargetArg = Annotated[str | None, typer.Argument(help="A recipe file (or give --python PATH instead).", show_default=False)]
+
+
+def _set_plain(value: bool) -> None:
+    if value:
+        report.PLAIN = True
+
+
+# On the commands that print tables; also accepted before the command (`rewheel --plain …`).
+PlainOpt = Annotated[bool, typer.Option("--plain", callback=_set_plain,
+                                        help="One fact per line instead of tables (the default when stdout is not a terminal).")]
 
 
 def _stderr_console() -> Console:
-    # Messages name paths and URLs: never break them across lines (logs get grepped).
-    # (rich is imported here, not with the module: `--help` never needs it.)
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    # Messages name paths and URLs: never broken inside one — fitted between words on a
+    # terminal, never wrapped in a pipe or a log (which get grepped); see report.fitted_console.
+    # (rich is imported there, not with this module: `--help` never needs it.)
+    return report.fitted_console(stderr=True, highlight=False, emoji=False)
 
 
 def consoles(json_mode: bool) -> tuple[Console, Console]:
@@ -61,10 +92,8 @@ def consoles(json_mode: bool) -> tuple[Console, Console]:
     err: Console = _PlainStderr() if _PlainStderr.fits() else _stderr_console()  # type: ignore[assignment]
     if json_mode:
         return err, err
-    from rich.console import Console
-
     # emoji=False: rewheel writes no `:name:` codes, and text from files must not turn into one.
-    return Console(highlight=False, emoji=False), err
+    return report.fitted_console(highlight=False, emoji=False), err
 
 
 class _PlainStderr:
@@ -149,8 +178,11 @@ def confirm(question: str, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        raise ConfirmationRequired(f"{question} — refusing without a terminal",
-                                   hint="pass --yes to confirm non-interactively")
+        import shlex
+
+        raise ConfirmationRequired(f"no terminal to ask on, so nothing was changed: {question.rstrip('?')}",
+                                   hint="to confirm without a terminal, add --yes: "
+                                        f"`{shlex.join(['rewheel', *sys.argv[1:], '--yes'])}`")
     if not typer.confirm(question, default=False, err=True):
         from rewheel.errors import NotConfirmed
 
@@ -163,6 +195,7 @@ def handles_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         json_mode = bool(kwargs.get("json_out"))
+        typed = _typed_target(kwargs)
         failure: RewheelError
         try:
             return fn(*args, **kwargs)
@@ -181,14 +214,41 @@ def handles_errors(fn: F) -> F:
 
             failure = InterruptedRun(
                 f"interrupted ({exc.signame if isinstance(exc, Terminated) else 'Ctrl-C'})",
-                hint="if this was changing an environment, its run is recorded as interrupted: "
-                     "`rewheel resume TARGET` finishes or undoes it, `rewheel history TARGET` shows it")
+                hint=None if typed is None else
+                "if this was changing an environment, its run is recorded as interrupted: "
+                f"`rewheel resume {typed}` finishes or undoes it, `rewheel history {typed}` shows it")
+        _as_typed(failure, typed)
         if json_mode:
             emit_json(failure.to_json())
         report.print_error(_stderr_console(), failure)
         raise typer.Exit(failure.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _typed_target(kwargs: dict[str, Any]) -> str | None:
+    """The target as the person typed it, for hints they can paste: the recipe path, or
+    `--python PATH` (then a positional argument is a snapshot, not a target)."""
+    import shlex
+
+    if kwargs.get("python"):
+        return f"--python {shlex.quote(str(kwargs['python']))}"
+    given = kwargs.get("target") or kwargs.get("recipe_path")
+    return shlex.quote(str(given)) if given else None
+
+
+# A placeholder word of the usage in a message (`rewheel history TARGET`).
+_PLACEHOLDER = re.compile(r"\b(TARGET|RECIPE)\b")
+
+
+def _as_typed(err: RewheelError, typed: str | None) -> None:
+    """Core modules that do not know what was typed say TARGET or RECIPE in their hints; the
+    message a person reads names what they gave instead, so that the hint pastes as it is."""
+    if typed is None:
+        return
+    err.message = _PLACEHOLDER.sub(lambda _m: typed, err.message)
+    if err.hint:
+        err.hint = _PLACEHOLDER.sub(lambda _m: typed, err.hint)
 
 
 def internal_error(exc: BaseException) -> RewheelError:
@@ -291,7 +351,10 @@ def _main() -> None:
             raise
         from rewheel.errors import UsageError
 
-        err = UsageError(fmt(), hint="`rewheel COMMAND --help` shows the usage")
+        named = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+        known = {c.name or (c.callback.__name__.replace("_", "-") if c.callback else "")
+                 for c in app.registered_commands}
+        err = UsageError(fmt(), hint=f"`rewheel {named + ' ' if named in known else ''}--help` shows the usage")
         emit_json(err.to_json())
         report.print_error(_stderr_console(), err)
         sys.exit(err.exit_code)
@@ -410,7 +473,8 @@ def snapshot(target: TargetArg = None, python: PythonOpt = None,
 
 @app.command()
 @handles_errors
-def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOpt = False) -> None:
+def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOpt = False,
+            plain: PlainOpt = False) -> None:
     """Snapshots and runs, newest first, with status and key versions."""
     t = _target(target, python)
     from rewheel import runner  # (after the probe has started: see _target)
@@ -463,7 +527,8 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
         prepare_only: Annotated[bool, typer.Option("--prepare-only", help="Prepare and pre-check the upgrade while the service serves; stop there.")] = False,
         prepared: Annotated[bool, typer.Option("--prepared", help="Swap in the upgrade --prepare-only made (refused when stale).")] = False,
         quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
-        yes: YesOpt = False, json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
+        yes: YesOpt = False, json_out: JsonOpt = False, verbose: VerboseOpt = False,
+        plain: PlainOpt = False) -> None:
     """The whole cycle: prepare (staged, while the service serves), stop, snapshot, install, diff, smoke, start, keep — or revert."""
     from rewheel import recipe as recipemod
     from rewheel import runner
@@ -518,7 +583,8 @@ def resume(target: TargetArg = None, python: PythonOpt = None, yes: YesOpt = Fal
 
 @app.command()
 @handles_errors
-def smoke(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE")], json_out: JsonOpt = False) -> None:
+def smoke(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The recipe: its smoke test and health check.")],
+          json_out: JsonOpt = False) -> None:
     """Run only the smoke test and the health check against the live environment."""
     from rewheel import recipe as recipemod
     from rewheel import runner
@@ -540,7 +606,9 @@ def why(
     since: Annotated[str | None, typer.Option("--since", "-S", metavar="TIME",
                                               help="With --unit: journal entries since TIME (journalctl syntax).")] = None,
     package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME",
-                                                help="Import name of the upgraded package (e.g. vllm): its deepest frame is reported.")] = None,
+                                                help="The upgraded package, by distribution name as everywhere else (e.g. vllm; "
+                                                     "where the import name differs, e.g. flashinfer-python, give that: flashinfer): "
+                                                     "its deepest frame is reported.")] = None,
     json_out: JsonOpt = False,
     run_id: Annotated[str | None, typer.Option("--run", metavar="ID", help="Name the suspects: the changes of this run's upgrade on the crash's path.")] = None,
     snapshot_ref: Annotated[str | None, typer.Option("--snapshot", metavar="SNAPSHOT", help="Name the suspects: the changes since this snapshot on the crash's path.")] = None,
@@ -582,7 +650,7 @@ def diff(target: TargetArg = None,
          package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME", help="Only this distribution's files, with unified diffs.")] = None,
          path_glob: Annotated[str | None, typer.Option("--path", metavar="GLOB", help="Only files matching this glob (relative to site-packages), with unified diffs.")] = None,
          show_patch: Annotated[bool, typer.Option("--patch", help="Unified diffs of every changed text file.")] = False,
-         json_out: JsonOpt = False, verbose: VerboseOpt = False) -> None:
+         json_out: JsonOpt = False, verbose: VerboseOpt = False, plain: PlainOpt = False) -> None:
     """Versions and source files between two snapshots, or a snapshot and the live environment."""
     from rewheel import diff as diffmod
     from rewheel.errors import UsageError
@@ -611,7 +679,7 @@ def patches(target: TargetArg = None, python: PythonOpt = None,
             package: Annotated[list[str] | None, typer.Option("--package", "-p", metavar="NAME", help="Only these distributions (repeatable).")] = None,
             offline: Annotated[bool, typer.Option("--offline", help="Do not fetch wheels from the index for pristine copies.")] = False,
             thorough: Annotated[bool, typer.Option("--thorough", help="Hash every file instead of trusting size and install time.")] = False,
-            json_out: JsonOpt = False) -> None:
+            json_out: JsonOpt = False, plain: PlainOpt = False) -> None:
     """Installed files that differ from what their wheel installed, with unified diffs."""
     from rewheel import patches as patchmod
 
@@ -633,7 +701,7 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
        venv_python: Annotated[str | None, typer.Option("--venv-python", metavar="PATH|VERSION", help="Interpreter for the throwaway environment (default: the recipe's).")] = None,
        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
        packages_only: Annotated[bool, typer.Option("--packages-only", help="Start from the recipe's packages alone, not from the target environment's pinned set.")] = False,
-       json_out: JsonOpt = False) -> None:
+       json_out: JsonOpt = False, plain: PlainOpt = False) -> None:
     """Qualify the newest nightly in a throwaway environment; report for CI; promote its lock."""
     from pathlib import Path
 
@@ -774,8 +842,9 @@ def fleet_report(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print the Markdown summary instead of the table.")] = False,
     summary: Annotated[str | None, typer.Option("--summary", metavar="FILE", help="Append the Markdown summary (e.g. $GITHUB_STEP_SUMMARY).")] = None,
     json_out: JsonOpt = False,
+    plain: PlainOpt = False,
 ) -> None:
-    """Summarise a rollout over many hosts: per host the status, versions, downtime and root
+    """Summarize a rollout over many hosts: per host the status, versions, downtime and root
     cause; root causes grouped across hosts. Each REPORT is what `rewheel run --json` printed
     on one host, as HOST.json or HOST=FILE. Exit 1 when a host was reverted, 3 when one could
     not be restored."""
@@ -865,7 +934,7 @@ _SHORT_HELP = {
     "pin": "Keep a snapshot from retention.",
     "unpin": "Let retention prune a pinned snapshot again.",
     "forget": "Remove one snapshot from the store.",
-    "fleet-report": "Summarise a rollout over many hosts from their run reports.",
+    "fleet-report": "Summarize a rollout over many hosts from their run reports.",
 }
 for _info in app.registered_commands:
     _name = _info.name or (_info.callback.__name__ if _info.callback else "")

@@ -15,6 +15,7 @@ stop, restore and start) — `downtime_source` says which.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,20 @@ def _md(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _code(text: Any, *, in_table: bool = False) -> str:
+    """`text` as one Markdown code span, whatever backticks it holds: fenced by one backtick
+    more than its longest run of them, padded with a space where it starts or ends with one
+    (CommonMark). In a table cell `|` is escaped too (GitHub splits cells before spans)."""
+    body = str(text).replace("\n", " ")
+    if in_table:
+        body = body.replace("|", "\\|")
+    if not body:
+        return ""
+    fence = "`" * (max((len(r) for r in re.findall("`+", body)), default=0) + 1)
+    pad = " " if body.startswith("`") or body.endswith("`") else ""
+    return f"{fence}{pad}{body}{pad}{fence}"
+
+
 def versions_text(h: HostResult, limit: int = 3, sep: str = ", ") -> str:
     """`toypkg 1.0.0 → 2.0.0` for the packages a host changed (tried, would change)."""
     shown = [f"{c.name} {c.old or '-'} → {c.new or '-'}" for c in h.changes[:limit]]
@@ -278,11 +293,11 @@ def markdown(rep: FleetReport) -> str:
            "| host | status | versions | downtime | root cause |", "| --- | --- | --- | ---: | --- |"]
     for h in rep.hosts:
         out.append(f"| {_md(h.host)} | {_ICON.get(h.status, '')} {h.status} | {_md(versions_text(h))} | "
-                   f"{downtime_text(h)} | {_md(cause_text(h))[:300]} |")
+                   f"{downtime_text(h)} | {_code(cause_text(h)[:300], in_table=True)} |")
     if rep.causes:
         out += ["", "### Root causes", ""]
         for g in rep.causes:
-            out.append(f"- **{len(g.hosts)} host(s)** ({_md(', '.join(g.hosts))}): `{_md(g.text())}`")
+            out.append(f"- **{len(g.hosts)} host(s)** ({_md(', '.join(g.hosts))}): {_code(g.text())}")
     return "\n".join(out) + "\n"
 
 

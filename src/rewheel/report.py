@@ -52,6 +52,37 @@ def print_error(console: Console, exc: RewheelError) -> None:
         console.print(f"  [yellow]hint:[/] {escape(exc.hint)}", markup=True, highlight=False)
 
 
+def show_path(console: Console, path: object, base: tuple[object, str] | None = None) -> str:
+    """A path as a terminal shows it: short enough to stay whole on a line — relative to
+    `base` (a folder, and what to call it: `prepared/pylock.toml in the run's folder`) or to
+    the current folder when it lies under one, else `~/…` under the home folder. Anywhere
+    else (a pipe, a file) the path as it is: grep and scripts get it whole."""
+    import os
+    from pathlib import Path
+
+    text = str(path)
+    if not text or not console.is_terminal:
+        return text
+    p = Path(text)
+    if base is not None and base[0]:
+        try:
+            rel = p.relative_to(Path(str(base[0])))
+            return base[1] if str(rel) == "." else f"{rel} in {base[1]}"
+        except ValueError:
+            pass
+    try:
+        cwd = Path.cwd()
+        rel = p.relative_to(cwd)
+        if cwd != Path("/") and str(rel) != ".":
+            return str(rel)
+    except (ValueError, OSError):
+        pass
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and text.startswith(home.rstrip("/") + "/"):
+        return "~" + text[len(home.rstrip("/")):]
+    return text
+
+
 def human_bytes(n: int | float) -> str:
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -222,7 +253,7 @@ def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # run
             console.print(f"  GPUs: {escape(check.detail)}")
 
 
-def render_root_cause(console: Console, rc) -> None:  # diagnose.RootCause | None
+def render_root_cause(console: Console, rc, base: tuple[object, str] | None = None) -> None:  # diagnose.RootCause | None
     if not rc:
         console.print("  root cause: none found in the logs")
         return
@@ -233,12 +264,16 @@ def render_root_cause(console: Console, rc) -> None:  # diagnose.RootCause | Non
                       (f" ({rc.count} occurrences)" if rc.count > 1 else ""))
     fr = rc.frame
     if fr and fr.file:
-        console.print(f"    at {escape(fr.file)}:{fr.line} in {escape(str(fr.function))}")
+        from rewheel.diagnose import short_path
+
+        # Inside site-packages the file as the package names it: a path that fits a line.
+        console.print(f"    at {escape(short_path(fr.file) if console.is_terminal else fr.file)}:{fr.line} "
+                      f"in {escape(str(fr.function))}")
         if fr.source:
             console.print(f"      {escape(fr.source.strip())}")
     if rc.log_line:
         console.print(f"    log line {rc.log_line}")
-    render_suspects(console, rc.suspects, indent="    ")
+    render_suspects(console, rc.suspects, indent="    ", base=base)
     for sec in rc.secondary[:5]:
         console.print(f"    [dim]secondary: {escape(f'{sec.type}: {sec.message}')[:200]}[/]")
 
@@ -262,8 +297,10 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     if rep.status == "planned":
         console.print(f"[{colour}]dry run: nothing was changed[/]")
         return
-    console.print(f"[bold]run {rep.run_id}[/] of {escape(rep.recipe)}")
-    render_prepared(console, rep.prepared)
+    here = (rep.run_dir, "the run's folder") if rep.run_dir else None
+    console.print(f"[bold]run {rep.run_id}[/] of {escape(rep.recipe)}"
+                  + (f"; its folder: {escape(show_path(console, rep.run_dir))}" if here else ""))
+    render_prepared(console, rep.prepared, here)
     if rep.status == "prepared":
         console.print(f"[{colour}]prepared: the service kept serving; `rewheel run {escape(rep.recipe)} --prepared` "
                       "swaps it in[/]")
@@ -289,7 +326,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
             console.print(f"    … and {len(rep.files) - 15} more (`rewheel diff` lists them all)")
     if rep.patches:
         console.print(f"[bold]local patches[/] ({len(rep.patches)}) — the reinstall replaced these files; "
-                      f"saved as .patch files in {escape(str(rep.run_dir))}")
+                      f"saved as .patch files in {escape(show_path(console, rep.run_dir, here))}")
         for p in rep.patches[:20]:  # patches.Patch items
             console.print(f"  {escape(p.path)} ({escape(p.distribution)}, {p.kind})")
     for r in rep.reapply:  # patches.ReapplyResult items
@@ -298,7 +335,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
         console.print(f"  [yellow]patched files shared inodes with uv's cache: {escape(', '.join(rep.hazards))}[/]")
     if rep.failure:
         console.print(f"[bold red]failed at {rep.failure.step}:[/] {escape(rep.failure.message)}")
-        render_root_cause(console, rep.root_cause)
+        render_root_cause(console, rep.root_cause, base=here)
     if rep.revert:
         rv = rep.revert  # runner.RevertRecord
         r = rv.restore
@@ -337,11 +374,12 @@ def render_held_back(console: Console, plan) -> None:  # runner.RunPlan | None
                       f" — uv says: {escape(why)}")
 
 
-def render_prepared(console: Console, prepared) -> None:  # staging.Prepared | None
+def render_prepared(console: Console, prepared, base: tuple[object, str] | None = None) -> None:  # staging.Prepared | None
     """A staged run's prepare: where the lock is, and each check of the build."""
     if prepared is None:
         return
-    console.print(f"  prepared ({escape(prepared.source)}) while the service served: {escape(prepared.lock)}")
+    console.print(f"  prepared ({escape(prepared.source)}) while the service served: "
+                  f"{escape(show_path(console, prepared.lock, base))}")
     for c in prepared.checks:  # staging.PrepCheck items
         first = c.detail.splitlines()[0] if c.detail else ""
         console.print(f"    {'ok    ' if c.ok else 'FAILED'} {c.name} {c.seconds:.1f}s — {escape(first)}")
@@ -482,8 +520,26 @@ def render_package_changes(console: Console, packages: list, unchanged: int = 0,
             _plain(console, f"  {name}: {url}")
 
 
+def print_diff(console: Console, diff: str) -> None:
+    """A unified diff: coloured on a terminal (control characters made visible); elsewhere
+    (a file, a pipe) its text exactly as it is, never wrapped, as `git diff` writes it — so
+    `rewheel diff … > x.patch` applies with `git apply` and `patch`."""
+    if console.is_terminal:
+        from rich.syntax import Syntax
+
+        console.print(Syntax(clean(diff), "diff", theme="ansi_dark", word_wrap=True))
+        return
+    text = diff if diff.endswith("\n") else diff + "\n"
+    buffer = getattr(console.file, "buffer", None)
+    console.file.flush()
+    if buffer is not None:  # the bytes of a file that was not UTF-8 go out as they were read
+        buffer.write(text.encode("utf-8", "surrogateescape"))
+        buffer.flush()
+    else:
+        console.file.write(text)
+
+
 def render_diff(console: Console, result, *, stat_only: bool = False, verbose: bool = False) -> None:  # diff.DiffResult
-    from rich.syntax import Syntax
     from rich.text import Text
 
     console.print(f"[bold]diff {escape(result.old)} → {escape(result.new)}[/]")
@@ -524,7 +580,7 @@ def render_diff(console: Console, result, *, stat_only: bool = False, verbose: b
         return
     for f in result.files:
         if f.diff:
-            console.print(Syntax(clean(f.diff), "diff", theme="ansi_dark", word_wrap=True))
+            print_diff(console, f.diff)
     h = result.stats
     if h.get("hashed_files"):
         console.print(f"[dim]{h['hashed_files']} file(s) hashed ({human_bytes(h['hashed_bytes'])}); "
@@ -532,8 +588,6 @@ def render_diff(console: Console, result, *, stat_only: bool = False, verbose: b
 
 
 def render_patches(console: Console, scan) -> None:  # patches.PatchScan
-    from rich.syntax import Syntax
-
     st = scan.stats
     if not scan.patches:
         console.print(f"[bold green]no local patches[/] in {escape(scan.prefix)} "
@@ -556,7 +610,7 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
         for p in scan.patches:
             console.print(f"[bold]{escape(p.path)}[/] ({p.kind}, {escape(p.distribution)} {escape(p.version)})")
             if p.diff:
-                console.print(Syntax(clean(p.diff), "diff", theme="ansi_dark", word_wrap=True))
+                print_diff(console, p.diff)
             elif p.pristine_note:
                 console.print(f"  [yellow]{escape(p.pristine_note)}[/]")
     for p in scan.patches:
@@ -853,7 +907,8 @@ def render_status(console: Console, st) -> None:  # status.Status
     if st.interrupted:
         r = st.interrupted
         console.print(f"[bold red]interrupted {escape(r['kind'])} {escape(r['id'])}[/] (last step: "
-                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume` or `rewheel rollback` first")
+                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume {escape(st.target)}` or "
+                      f"`rewheel rollback {escape(st.target)}` first")
     shown = ", ".join(f"{n} {v or 'not installed'}" for n, v in st.key_packages.items())
     console.print(f"  versions: {escape(shown) or 'no key packages installed'}")
     if st.equals is not None:
@@ -869,7 +924,7 @@ def render_status(console: Console, st) -> None:  # status.Status
         if len(st.differs_from_newest) > 10:
             console.print(f"    … and {len(st.differs_from_newest) - 10} more (`rewheel diff` shows all)")
     else:
-        console.print("  no snapshots yet (`rewheel snapshot TARGET` takes one)")
+        console.print(f"  no snapshots yet (`rewheel snapshot {escape(st.target)}` takes one)")
     if st.last_run:
         r = st.last_run
         console.print(f"  last command: {escape(r['kind'])} {escape(r['id'])}: {escape(r['status'])}")
@@ -903,7 +958,8 @@ def render_pruned(console: Console, pruned: list[str]) -> None:
     if pruned:
         console.print(f"  pruned old snapshots (\\[snapshots] keep): {escape(', '.join(pruned))}")
 # ---- suspects (rewheel.suspects) ----
-def render_suspects(console: Console, suspects: list | None, indent: str = "  ", hunk_lines: int = 14) -> None:
+def render_suspects(console: Console, suspects: list | None, indent: str = "  ", hunk_lines: int = 14,
+                    base: tuple[object, str] | None = None) -> None:
     """The changes of the upgrade a root cause points at, innermost first, each with the
     hunk around the failing line, its compare link and a removed local patch."""
     if not suspects:
@@ -933,6 +989,114 @@ def render_suspects(console: Console, suspects: list | None, indent: str = "  ",
             counts = (f" (+{pr.get('added_lines')} -{pr.get('removed_lines')})"
                       if pr.get("added_lines") is not None else "")
             console.print(f"{indent}     [yellow]a local patch on this file was removed by the reinstall{counts}:[/] "
-                          f"{escape(str(pr.get('patch') or 'not saved'))}")
+                          f"{escape(show_path(console, pr.get('patch'), base) if pr.get('patch') else 'not saved')}")
         if s.get("compare_url"):
             console.print(f"{indent}     compare: {escape(str(s['compare_url']))}")
+
+
+# ---- the consoles: fitted to a terminal, never wrapped elsewhere ----
+# A line's indent, with the gutter of a tool's streamed output (`  │ `): kept on the lines a
+# long line is wrapped onto.
+_INDENT = re.compile(r" *(?:│ )?")
+_CONSOLE_CLASS: type | None = None
+
+
+def fitted_console(**kw: object) -> Console:
+    """A rich Console for rewheel's human text. On a terminal every line of text is fitted to
+    its width: wrapped between words only, the continuation indented like the line (two more
+    spaces), a word or path longer than the room never cut (it gets a line of its own). On
+    anything else (a pipe, a file, a CI log) nothing is wrapped: each line is written whole,
+    whatever COLUMNS says, so a diff applies and grep finds a path."""
+    global _CONSOLE_CLASS
+    if _CONSOLE_CLASS is None:
+        _CONSOLE_CLASS = _make_console_class()
+    return _CONSOLE_CLASS(**kw)  # type: ignore[no-any-return]
+
+
+def _make_console_class() -> type:
+    from rich.console import Console as RichConsole
+    from rich.text import Text
+
+    class Fitted(RichConsole):
+        def print(self, *objects: object, sep: str = " ", end: str = "\n", style: object = None,  # type: ignore[override]
+                  markup: bool | None = None, highlight: bool | None = None, soft_wrap: bool | None = None,
+                  **kw: object) -> None:
+            if not self.is_terminal:  # never wrapped: each line whole
+                super().print(*objects, sep=sep, end=end, style=style, markup=markup,  # type: ignore[arg-type]
+                              highlight=highlight, soft_wrap=True, **kw)  # type: ignore[arg-type]
+                return
+            if not objects or not all(isinstance(o, (str, Text)) for o in objects) or kw.get("width"):
+                super().print(*objects, sep=sep, end=end, style=style, markup=markup,  # type: ignore[arg-type]
+                              highlight=highlight, soft_wrap=soft_wrap, **kw)  # type: ignore[arg-type]
+                return
+            text = Text(end="")
+            for i, o in enumerate(objects):
+                if i:
+                    text.append(sep)
+                text.append(o if isinstance(o, Text) else self.render_str(
+                    shorten_paths(self, o), markup=markup, highlight=False, emoji=False))
+            lines = [piece for line in text.split("\n", allow_blank=True)
+                     for piece in fit_text(line, self.width)]
+            for i, line in enumerate(lines):
+                super().print(line, style=style, end=end if i == len(lines) - 1 else "\n",  # type: ignore[arg-type]
+                              soft_wrap=True, highlight=False, markup=False, emoji=False)
+
+    return Fitted
+
+
+# An absolute path in a message: not part of a URL (`http://host/x`) or of another path.
+_ABS_PATH = re.compile(r"(?<![\w~.:/\\])/(?:[\w.@+-]+/)*[\w.@+-]+")
+
+
+def shorten_paths(console: Console, text: str) -> str:
+    """The absolute paths in a message, as `show_path` shows them on a terminal (relative to
+    the current folder, else `~/…`): what keeps a line's paths whole at 80 columns, and
+    still pastes from where the command ran. Elsewhere the text as it is."""
+    if not console.is_terminal or "/" not in text:
+        return text
+    return _ABS_PATH.sub(lambda m: show_path(console, m.group()), text)
+
+
+def fit_text(line, width: int) -> list:  # rich.text.Text -> list[Text]
+    """One line of text wrapped to `width` between words (spaces) only; continuation lines
+    carry the line's indent (and its `│ ` gutter) and two more spaces. A word longer than the
+    room is never cut: it starts its own line, at the indent when it fits there, else at the
+    line's start (only a word longer than the whole width overflows)."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    plain = line.plain
+    if cell_len(plain) <= width:
+        return [line]
+    indent = _INDENT.match(plain).group()  # type: ignore[union-attr]
+    cont = indent + "  "
+    # The words (after the indent): their [start, end) offsets in `plain`.
+    words = [(m.start(), m.end()) for m in re.finditer(r"\S+", plain[len(indent):])]
+    words = [(s + len(indent), e + len(indent)) for s, e in words]
+    out: list[Text] = []
+    cur: Text | None = None
+    cur_len = 0
+    first = True
+    prev_end = 0
+    for s, e in words:
+        piece = line[s:e]
+        n = cell_len(piece.plain)
+        gap = plain[prev_end:s]  # the spaces as written: columns of a plain line stay apart
+        prev_end = e
+        if cur is not None and cur_len + len(gap) + n <= width:
+            cur.append(gap)
+            cur.append(piece)
+            cur_len += len(gap) + n
+            continue
+        if cur is not None:
+            out.append(cur)
+        lead = indent if first else cont
+        if cell_len(lead) + n > width:
+            lead = ""
+        cur = Text(lead)
+        cur.append(piece)
+        cur_len = cell_len(lead) + n
+        first = False
+    if cur is not None:
+        out.append(cur)
+    return out or [line]

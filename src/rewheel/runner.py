@@ -2087,10 +2087,14 @@ def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None =
                 continue
     what = f"run {run_id}" if run_id is not None else f"snapshot {snapshot!r}"
     if not found:
-        raise UsageError(f"no {what} in {home}", hint="`rewheel history TARGET` lists the runs and snapshots")
+        envs = [f"`rewheel history --python {p}/bin/python`" for _, p in _env_dirs(home)][:3]
+        raise UsageError(f"no {what} in {home}",
+                         hint=" or ".join(envs) + " lists the runs and snapshots" if envs
+                         else "rewheel has recorded no run or snapshot here yet")
     if len(found) > 1:
         raise UsageError(f"{what} is ambiguous: it exists for " + ", ".join(str(f[4]) for f in found),
-                         hint="give the full snapshot id (`rewheel history TARGET`)")
+                         hint=f"give the full snapshot id (`rewheel history --python {found[0][4]}/bin/python` "
+                              "lists them)")
     if root is None or not root.frames:
         return
     store, old, new, run_dir, prefix = found[0]

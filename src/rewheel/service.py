@@ -784,8 +784,13 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
             tail_of = getattr(manager, "output_tail", None)
             tail = tail_of() if callable(tail_of) else []
             said = f"; its output ended with: {' | '.join(tail)}" if tail else ""
-            raise fail(f"{what} died {phase}: it is {st.state}/{st.sub_state} "
-                       f"(Result={st.result or '?'}{code}) {elapsed():.0f}s after start{said}",
+            # Under the command manager in its own words (its process exited), not systemd's.
+            how = (f"it is {st.state}/{st.sub_state} (Result={st.result or '?'}{code})"
+                   if st.judged_by in ("systemd", "") else
+                   f"its process was killed by signal {st.exit_status}" if st.result == "signal" else
+                   f"its process ended with exit status {st.exit_status}" if st.exit_status is not None else
+                   "its process is gone")
+            raise fail(f"{what} died {phase}: {how} {elapsed():.0f}s after start{said}",
                        f"service {st.state}", st.n_restarts)
         return st.n_restarts
 

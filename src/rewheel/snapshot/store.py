@@ -135,6 +135,7 @@ class Store:
     def __init__(self, prefix: Path, home: Path | None = None) -> None:
         self.home = ensure_private_dir(home or state_home())
         self.env_dir = env_dir(self.home, prefix)
+        self.prefix = Path(prefix)  # what messages name: the environment, not its folder's key
         self.snapshots_dir = self.env_dir / "snapshots"
         self.snapshots_dir.mkdir(exist_ok=True, mode=0o700)
         # What `prune` removed, by id: so that a report can say what each one was.
@@ -181,7 +182,7 @@ class Store:
         if len(matches) == 1:
             return matches[0]
         if not matches:
-            raise SnapshotError(f"no snapshot {shown} for {self.env_dir.name}",
+            raise SnapshotError(f"no snapshot {shown} of {self.prefix}",
                                 hint="`rewheel history TARGET` lists the snapshots")
         raise SnapshotError(f"snapshot reference {ref!r} is ambiguous: "
                             + ", ".join(m.id for m in matches))
