@@ -86,15 +86,11 @@ def refuse_system_interpreter(t: Target) -> None:
     """run, rollback and resume change the environment: a system interpreter's (not a venv,
     not a conda env) only when the recipe says `[environment] system = true`. Exit 2 before
     anything is touched; read-only commands are not asked."""
-    from rewheel.errors import TargetError
+    from rewheel.preflight import system_refusal
 
-    if t.env.kind == "system" and not t.recipe.system:
-        where = (f"add `system = true` under [environment] in {t.recipe.path}" if t.recipe.path
-                 else "use a recipe with [environment] system = true (--python alone never allows it)")
-        raise TargetError(f"{t.env.python} is a system interpreter (prefix {t.env.prefix}, not a venv "
-                          "or conda environment): refusing to change it (environment.system is not set)",
-                          hint=f"upgrade a virtualenv instead, or, if this interpreter is really the "
-                               f"service's own, {where}; nothing was changed")
+    refused = system_refusal(t.env, t.recipe)
+    if refused is not None:
+        raise refused
 
 
 def protected_snapshots(store: Store) -> set[str]:
