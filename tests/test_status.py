@@ -104,3 +104,32 @@ def test_status_names_the_holder_and_an_interrupted_run(host: Host) -> None:
     st = status(h)
     assert st["interrupted"] is None and st["service"]["health"]["ok"] is True
     assert st["key_packages"] == {"toypkg": "1.0.0"}
+
+
+def test_status_says_equals_only_when_the_files_are_the_snapshots_and_prefers_a_good_build(host: Host) -> None:
+    h = host
+    assert h.rewheel("snapshot", str(h.recipe), "--label", "good").returncode == 0
+    good = status(h)["equals"]["id"]
+    core = next(h.prefix.glob("lib/python3*/site-packages/toypkg/core.py"))
+    saved, st0 = core.read_bytes(), core.stat()
+    # An edit in place: the versions still match, the files do not.
+    core.write_bytes(saved + b"# edited\n")
+    st = status(h)
+    assert st["equals"] is None and st["differs_from_newest"] == []
+    assert [(o["id"], o["failed_build"]) for o in st["same_versions"]] == [(good, False)]
+    assert "toypkg/core.py" in st["same_versions"][0]["differs"]
+    text = " ".join(h.rewheel("status", str(h.recipe)).stdout.split())
+    assert f"same versions as snapshot {good}" in text and "its files differ" in text
+    assert "equals snapshot" not in text
+    # A failed build with the live versions, taken of that edited state, is newer than the good
+    # snapshot; once the edit is undone only the good one is the live environment.
+    assert h.rewheel("snapshot", str(h.recipe), "--label", "edited").returncode == 0
+    t = open_target(load_recipe(h.recipe))
+    failed = next(m for m in t.store.list() if m.label == "edited")
+    failed.extra["failed_build"] = True
+    failed.save()
+    core.write_bytes(saved)
+    os.utime(core, ns=(st0.st_atime_ns, st0.st_mtime_ns))
+    st = status(h)
+    assert st["equals"]["id"] == good, st
+    assert [o["id"] for o in st["same_versions"]] == [failed.id]

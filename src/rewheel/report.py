@@ -857,6 +857,12 @@ def render_status(console: Console, st) -> None:  # status.Status
         e = st.equals
         console.print(f"  equals snapshot {escape(e.id)} ({escape(e.label or e.status)}, {e.created_iso})"
                       + (f"; also {escape(', '.join(st.also_equal))}" if st.also_equal else ""))
+    elif st.same_versions:
+        # Only the versions match: never called "equals".
+        for o in st.same_versions[:3]:
+            console.print(f"  same versions as snapshot {escape(o['id'])} ({escape(o['label'])}"
+                          + (", a failed build" if o["failed_build"] else "") + "), but "
+                          + (f"its files differ ({escape(o['differs'])})" if o["differs"] else "its files were not compared"))
     elif st.newest is not None:
         n = st.newest
         console.print(f"  equals no snapshot; {len(st.differs_from_newest)} distribution(s) differ from the "

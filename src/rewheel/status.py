@@ -1,8 +1,10 @@
 """`rewheel status`: where an environment stands, cheaply, without changing anything.
 
 Owns the status report: the live versions of the key packages, which snapshot the live
-environment equals (by every distribution's version and wheel hash, as `diff` compares
-them — no file of the environment is read or hashed) or how far it is from the newest
+environment equals — the snapshots with the same distributions (every version and wheel hash,
+as `diff` compares them), good builds before failed ones, proven by the stat walk `verify`
+makes (type, size, mtime, mode, link target of every entry; a file whose mtime alone moved is
+hashed) — or has the same versions as while its files differ, or how far it is from the newest
 snapshot, a command running now (the environment's lock) or an interrupted one (its
 journal), the service's state and one health request (with a recipe), and the pinned,
 failed-build and damaged snapshots. It takes no lock: a run may start meanwhile.
@@ -35,7 +37,8 @@ class Status:
     prefix: str
     python: str
     key_packages: dict[str, str | None]
-    # The newest snapshot whose distributions equal the live ones, and any older equal ones.
+    # The snapshot the live environment is, file for file (good builds first, then the newest),
+    # and any other one proven so.
     equals: SnapshotMeta | None
     also_equal: list[str]
     newest: SnapshotMeta | None
@@ -50,6 +53,9 @@ class Status:
     # Snapshots whose stored bytes are damaged: filled by `damaged_snapshots`.
     damaged: list[str] = field(default_factory=list)
     snapshots: int = 0
+    # Snapshots with the live versions whose files differ: {"id", "label", "failed_build", "differs"}
+    # (the first difference; None: not walked, beyond MAX_WALKS).
+    same_versions: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "prefix": self.prefix, "python": self.python,
@@ -58,7 +64,7 @@ class Status:
                 "differs_from_newest": [c.to_json() for c in self.differs_from_newest],
                 "running": self.running, "interrupted": self.interrupted, "last_run": self.last_run,
                 "service": self.service, "pinned": self.pinned, "failed_builds": self.failed_builds,
-                "damaged": self.damaged, "snapshots": self.snapshots}
+                "damaged": self.damaged, "snapshots": self.snapshots, "same_versions": self.same_versions}
 
 
 def damaged_snapshots(t: Target, snaps: list[SnapshotMeta]) -> list[str]:
@@ -69,6 +75,43 @@ def damaged_snapshots(t: Target, snaps: list[SnapshotMeta]) -> list[str]:
 
     edited = damaged_files(snaps)
     return t.store.damaged() + [m.id for m in snaps if edited.get(m.id)]
+
+
+# Stat walks of the environment `status` makes at most (each about a second on a real vLLM
+# environment): the candidates beyond are listed as having the same versions, unproven.
+MAX_WALKS = 3
+
+
+def _difference(t: Target, snap: SnapshotMeta) -> str | None:
+    """None when the live environment is the snapshot (what `verify` compares); else its
+    first difference (`content differs: …/core.py`)."""
+    from rewheel.errors import RestoreError
+    from rewheel.snapshot import verify
+
+    try:
+        verify(t.env, snap)
+    except RestoreError as exc:
+        text = exc.message.split(": ", 1)[-1] if "does not match" in exc.message else exc.message
+        return text.split("; ")[0]
+    except Exception as exc:  # noqa: BLE001 - unsure: never claimed equal
+        return f"could not compare: {exc}"
+    return None
+
+
+def _equal_snapshots(t: Target, same: list[SnapshotMeta]) -> tuple[list[SnapshotMeta], list[dict[str, Any]]]:
+    """Of the snapshots with the live versions, (those proven equal, the others with their
+    first difference): good builds before failed ones, newest first, at most MAX_WALKS walks."""
+    ordered = sorted(same, key=lambda m: (m.failed_build, -m.created))
+    proven: list[SnapshotMeta] = []
+    others: list[dict[str, Any]] = []
+    for i, m in enumerate(ordered):
+        differs = _difference(t, m) if i < MAX_WALKS else None
+        if i < MAX_WALKS and differs is None:
+            proven.append(m)
+        else:
+            others.append({"id": m.id, "label": m.label or m.status, "failed_build": m.failed_build,
+                           "differs": differs})
+    return proven, others
 
 
 def _running(t: Target) -> dict[str, Any] | None:
@@ -119,10 +162,11 @@ def status(t: Target) -> Status:
     # The recipe's packages always (null: not installed); the usual key packages when present.
     key = {n: live.get(n) for n in names if n in live or n in wanted}
     snaps = t.store.list()
-    equal = [m for m in snaps if not diffmod.diff_versions(m.distributions, dists)]
+    same = [m for m in snaps if not diffmod.diff_versions(m.distributions, dists)]
+    equal, same_versions = _equal_snapshots(t, same)
     newest = snaps[0] if snaps else None
-    # How far from the newest snapshot, when it equals none.
-    differs = [] if newest is None or equal else diffmod.diff_versions(newest.distributions, dists)
+    # How far from the newest snapshot, when no snapshot has the live versions.
+    differs = [] if newest is None or same else diffmod.diff_versions(newest.distributions, dists)
     runs = journal.list_runs(t.store.env_dir)
     interrupted = next((r for r in runs if not r.finished and r.records), None)
     last = next((r for r in runs if r.finished), None)
@@ -133,4 +177,4 @@ def status(t: Target) -> Status:
         interrupted=interrupted.summary() if interrupted else None,
         last_run=last.summary() if last else None, service=_service(t),
         pinned=[m.id for m in snaps if m.pinned], failed_builds=[m.id for m in snaps if m.failed_build],
-        damaged=damaged_snapshots(t, snaps), snapshots=len(snaps))
+        damaged=damaged_snapshots(t, snaps), snapshots=len(snaps), same_versions=same_versions)
