@@ -89,7 +89,8 @@ def test_snapshot_fails_service_restarted(world: tuple[World, runner.Target], st
 
 
 # -- a failure after the reinstall began: reverted, exit 1 -------------------------------------------
-def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_step: str) -> None:
+def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_step: str,
+                     failed_kept: bool = True) -> None:
     assert (rep.status, rep.exit_code) == ("reverted", EXIT_REVERTED)
     assert version(t) == "1.0.0" and rep.after == {PKG: "1.0.0"}
     assert rep.failure is not None and rep.failure.step == failed_step
@@ -97,15 +98,20 @@ def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_s
     assert rep.revert is not None and rep.revert.restore is not None and rep.revert.restore.verified > 0
     assert w.manager.up and w.manager.calls[-1] == "start"
     assert last_run(t).status == "reverted"
-    # The failed build is kept for inspection beside the pre-upgrade snapshot.
-    assert {m.status for m in t.store.list()} == {"pre-upgrade", "failed-upgrade"}
+    # The failed build is kept for inspection beside the pre-upgrade snapshot; when the restore
+    # changed no byte, it was the good state itself and is not kept.
+    if failed_kept:
+        assert {m.status for m in t.store.list()} == {"pre-upgrade", "failed-upgrade"}
+    else:
+        assert {m.status for m in t.store.list()} == {"pre-upgrade"}
+        assert rep.revert.failed_snapshot_id is None and rep.revert.failed_snapshot_dropped
 
 
 def test_reinstall_fails_reverted(world: tuple[World, runner.Target]) -> None:
     w, t = world
     w.install_fails = True
     rep = runner.run(t)
-    _assert_reverted(w, t, rep, "reinstall")
+    _assert_reverted(w, t, rep, "reinstall", failed_kept=False)  # uv wrote nothing
     assert rep.failure.error == "InstallError" and rep.failure.exit_code is not None
 
 

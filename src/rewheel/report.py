@@ -260,9 +260,10 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
         console.print(f"[{colour}]dry run: nothing was changed[/]")
         return
     console.print(f"[bold]run {rep.run_id}[/] of {escape(rep.recipe)}")
-    render_prepared(console, rep.prepared)
+    served = rep.service_before == "active"
+    render_prepared(console, rep.prepared, served=served)
     if rep.status == "prepared":
-        console.print(f"[{colour}]prepared: the service kept serving; `rewheel run {escape(rep.recipe)} --prepared` "
+        console.print(f"[{colour}]prepared{': the service kept serving' if served else ''}; `rewheel run {escape(rep.recipe)} --prepared` "
                       "swaps it in[/]")
         return
     if rep.snapshot:
@@ -316,11 +317,17 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
         console.print("  [yellow]fetched after the stop (not in uv's cache before it): "
                       f"{escape(', '.join(rep.fetched_after_stop))}[/]")
     render_held_back(console, rep.plan)
+    # What is said of the service matches what there was: none (no [service]), one left stopped.
+    reverted = {"active": "upgrade failed; the environment was restored and the old service verified",
+                "inactive": "upgrade failed; the environment was restored and verified (the service was not "
+                            "running: left stopped)"}.get(rep.service_before or "",
+                                                          "upgrade failed; the environment was restored and verified")
     verdict = {"upgraded": "upgraded and verified",
                "reinstalled": "reinstalled at the same versions and verified (no version changed)",
-               "unchanged": "unchanged: nothing was installed, and the service verified",
-               "rejected": "rejected before the stop: the service kept serving, the environment is untouched",
-               "reverted": "upgrade failed; the environment was restored and the old service verified",
+               "unchanged": "unchanged: nothing was installed" + (", and the service verified" if served else ""),
+               "rejected": ("rejected before the stop: the service kept serving, the environment is untouched" if served
+                            else "rejected: the prepared build failed its checks; the environment is untouched"),
+               "reverted": reverted,
                "failed": "FAILED: the environment is not in its verified state — see above"}[rep.status]
     console.print(f"[{colour}]{verdict}[/]")
 
@@ -334,11 +341,12 @@ def render_held_back(console: Console, plan) -> None:  # runner.RunPlan | None
                       f" — uv says: {escape(why)}")
 
 
-def render_prepared(console: Console, prepared) -> None:  # staging.Prepared | None
+def render_prepared(console: Console, prepared, *, served: bool = True) -> None:  # staging.Prepared | None
     """A staged run's prepare: where the lock is, and each check of the build."""
     if prepared is None:
         return
-    console.print(f"  prepared ({escape(prepared.source)}) while the service served: {escape(prepared.lock)}")
+    when = "while the service served" if served else "before anything was stopped or changed"
+    console.print(f"  prepared ({escape(prepared.source)}) {when}: {escape(prepared.lock or '(no lock was made)')}")
     for c in prepared.checks:  # staging.PrepCheck items
         first = c.detail.splitlines()[0] if c.detail else ""
         console.print(f"    {'ok    ' if c.ok else 'FAILED'} {c.name} {c.seconds:.1f}s — {escape(first)}")
@@ -353,7 +361,10 @@ def downtime_text(doc: dict | None) -> str:
 
 
 def render_downtime(console: Console, downtime) -> None:  # runner.Downtime | None
-    if downtime is not None:
+    if downtime is not None and downtime.ongoing:
+        console.print(f"  [bold red]downtime: ongoing[/] — the service has not answered healthy since its stop; "
+                      f"so far {downtime_text(downtime.to_json())}")
+    elif downtime is not None:
         console.print(f"  downtime: {downtime_text(downtime.to_json())} — from the stop to the first healthy answer")
 
 

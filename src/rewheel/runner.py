@@ -787,6 +787,9 @@ class RevertRecord:
     hint: str | None = None
     # Why the service did not come back after the restore, read from its log.
     root_cause: RootCause | None = None
+    # The failed state's snapshot, removed because the restore changed no byte (it was the
+    # good state itself).
+    failed_snapshot_dropped: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Not asdict: it would deep-copy the restore result (with its displaced folders).
@@ -860,9 +863,16 @@ class Downtime:
 
     seconds: float
     parts: dict[str, float]
+    # The service has not answered healthy since its stop (`--no-revert`, a revert or a restart
+    # that failed): `seconds` runs to the report, not to a healthy answer. In the JSON only when true.
+    ongoing: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"seconds": round(self.seconds, 3), "parts": {k: round(v, 3) for k, v in self.parts.items()}}
+        doc: dict[str, Any] = {"seconds": round(self.seconds, 3),
+                               "parts": {k: round(v, 3) for k, v in self.parts.items()}}
+        if self.ongoing:
+            doc["ongoing"] = True
+        return doc
 
 
 DOWNTIME_PARTS = ("stop", "snapshot", "install", "smoke", "start", "ready")
@@ -919,7 +929,7 @@ class RunReport:
     # ("systemd" | "pid" | "health"); None without a [service].
     service_before: str | None = None
     service_judged_by: str | None = None
-    # Snapshots `[snapshots] keep` removed when the upgrade was kept.
+    # Snapshots `[snapshots] keep` removed when the upgrade was kept, or after a revert.
     pruned: list[str] = field(default_factory=list)
     # Whether the run was staged (prepared and pre-checked while the service served), and the
     # prepared build: its lock, versions and checks (staging.Prepared).
@@ -1241,7 +1251,8 @@ class _Cycle:
             return
         with _Step(self, "rewarm", packages=hazards):
             self.say("patched files share bytes with uv's cache: cleaning " + ", ".join(hazards)
-                     + " from the cache and fetching them again (the service keeps serving)")
+                     + " from the cache and fetching them again"
+                     + (" (the service keeps serving)" if self.report.service_before == "active" else ""))
             patchmod.clean_uv_cache_for(hazards)
             self.cleaned.update(hazards)
             scratch = staging.new_folder(self.t.store.env_dir)
@@ -1401,7 +1412,13 @@ class _Cycle:
 
         t = self.t
         t0 = time.monotonic()
-        self.say("── prepare (the service keeps serving)")
+        if t.recipe.service is not None:
+            # The state before the run, for what the report says of the service when the run
+            # ends before its stop (rejected, prepared); the stop reads it again.
+            st = self.host.manager(t.recipe.service, t.store.env_dir, t.recipe.python).status()
+            self.report.service_before, self.report.service_judged_by = ("active" if st.up else "inactive"), st.judged_by
+        served = self.report.service_before == "active"
+        self.say("── prepare" + (" (the service keeps serving)" if served else ""))
         # What the prepared build is made from, taken before it is built.
         fingerprint, digest = staging.env_fingerprint(t.env), staging.recipe_digest(t.recipe)
         live = [d.to_json() for d in t.env.distributions()]
@@ -1466,6 +1483,18 @@ class _Cycle:
             self.report.prepared.checks = build.checks
         except OSError:
             pass
+        # The lock the build was made from stays with the run too: the report names it, and
+        # its folder is removed below.
+        lock_file = Path(build.lock)
+        if lock_file.is_file() and str(lock_file).startswith(str(new) + "/"):
+            try:
+                dest.mkdir(parents=True, exist_ok=True)
+                kept = lock_file.rename(dest / lock_file.name)
+                self.report.prepared.lock = build.lock = str(kept)
+            except OSError:
+                pass
+        if self.report.prepared.lock.startswith(str(new) + "/"):
+            self.report.prepared.lock = ""  # removed with its folder: never named
         shutil.rmtree(new, ignore_errors=True)
         for c in build.checks:
             if c.log:
@@ -1528,7 +1557,8 @@ class _Cycle:
         if self.down_t0 is None or self.svc is None:
             return None
         healthy = self.svc.healthy_at
-        end = healthy if healthy is not None and healthy > self.down_t0 else time.monotonic()
+        ongoing = healthy is None or healthy <= self.down_t0
+        end = time.monotonic() if ongoing else healthy
         before_revert = self.report.steps
         if self.revert_t0 is not None:
             idx = next((i for i, s in enumerate(self.report.steps) if s.name == "revert"), len(self.report.steps))
@@ -1552,7 +1582,7 @@ class _Cycle:
             parts["start"], parts["ready"] = first[0][1], first[0][2]
         if self.revert_t0 is not None:
             parts["revert"] = max(0.0, end - self.revert_t0)
-        return Downtime(max(0.0, end - self.down_t0), parts)
+        return Downtime(max(0.0, end - self.down_t0), parts, ongoing)
 
     def record_failure(self, exc: Exception) -> str:
         """Put the failure into the report (at the step the journal last announced); returns
@@ -1621,6 +1651,41 @@ class _Cycle:
         except Exception as exc:
             revert.failed_snapshot_error = str(exc)
 
+    def prune_after_revert(self) -> None:
+        """`[snapshots] keep` after a revert, as after a kept upgrade: reverted runs leave two
+        snapshots each (before, and the failed build). Once the journal is finished, so that
+        what a plain rollback needs now is what `protected_snapshots` protects; never the
+        pinned ones, this run's pre-upgrade snapshot or the failed build it just kept."""
+        if self.report.status != "reverted" or self.snap is None:
+            return
+        rv = self.report.revert
+        keep = protected_snapshots(self.t.store) | {self.snap.id}
+        if rv is not None and rv.failed_snapshot_id:
+            keep.add(rv.failed_snapshot_id)
+        try:
+            self.report.pruned = self.t.store.prune(self.t.recipe.keep, keep)
+        except (OSError, SnapshotError) as exc:  # the revert is done: retention tries again next time
+            self.say(f"(old snapshots not pruned: {exc})")
+            return
+        if self.report.pruned:
+            self.say("pruned old snapshots ([snapshots] keep): " + pruned_text(self.t.store, self.report.pruned))
+
+    def _drop_identical_failed_state(self, revert: RevertRecord, res: RestoreResult) -> None:
+        """A restore that changed no byte proves the "failed build" kept before it is the good
+        state itself (interrupted before the reinstall wrote anything, or it rewrote the same
+        bytes): it is removed, not kept as a failed build that no `diff` would show a change in."""
+        fid = revert.failed_snapshot_id
+        if fid is None or _restore_changed(res):
+            return
+        try:
+            self.t.store.delete(fid)
+        except (OSError, SnapshotError):
+            return  # kept: retention removes it later
+        self.j.append("note", failed_snapshot_dropped=fid)
+        revert.failed_snapshot_id = None
+        revert.failed_snapshot_dropped = fid
+        self.say(f"the failed state was the restored state, byte for byte: snapshot {fid} removed")
+
     def revert(self, reason: str) -> None:
         """Stop, restore the snapshot, move cleanup paths back, start, verify."""
         from rewheel.errors import RestoreError, RewheelError
@@ -1643,6 +1708,7 @@ class _Cycle:
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
                      f"{res.deleted:,} removed, {res.verified:,} verified"
                      + (f" ({res.proven_same:,} proven identical, left in place)" if res.proven_same else ""))
+            self._drop_identical_failed_state(revert, res)
             self.report.after = self.t.env.versions()
             try:
                 if self.svc is not None and self.was_active:
@@ -1791,6 +1857,7 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
             cyc.j.append("finished", status=cyc.report.status, reason=reason,
                          before=cyc.report.before, after=cyc.report.after,
                          root_cause=_to_json(cyc.report.root_cause), downtime=_to_json(cyc.report.downtime))
+        cyc.prune_after_revert()
         return cyc.report
     cyc.report.downtime = cyc.downtime()
     cyc.finish_file_diff()  # the service answers already: outside the downtime
@@ -1889,6 +1956,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
                      root_cause=_to_json(cyc.report.root_cause))
             # Older interrupted journals below this one describe states already overwritten.
             close_superseded(t.store.env_dir, j)
+        cyc.prune_after_revert()
         return ResumeResult("reverted", j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report,
                             stopped_processes=lk.stopped)
 
