@@ -201,9 +201,13 @@ def test_service_that_was_stopped_stays_stopped(world: tuple[World, runner.Targe
 def test_interrupted_run_is_resumed_from_its_journal(world: tuple[World, runner.Target]) -> None:
     w, t = world
     w.interrupt_install = True
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as ki:
         runner.run(t)
     assert version(t) == "2.0.0" and journal.interrupted_run(t.store.env_dir) is not None
+    # What the CLI prints for it: the step, the service stopped, the exact command.
+    said = ki.value.failure  # type: ignore[attr-defined]
+    assert said.exit_code == 4 and "at its reinstall step" in said.message and "is STOPPED" in said.message
+    assert f"`rewheel resume {t.recipe.path}`" in said.hint and "starts the service again" in said.hint
     res = runner.resume(t)
     assert res.status == "reverted" and res.report is not None and res.report.status == "reverted"
     assert res.report.before == {PKG: "1.0.0"} and res.report.service_before == "active"

@@ -90,7 +90,8 @@ def test_status_names_the_holder_and_an_interrupted_run(host: Host) -> None:
     t = open_target(load_recipe(h.recipe))
     with EnvLock(t.store.env_dir, "run", prefix=t.env.prefix):
         st = status(h)
-    assert st["running"] == {"pid": os.getpid(), "purpose": "run"}
+    running = st["running"]
+    assert (running["pid"], running["purpose"], running["run_id"], running["step"]) == (os.getpid(), "run", None, None)
 
     cp = h.rewheel("run", str(h.recipe), "--yes", "--quiet", env={"REWHEEL_FAULT_AT": "step:smoke"})
     assert cp.returncode == -9, cp.stderr
@@ -133,3 +134,50 @@ def test_status_says_equals_only_when_the_files_are_the_snapshots_and_prefers_a_
     st = status(h)
     assert st["equals"]["id"] == good, st
     assert [o["id"] for o in st["same_versions"]] == [failed.id]
+
+
+def test_a_live_run_is_running_not_interrupted_and_its_ctrl_c_says_the_service_is_stopped(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    h = make_host(tmp_path, "2.0.0", "smoke-hangs")
+    h.start_service()
+    try:
+        # The recipe as the operator typed it: a path relative to where rewheel runs.
+        run = subprocess.Popen([sys.executable, "-m", "rewheel", "run", h.recipe.name, "--yes"], cwd=h.recipe.parent,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        st: dict = {}
+        while time.monotonic() < deadline and (st.get("running") or {}).get("step") != "smoke":
+            st = status(h)  # exit 0 throughout: a live run is not an interrupted one
+            time.sleep(0.2)
+        live = st["running"]
+        assert live["pid"] == run.pid and live["purpose"] == "run" and live["kind"] == "run", st
+        assert live["run_id"] and time.time() - 60 < live["since"] <= time.time()
+        assert st["interrupted"] is None
+        hist = h.rewheel("history", str(h.recipe), "--json")
+        assert hist.returncode == 0, hist.stderr
+        doc = json.loads(hist.stdout)
+        assert doc["interrupted_run"] is None and doc["running"]["run_id"] == live["run_id"]
+        assert doc["runs"][0]["id"] == live["run_id"] and doc["runs"][0]["status"] == "running"
+        human = h.rewheel("status", str(h.recipe))
+        assert human.returncode == 0
+        text = " ".join(human.stdout.split())
+        assert f"running now: rewheel run (pid {run.pid})" in text and "step smoke" in text and "interrupted run" not in text
+        run.send_signal(signal.SIGINT)  # Ctrl-C while the service is down
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 4, err
+        said = " ".join(err.split())
+        assert "is STOPPED" in said and f"`rewheel resume {h.recipe.name}`" in said, said
+        assert h.served_version() is None
+        st = status(h, code=4)  # now it is interrupted
+        assert st["running"] is None and st["interrupted"]["id"] == live["run_id"]
+        cp = subprocess.run([sys.executable, "-m", "rewheel", "resume", h.recipe.name, "--yes"], cwd=h.recipe.parent,
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+        assert cp.returncode == 0, cp.stderr
+        assert h.served_version() == "1.0.0"
+    finally:
+        h.stop_service()
+        h._index.stop()  # type: ignore[attr-defined]

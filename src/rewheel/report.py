@@ -133,7 +133,9 @@ def render_history(console: Console, hist) -> None:  # runner.History
         rows = [(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "", down(r),
                  _run_versions(r.summary(), hist.key_packages).replace(", ", "\n"))
                 for r in hist.runs]
-        styles = ["" if r.finished else "bold red" for r in hist.runs]
+        live = (hist.running or {}).get("run_id")
+        rows = [(row[0], row[1], "running" if row[0] == live else row[2], *row[3:]) for row in rows]
+        styles = ["" if r.finished else "yellow" if r.id == live else "bold red" for r in hist.runs]
         if is_plain(console):
             for rid, kind, status, sid, step, dt, vers_ in rows:
                 _plain(console, f"run {rid}  {kind}  {status}" + (f"  snapshot {sid}" if sid else "")
@@ -142,6 +144,8 @@ def render_history(console: Console, hist) -> None:  # runner.History
         else:
             _table_or_stack(console, "runs", ("id", "kind", "status", "snapshot", "last step", "downtime", "versions"),
                             rows, head=(0, 1, 2), styles=styles, wrap=(6,))
+    if hist.running:
+        console.print(f"[yellow]{escape(running_text(hist.running))}[/]")
 
 
 def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
@@ -852,12 +856,27 @@ def render_history_marks(console: Console, hist) -> None:  # runner.History
         console.print(f"failed builds (restored only with `rollback --force`): {escape(', '.join(failed))}")
 
 
+def running_text(doc: dict) -> str:
+    """`running now: rewheel run (pid 4242), run 20261205-…, step smoke, since 09:20:01 (35s ago)`:
+    a live rewheel holding the environment (status.running_now)."""
+    import time as _time
+
+    text = f"running now: rewheel {doc.get('purpose')} (pid {doc.get('pid')})"
+    if doc.get("run_id"):
+        text += f", {doc.get('kind')} {doc['run_id']}, step {doc.get('step')}"
+    elif doc.get("purpose") == "run":
+        text += ", preparing (no step journaled yet)"
+    if doc.get("since"):
+        ago = max(0.0, _time.time() - float(doc["since"]))
+        text += f", since {_time.strftime('%H:%M:%S', _time.localtime(doc['since']))} ({ago:.0f}s ago)"
+    return text + ": not interrupted; wait for it to finish"
+
+
 def render_status(console: Console, st) -> None:  # status.Status
     """`rewheel status`: one fact a line, the most urgent first."""
     console.print(f"[bold]{escape(st.target)}[/]: {escape(st.prefix)}")
     if st.running:
-        console.print(f"[yellow]running now: rewheel {escape(str(st.running.get('purpose')))} "
-                      f"(pid {st.running.get('pid')})[/]")
+        console.print(f"[yellow]{escape(running_text(st.running))}[/]")
     if st.interrupted:
         r = st.interrupted
         console.print(f"[bold red]interrupted {escape(r['kind'])} {escape(r['id'])}[/] (last step: "

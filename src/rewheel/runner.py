@@ -149,18 +149,24 @@ class History:
     damaged: list[str] = field(default_factory=list)
     # Stored files an edit in place changed, by snapshot id, as the last check found them.
     damaged_files: dict[str, int] = field(default_factory=dict)
+    # The live rewheel holding the environment now (status.running_now): its journal is
+    # running, not interrupted.
+    running: dict[str, Any] | None = None
 
     @property
     def interrupted(self) -> RunJournal | None:
+        if self.running is not None:
+            return None
         return next((r for r in self.runs if not r.finished), None)
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target,
                 "snapshots": [{**s.to_json(), "damaged_files": self.damaged_files.get(s.id, 0)}
                               for s in self.snapshots],
-                "runs": [r.summary() for r in self.runs],
+                "runs": [{**r.summary(), "status": "running"} if self.running and r.id == self.running.get("run_id")
+                         else r.summary() for r in self.runs],
                 "interrupted_run": self.interrupted.id if self.interrupted else None,
-                "damaged_snapshots": self.damaged}
+                "damaged_snapshots": self.damaged, "running": self.running}
 
 
 def history(t: Target) -> History:
@@ -171,8 +177,10 @@ def history(t: Target) -> History:
 
     # The damage the last check found, not a check per call: one costs about a stat walk of
     # the environment per snapshot (seconds on a real vLLM store); `status` and `verify` check.
+    from rewheel.status import running_now
+
     return History(t.cli_ref, metas, journal.list_runs(t.store.env_dir), names,
-                   t.store.damaged(), {m.id: recorded_damage(m) for m in metas})
+                   t.store.damaged(), {m.id: recorded_damage(m) for m in metas}, running_now(t))
 
 
 # --------------------------------------------------------------------------------------
@@ -1651,6 +1659,30 @@ class _Cycle:
         except Exception as exc:
             revert.failed_snapshot_error = str(exc)
 
+    def interrupted_error(self, exc: BaseException) -> Exception:
+        """What a signal in the middle of the swap leaves, said exactly (InterruptedRun, exit 4):
+        the step, whether the service is stopped (nothing serves until a resume), and the
+        command that finishes it, with the recipe path as the user gave it."""
+        from rewheel.errors import InterruptedRun
+
+        how = getattr(exc, "signame", None) or "Ctrl-C"
+        ref = self.t.cli_ref
+        stopped = any(r.get("event") == "step" and r.get("name") == "stop" for r in self.j.records)
+        msg = f"run {self.j.id} was interrupted ({how}) at its {self.j.last_step or 'start'} step"
+        if self.svc is not None and self.down_t0 is not None and (
+                self.svc.healthy_at is None or self.svc.healthy_at <= self.down_t0):
+            msg += (f"; the service ({self.svc.manager.describe()}) is STOPPED: it was running before the run, "
+                    "and nothing serves until the run is resumed")
+        elif self.svc is not None and stopped and not self.was_active:
+            msg += "; the service was not running before the run and stays stopped"
+        elif self.t.recipe.service is not None and not stopped:
+            msg += "; the service was not stopped"
+        undo = (f" (undoing it restores snapshot {self.snap.id}"
+                + (" and starts the service again)" if self.was_active and self.svc is not None else ")")
+                if self.snap is not None else "")
+        return InterruptedRun(msg, hint=f"`rewheel resume {ref}` finishes or undoes it{undo}; "
+                                        f"`rewheel status {ref}` shows where it stands")
+
     def prune_after_revert(self) -> None:
         """`[snapshots] keep` after a revert, as after a kept upgrade: reverted runs leave two
         snapshots each (before, and the failed build). Once the journal is finished, so that
@@ -1795,6 +1827,9 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             cyc.resolution.moved(dest)
         try:
             return _swap(cyc, no_revert)
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the journal stays unfinished
+            exc.failure = cyc.interrupted_error(exc)  # type: ignore[attr-defined]  # what the CLI says
+            raise
         finally:
             if cyc.prepared is not None and cyc.j.last_step not in (None, "stop", "snapshot", "snapshot-check"):
                 # Installed (kept or reverted): used up; its lock and logs stay with the run.

@@ -114,10 +114,48 @@ def _equal_snapshots(t: Target, same: list[SnapshotMeta]) -> tuple[list[Snapshot
     return proven, others
 
 
-def _running(t: Target) -> dict[str, Any] | None:
-    """The rewheel command holding the environment's lock now, read without taking it."""
+def _process_started(pid: Any) -> float | None:
+    """When a process started (epoch seconds), from /proc; None when unknown."""
+    import os
+
+    from rewheel import proc
+
+    try:
+        ticks = proc.start_time(int(pid))
+        with open("/proc/stat", encoding="ascii") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK") if ticks is not None else None
+    except (OSError, ValueError, TypeError, StopIteration):
+        return None
+
+
+def running_now(t: Target) -> dict[str, Any] | None:
+    """The rewheel command holding the environment's lock now (read without taking it): its
+    pid and purpose, and — for a run, a rollback or a resume — the journal it is writing: its
+    id, kind, current step and since when (epoch seconds); `step` is null while a staged run
+    still prepares (its journal starts at the stop). None when no live rewheel holds it: an
+    unfinished journal is then an interrupted one."""
     holder = journal.EnvLock(t.store.env_dir, "status", prefix=t.env.prefix).holder_now()
-    return {"pid": holder.get("pid"), "purpose": holder.get("purpose")} if holder is not None else None
+    if holder is None:
+        return None
+    doc: dict[str, Any] = {"pid": holder.get("pid"), "purpose": holder.get("purpose"), "run_id": None,
+                           "kind": None, "step": None, "since": _process_started(holder.get("pid"))}
+    # The live holder's journal is the newest unfinished one (a rollback or a resume that
+    # finishes an interrupted run writes its own, newer).
+    live = journal.interrupted_run(t.store.env_dir)
+    if live is not None:
+        started = live.first("started") or {}
+        doc.update(run_id=live.id, kind=live.kind, step=live.last_step or "start",
+                   since=started.get("time") or doc["since"])
+    return doc
+
+
+def interrupted_now(t: Target) -> Any:  # journal.RunJournal | None
+    """The interrupted run a read-only command reports (and exits 4 for): an unfinished
+    journal whose rewheel is gone — never the one a live rewheel is writing."""
+    if running_now(t) is not None:
+        return None
+    return journal.interrupted_run(t.store.env_dir)
 
 
 def _service(t: Target) -> dict[str, Any] | None:
@@ -168,12 +206,14 @@ def status(t: Target) -> Status:
     # How far from the newest snapshot, when no snapshot has the live versions.
     differs = [] if newest is None or same else diffmod.diff_versions(newest.distributions, dists)
     runs = journal.list_runs(t.store.env_dir)
-    interrupted = next((r for r in runs if not r.finished and r.records), None)
+    running = running_now(t)
+    # A journal a live rewheel is writing is running, not interrupted.
+    interrupted = None if running is not None else next((r for r in runs if not r.finished and r.records), None)
     last = next((r for r in runs if r.finished), None)
     return Status(
         target=t.cli_ref, prefix=str(t.env.prefix), python=str(t.env.python), key_packages=key,
         equals=equal[0] if equal else None, also_equal=[m.id for m in equal[1:]], newest=newest,
-        differs_from_newest=differs, running=_running(t),
+        differs_from_newest=differs, running=running,
         interrupted=interrupted.summary() if interrupted else None,
         last_run=last.summary() if last else None, service=_service(t),
         pinned=[m.id for m in snaps if m.pinned], failed_builds=[m.id for m in snaps if m.failed_build],
