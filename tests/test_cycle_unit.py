@@ -222,7 +222,10 @@ def test_rollback_restarts_the_service(world: tuple[World, runner.Target]) -> No
     res = runner.rollback(t)
     assert version(t) == "1.0.0" and res.service is not None and res.service.ok
     assert w.manager.calls == ["stop", "start"]
-    assert [s.name for s in res.steps] == ["stop", "snapshot", "restore", "start"]  # the state it replaced is kept first
+    # The state it replaces is kept first, while the service serves; in the window one stat
+    # walk proves it is still current.
+    assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "restore", "start"]
+    assert res.downtime is not None and set(res.downtime.parts) == {"stop", "snapshot", "restore", "start", "ready"}
 
 
 def test_the_unit_layer_is_fast(world: tuple[World, runner.Target]) -> None:

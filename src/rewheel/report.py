@@ -162,6 +162,7 @@ def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
         console.print(f"  {r.cleanup_restored} cleanup path(s) moved back")
     if result.service:
         console.print(f"  service: {escape(result.service.detail)}")
+    render_downtime(console, result.downtime)
     if result.finished_run:
         console.print(f"  interrupted run {result.finished_run} is now finished as rolled-back")
 

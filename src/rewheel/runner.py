@@ -238,6 +238,9 @@ class RollbackResult:
     target: str = ""  # how the CLI names the target (for the commands the report suggests)
     # Stored files an edit in place had damaged, recovered before the restore (None: none were).
     recovered: Any = None  # recovery.Recovery
+    # From the stop of a running service to its first healthy answer, as a run reports it
+    # (None: no running service was stopped).
+    downtime: Downtime | None = None
 
     @property
     def exit_code(self) -> int:
@@ -254,7 +257,8 @@ class RollbackResult:
                 "undo_snapshot_id": self.undo_snapshot_id, "undo_snapshot_error": self.undo_snapshot_error,
                 "pruned": self.pruned, "error": self.error, "hint": self.hint,
                 "root_cause": _to_json(self.root_cause), "diagnosis": _to_json(self.diagnosis),
-                "superseded_runs": self.superseded_runs, "exit_code": self.exit_code}
+                "superseded_runs": self.superseded_runs, "downtime": _to_json(self.downtime),
+                "exit_code": self.exit_code}
 
 
 # A build that failed its checks, kept for inspection: never a default rollback target,
@@ -444,6 +448,9 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         except BaseException:
             j.append("finished", status="refused", snapshot_id=snap.id)
             raise
+        undo_id = undo_error = None
+        served_undo = False
+        down_t0: float | None = None
         if svc:
             up_now = st.up
             # Up now, or up before the run that stopped it and left it so.
@@ -453,7 +460,14 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             if unchanged:
                 say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
             else:
+                if undo and up_now:
+                    # The undo snapshot while the service still serves: out of the downtime,
+                    # proven still current by one stat walk once it is stopped (below).
+                    undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
+                                                                   say=say, progress=progress, served=True)
+                    served_undo = undo_id is not None
                 stopped = True
+                down_t0 = time.monotonic() if up_now else None
                 try:
                     svc.stop()
                 except Exception as exc:
@@ -465,14 +479,19 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                     except Exception as again:  # noqa: BLE001 - the stop's failure is reported
                         j.append("note", restart_after_abort_failed=str(again))
                     finally:
+                        if undo_id is not None:
+                            _forget_quietly(t.store, undo_id)  # nothing was replaced: nothing to undo
                         j.append("finished", status="failed", snapshot_id=snap.id,
                                  error=getattr(exc, "message", None) or str(exc))
                     raise
-        undo_id = undo_error = None
         if not undo and not unchanged:
             undo_error = "skipped (--no-undo)"
             j.append("note", undo_snapshot_error=undo_error)
-        elif not unchanged and not suspect:
+        elif served_undo:
+            assert undo_id is not None
+            undo_id, undo_error = _check_undo_snapshot(t, j, snap, undo_id, steps, failed_build=replaces_failed,
+                                                       say=say, progress=progress)
+        elif not unchanged and not suspect and undo_id is None and undo_error is None:
             undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
                                                            say=say, progress=progress)
         j.append("step", name="restore", snapshot_id=snap.id)
@@ -504,6 +523,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                     # runs) must not keep running the bytes it loaded before.
                     j.append("note", unchanged_but_restored=True)
                     stopped = True
+                    down_t0 = time.monotonic() if up_now else None
                     svc.stop()
                 try:
                     if not was_up:
@@ -522,16 +542,17 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         superseded = close_superseded(t.store.env_dir, j, skip={interrupted.id} if interrupted else set())
         result = RollbackResult(snap, res, j.id, service_state, interrupted.id if interrupted else None, steps,
                                 lk.stopped, undo_snapshot_id=undo_id, undo_snapshot_error=undo_error,
-                                superseded_runs=superseded, target=t.cli_ref, recovered=recovery)
+                                superseded_runs=superseded, target=t.cli_ref, recovered=recovery,
+                                downtime=_rollback_downtime(down_t0, steps, svc))
         if failed is not None:
             assert svc is not None
             _service_failed_after_restore(t, svc, result, failed)
             # Finished, not left interrupted: the files are restored and verified; what is
             # wrong is the service, which the result names (no "error" key: see _left_down).
             j.append("finished", status="failed", snapshot_id=snap.id, service_error=result.error,
-                     root_cause=_to_json(result.root_cause))
+                     root_cause=_to_json(result.root_cause), downtime=_to_json(result.downtime))
             return result
-        j.append("finished", status="restored", snapshot_id=snap.id)
+        j.append("finished", status="restored", snapshot_id=snap.id, downtime=_to_json(result.downtime))
         keep = protected_snapshots(t.store) | {snap.id} | ({undo_id} if undo_id else set())
         result.pruned = t.store.prune(t.recipe.keep, keep)
         if result.pruned:
@@ -589,15 +610,71 @@ def _live_is_failed_build(t: Target, runs: list[RunJournal], interrupted: RunJou
     return False
 
 
+ROLLBACK_DOWNTIME_PARTS = ("stop", "snapshot", "restore", "start", "ready")
+
+
+def _rollback_downtime(down_t0: float | None, steps: list[StepRecord], svc: ServiceSteps | None) -> Downtime | None:
+    """A rollback's downtime, as a run's (Downtime): from the moment the stop of a running
+    service began to its first healthy answer, with the steps in that window as parts — the
+    stop, the undo snapshot's check (and a snapshot taken again), the restore, the start and
+    the wait for health. None when no running service was stopped."""
+    if down_t0 is None or svc is None:
+        return None
+    healthy = svc.healthy_at
+    ongoing = healthy is None or healthy <= down_t0
+    end = time.monotonic() if ongoing else healthy
+    parts = dict.fromkeys(ROLLBACK_DOWNTIME_PARTS, 0.0)
+    names = {"stop": "stop", "snapshot": "snapshot", "snapshot-check": "snapshot", "restore": "restore"}
+    # Only what ran in the window: an undo snapshot taken while the service served is before it.
+    stop_at = next((i for i, s in enumerate(steps) if s.name == "stop"), len(steps))
+    for step in steps[stop_at:]:
+        if step.name in names:
+            parts[names[step.name]] += step.seconds
+    first = [st for st in svc.starts if st[0] >= down_t0]
+    if first:
+        parts["start"], parts["ready"] = first[0][1], first[0][2]
+    return Downtime(max(0.0, end - down_t0), parts, ongoing)
+
+
+def _forget_quietly(store: Store, snapshot_id: str) -> None:
+    try:
+        store.delete(snapshot_id)
+    except (OSError, SnapshotError):
+        pass  # retention removes it later
+
+
+def _check_undo_snapshot(t: Target, j: RunJournal, target: SnapshotMeta, undo_id: str, steps: list[StepRecord], *,
+                         failed_build: bool, say: Say, progress: Progress | None) -> tuple[str | None, str | None]:
+    """In the window: one stat walk (what `verify` compares) proves the environment still is
+    the undo snapshot taken while the service served — as a staged run's `snapshot-check`.
+    Anything changed since (an edit, a byte-compiled cache written): the snapshot is taken
+    again, now, and the stale one removed. Returns (snapshot id, error)."""
+    t0 = time.monotonic()
+    j.append("step", name="snapshot-check", purpose="undo", snapshot_id=undo_id)
+    try:
+        same = _env_matches(t, t.store.get(undo_id))
+    except (SnapshotDamaged, SnapshotError):
+        same = False
+    steps.append(StepRecord.since("snapshot-check", True, t0))
+    if same:
+        return undo_id, None
+    say(f"the environment changed while the service served: the undo snapshot {undo_id} is taken again")
+    _forget_quietly(t.store, undo_id)
+    j.append("note", undo_snapshot_stale=undo_id)
+    return _snapshot_replaced_state(t, j, target, steps, failed_build=failed_build, say=say, progress=progress)
+
+
 def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, steps: list[StepRecord], *,
-                             failed_build: bool, say: Say, progress: Progress | None) -> tuple[str | None, str | None]:
+                             failed_build: bool, say: Say, progress: Progress | None,
+                             served: bool = False) -> tuple[str | None, str | None]:
     """Snapshot the state a rollback is about to replace, so that restoring it undoes the
     rollback (rolls forward to an upgraded build even once its nightly left the index).
     As cheap as any snapshot: files their RECORD proves are shared by links. A rollback is
     often urgent: when the snapshot cannot be taken (a full disk), the rollback goes ahead,
-    and the result says it cannot be undone. Returns (snapshot id, error)."""
+    and the result says it cannot be undone. `served`: taken before the stop (then checked
+    in the window by `_check_undo_snapshot`). Returns (snapshot id, error)."""
     t0 = time.monotonic()
-    j.append("step", name="snapshot", purpose="undo")
+    j.append("step", name="snapshot", purpose="undo", served=served)
     try:
         res = take_snapshot(t.env, t.store, label=f"before rollback {j.id} to {target.id}", status=PRE_ROLLBACK,
                             run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude)
