@@ -16,6 +16,7 @@ import pytest
 
 from support_env import make_venv, tree_state, uv
 from support_index import toy_wheels
+from test_bad_inputs import system_python
 
 
 @pytest.fixture(scope="module")
@@ -65,18 +66,6 @@ def test_a_read_only_site_packages_is_reported_by_check_and_refused_by_run(tmp_p
     # The same environment, writable: `check` passes the writable check.
     cp = rewheel("check", str(recipe), "--json", unprivileged=True)
     assert check_named(json.loads(cp.stdout), "writable")["ok"], cp.stdout
-
-
-def system_python() -> str:
-    """An interpreter that is neither a venv nor a conda env: the machine's own."""
-    for cand in ("/usr/bin/python3", os.path.join(sys.base_prefix, "bin", "python3")):
-        if os.path.exists(cand):
-            probe = subprocess.run([cand, "-c", "import sys; print(sys.prefix == sys.base_prefix)"],
-                                   capture_output=True, text=True)
-            prefix = Path(os.path.realpath(cand)).parent.parent
-            if probe.stdout.strip() == "True" and not (prefix / "conda-meta").exists():
-                return cand
-    pytest.fail("no system interpreter on this machine")
 
 
 def test_check_refuses_a_system_interpreter_without_system_true_and_counts_dist_packages(tmp_path: Path) -> None:

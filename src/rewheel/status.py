@@ -186,8 +186,9 @@ def _service(t: Target) -> dict[str, Any] | None:
 
 
 def status(t: Target) -> Status:
-    """Where the target's environment stands; reads metadata only (dist-info, meta.json,
-    journals, the lock file), plus the service's state and one health request."""
+    """Where the target's environment stands: metadata (dist-info, meta.json, journals, the
+    lock file), a stat walk per snapshot with the live versions (at most MAX_WALKS), the
+    service's state and one health request."""
     from packaging.utils import canonicalize_name
 
     from rewheel import diff as diffmod
