@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -347,6 +348,19 @@ class Environment:
                 if dist and dist.name not in seen:
                     seen[dist.name] = dist
         return sorted(seen.values(), key=lambda d: d.name)
+
+    def system_refusal(self, recipe: Any) -> TargetError | None:  # recipe: recipe.Recipe
+        """Why `run`, `rollback` and `resume` must not change this environment: a system
+        interpreter (not a venv, not a conda env) without `[environment] system = true` in the
+        recipe. The error (exit 2) or None; `check` reports it, the commands raise it."""
+        if self.kind != "system" or recipe.system:
+            return None
+        where = (f"add `system = true` under [environment] in {recipe.path}" if recipe.path
+                 else "use a recipe with [environment] system = true (--python alone never allows it)")
+        return TargetError(f"{self.python} is a system interpreter (prefix {self.prefix}, not a venv "
+                           "or conda environment): refusing to change it (environment.system is not set)",
+                           hint=f"upgrade a virtualenv instead, or, if this interpreter is really the "
+                                f"service's own, {where}; nothing was changed")
 
     def other_site_counts(self) -> dict[Path, int]:
         """Distributions (`.dist-info` and `.egg-info`, as apt installs them) in each of

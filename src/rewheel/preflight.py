@@ -67,22 +67,6 @@ def _tree_size(path: Path, limit_files: int = 200_000) -> int:
     return total
 
 
-def system_refusal(env: Any, recipe: Recipe) -> RewheelError | None:  # env: environment.Environment
-    """Why `run`, `rollback` and `resume` must not change this interpreter's environment: a
-    system interpreter (not a venv, not a conda env) without `[environment] system = true`.
-    The error (TargetError, exit 2) or None."""
-    from rewheel.errors import TargetError
-
-    if env.kind != "system" or recipe.system:
-        return None
-    where = (f"add `system = true` under [environment] in {recipe.path}" if recipe.path
-             else "use a recipe with [environment] system = true (--python alone never allows it)")
-    return TargetError(f"{env.python} is a system interpreter (prefix {env.prefix}, not a venv "
-                       "or conda environment): refusing to change it (environment.system is not set)",
-                       hint=f"upgrade a virtualenv instead, or, if this interpreter is really the "
-                            f"service's own, {where}; nothing was changed")
-
-
 def unwritable_folders(env: Any) -> list[Path]:  # env: environment.Environment
     """The folders a reinstall writes into (the site folders, the scripts folder) that this
     process cannot write: a read-only mount, or modes it has no power to override."""
@@ -129,7 +113,7 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
     def interpreter() -> str:
         env = Environment.inspect(recipe.python)
         env_box["env"] = env
-        refused = system_refusal(env, recipe)
+        refused = env.system_refusal(recipe)
         if refused is not None:
             raise refused
         return f"{env.kind} at {env.prefix}, Python {env.version}, {_distributions_text(env)}"

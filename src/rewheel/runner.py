@@ -86,9 +86,7 @@ def refuse_system_interpreter(t: Target) -> None:
     """run, rollback and resume change the environment: a system interpreter's (not a venv,
     not a conda env) only when the recipe says `[environment] system = true`. Exit 2 before
     anything is touched; read-only commands are not asked."""
-    from rewheel.preflight import system_refusal
-
-    refused = system_refusal(t.env, t.recipe)
+    refused = t.env.system_refusal(t.recipe)
     if refused is not None:
         raise refused
 
