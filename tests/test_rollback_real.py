@@ -81,7 +81,7 @@ def test_roll_forward_after_the_nightly_left_the_index(host_factory) -> None:
     assert names == ["snapshot", "stop", "snapshot-check", "restore", "start"], names
     dt = doc["downtime"]
     assert set(dt["parts"]) == {"stop", "snapshot", "restore", "start", "ready"} and "ongoing" not in dt
-    assert 0 < sum(dt["parts"].values()) <= dt["seconds"]
+    assert 0 < sum(dt["parts"].values()) <= dt["seconds"] + 0.005  # each part rounded to 1 ms
     served = next(s for s in doc["steps"] if s["name"] == "snapshot")["seconds"]
     assert dt["parts"]["snapshot"] == next(s for s in doc["steps"] if s["name"] == "snapshot-check")["seconds"]
     assert served > 0
