@@ -74,6 +74,19 @@ def test_roll_forward_after_the_nightly_left_the_index(host_factory) -> None:
     assert code == 0, err
     assert doc["snapshot_id"] == rep["snapshot_id"] and h.served_version() == "1.0.0"
     assert doc["undo_snapshot_id"] and doc["undo_snapshot_error"] is None
+    # The undo snapshot was taken while the service served; in the window only one stat walk
+    # proved it current. The downtime is reported as a run's: the stop, that check, the
+    # restore, the start and the wait for health.
+    names = [s["name"] for s in doc["steps"]]
+    assert names == ["snapshot", "stop", "snapshot-check", "restore", "start"], names
+    dt = doc["downtime"]
+    assert set(dt["parts"]) == {"stop", "snapshot", "restore", "start", "ready"} and "ongoing" not in dt
+    assert 0 < sum(dt["parts"].values()) <= dt["seconds"] + 0.005  # each part rounded to 1 ms
+    served = next(s for s in doc["steps"] if s["name"] == "snapshot")["seconds"]
+    assert dt["parts"]["snapshot"] == next(s for s in doc["steps"] if s["name"] == "snapshot-check")["seconds"]
+    assert served > 0
+    hist = json.loads(h.rewheel("history", str(h.recipe), "--json").stdout)
+    assert hist["runs"][0]["kind"] == "rollback" and hist["runs"][0]["downtime"]["seconds"] == dt["seconds"]
 
     code, doc, err = rollback(h, doc["undo_snapshot_id"])
     assert code == 0, err

@@ -201,10 +201,41 @@ def test_no_revert_leaves_the_failed_state(host_factory) -> None:
     assert code == 3
     assert rep["status"] == "failed"
     assert rep["after"]["toypkg"] == "3.0.0"
+    # The service is still down: its downtime is ongoing, never "to the first healthy answer".
+    assert h.served_version() is None
+    assert rep["downtime"]["ongoing"] is True and rep["downtime"]["seconds"] > 0
     # A person can restore by hand.
     cp = h.rewheel("rollback", str(h.recipe), "--yes")
     assert cp.returncode == 0, cp.stderr
     assert h.served_version() == "1.0.0"
+
+
+def test_no_revert_says_the_downtime_is_ongoing(host_factory) -> None:
+    h = host_factory("3.0.0", "smoke-fails")
+    cp = h.rewheel("run", str(h.recipe), "--yes", "--no-revert")
+    assert cp.returncode == 3, cp.stderr
+    text = " ".join(cp.stdout.split())
+    assert "downtime: ongoing" in text and "first healthy answer" not in text
+    assert h.served_version() is None
+    hist = json.loads(h.rewheel("history", str(h.recipe), "--json").stdout)
+    assert hist["runs"][0]["downtime"]["ongoing"] is True
+
+
+def test_a_recipe_without_a_service_is_told_no_story_about_one(host_factory) -> None:
+    h = host_factory("3.0.0", "smoke-fails", start=False)
+    h.write_recipe(service=None)
+    cp = h.rewheel("run", str(h.recipe), "--yes")
+    assert cp.returncode == 1, cp.stderr
+    text = " ".join(cp.stdout.split())
+    assert "upgrade failed; the environment was restored and verified" in text
+    assert "service" not in text.replace("[service]", ""), text
+    # Rejected by its pre-check: prepared before anything was changed, not "while it served".
+    h.write_recipe(service=None, smoke__precheck=["{python}", "-c", "import toypkg.core as c; c.init_model()"])
+    cp = h.rewheel("run", str(h.recipe), "--yes")
+    assert cp.returncode == 1, cp.stderr
+    text = " ".join(cp.stdout.split())
+    assert "rejected: the prepared build failed its checks" in text
+    assert "served" not in text and "serving" not in text, text
 
 
 def test_credentials_in_index_urls_are_redacted(host_factory) -> None:

@@ -203,10 +203,19 @@ def test_a_service_started_outside_rewheel_without_stop_is_refused(hosts) -> Non
     daemonize(h.pidfile, [str(h.python), str(SERVER), "--port", str(h.port)])
     wait_for(lambda: h.served_version() == "1.0.0")
     before = h.state()
+    # `check` says what `run` will refuse, and `run` refuses it in its preflight: before the
+    # prepare, the snapshot or a journal (no snapshot, no history line is left behind).
+    cp = h.rewheel("check", str(h.recipe), "--json")
+    assert cp.returncode == 2, cp.stderr
+    svc = next(c for c in json.loads(cp.stdout)["checks"] if c["name"] == "service")
+    assert not svc["ok"] and "[service] stop" in svc["detail"]
     rc, rep = h.run_json()
     assert rc == 2, rep["_stderr"]
     assert "[service] stop" in rep["message"]
     assert h.state() == before and h.served_version() == "1.0.0"
+    hist = json.loads(h.rewheel("history", str(h.recipe), "--json").stdout)
+    assert (hist["snapshots"], hist["runs"]) == ([], [])
+    assert "prepare" not in rep["_stderr"]
 
 
 @pytest.mark.parametrize("variant, code, served", [("good", 0, "2.0.0"), ("smoke-fails", 1, "1.0.0")])

@@ -63,6 +63,9 @@ def test_a_build_that_cannot_be_imported_is_rejected_while_the_service_serves(ho
     assert rc["frame"]["file"].endswith("toypkg/__init__.py")
     assert [c["name"] for c in rep["prepared"]["checks"]] == ["resolve", "build", "imports"]
     assert [(c["name"], c["old"], c["new"]) for c in rep["changes"]] == [("toypkg", "1.0.0", "2.0.0")]
+    # The lock the report names is kept with the run (its prepare folder is gone).
+    lock = Path(rep["prepared"]["lock"])
+    assert lock.is_file() and lock.is_relative_to(rep["run_dir"]) and "toypkg" in lock.read_text()
     hist = h.rewheel("history", str(h.recipe), "--json")
     assert '"status": "rejected"' in hist.stdout and '"snapshots": []' in hist.stdout
 

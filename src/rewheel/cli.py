@@ -212,7 +212,7 @@ def handles_errors(fn: F) -> F:
             # bare exit 130, and keep --json one document.
             from rewheel.errors import InterruptedRun
 
-            failure = InterruptedRun(
+            failure = getattr(exc, "failure", None) or InterruptedRun(  # a run says exactly (runner.run)
                 f"interrupted ({exc.signame if isinstance(exc, Terminated) else 'Ctrl-C'})",
                 hint=None if typed is None else
                 "if this was changing an environment, its run is recorded as interrupted: "
@@ -404,8 +404,9 @@ def _exit_if_interrupted(t, err: Console) -> None:  # t: runner.Target
     """Read-only commands are how an operator investigates, so they report fully — then exit
     4 like every other command while an interrupted run is pending."""
     from rewheel import journal
+    from rewheel.status import interrupted_now
 
-    j = journal.interrupted_run(t.store.env_dir)
+    j = interrupted_now(t)  # a journal a live rewheel is writing is running, not interrupted
     if j is not None:
         report.print_error(err, journal.interrupted_error(j, t.cli_ref))
         raise typer.Exit(EXIT_BUSY)

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -28,6 +29,7 @@ print(json.dumps({
     "prefix": sys.prefix, "base_prefix": sys.base_prefix, "executable": sys.executable,
     "version": "%d.%d.%d" % sys.version_info[:3], "implementation": sys.implementation.name,
     "purelib": paths["purelib"], "platlib": paths["platlib"], "scripts": paths["scripts"],
+    "sitepackages": __import__("site").getsitepackages(),
 }))
 """
 
@@ -268,6 +270,10 @@ class Environment:
     site_dirs: list[Path]
     scripts_dir: Path
     kind: str  # "venv" | "conda" | "system"
+    # Site folders the interpreter also imports from that are not its install scheme's
+    # (a Debian python's /usr/lib/python3/dist-packages, where apt puts packages): read for
+    # what `check` reports, never installed into nor snapshotted.
+    other_sites: list[Path] = field(default_factory=list)
 
     @classmethod
     def inspect(cls, python: str | os.PathLike[str]) -> Environment:
@@ -310,8 +316,12 @@ class Environment:
             kind = "venv"
         else:
             kind = "system"
+        real_sites = {os.path.realpath(s) for s in sites}
+        others = [Path(p) for p in info.get("sitepackages") or []
+                  if os.path.realpath(p) not in real_sites and os.path.isdir(p)]
         return cls(python=py, prefix=prefix, base_prefix=base, version=info["version"],
-                   site_dirs=sites, scripts_dir=Path(info["scripts"]), kind=kind)
+                   site_dirs=sites, scripts_dir=Path(info["scripts"]), kind=kind,
+                   other_sites=list(dict.fromkeys(others)))
 
     @property
     def roots(self) -> list[Path]:
@@ -338,6 +348,32 @@ class Environment:
                 if dist and dist.name not in seen:
                     seen[dist.name] = dist
         return sorted(seen.values(), key=lambda d: d.name)
+
+    def system_refusal(self, recipe: Any) -> TargetError | None:  # recipe: recipe.Recipe
+        """Why `run`, `rollback` and `resume` must not change this environment: a system
+        interpreter (not a venv, not a conda env) without `[environment] system = true` in the
+        recipe. The error (exit 2) or None; `check` reports it, the commands raise it."""
+        if self.kind != "system" or recipe.system:
+            return None
+        where = (f"add `system = true` under [environment] in {recipe.path}" if recipe.path
+                 else "use a recipe with [environment] system = true (--python alone never allows it)")
+        return TargetError(f"{self.python} is a system interpreter (prefix {self.prefix}, not a venv "
+                           "or conda environment): refusing to change it (environment.system is not set)",
+                           hint=f"upgrade a virtualenv instead, or, if this interpreter is really the "
+                                f"service's own, {where}; nothing was changed")
+
+    def other_site_counts(self) -> dict[Path, int]:
+        """Distributions (`.dist-info` and `.egg-info`, as apt installs them) in each of
+        `other_sites` that has any."""
+        counts: dict[Path, int] = {}
+        for site in self.other_sites:
+            try:
+                n = sum(1 for e in os.listdir(site) if e.endswith((".dist-info", ".egg-info")))
+            except OSError:
+                continue
+            if n:
+                counts[site] = n
+        return counts
 
     def import_name(self, dists: list[str]) -> str | None:
         """The top-level package a traceback of these distributions runs through (for "the

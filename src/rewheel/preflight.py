@@ -67,6 +67,39 @@ def _tree_size(path: Path, limit_files: int = 200_000) -> int:
     return total
 
 
+def unwritable_folders(env: Any) -> list[Path]:  # env: environment.Environment
+    """The folders a reinstall writes into (the site folders, the scripts folder) that this
+    process cannot write: a read-only mount, or modes it has no power to override."""
+    folders = list(dict.fromkeys([*env.site_dirs, env.scripts_dir]))
+    return [f for f in folders if f.is_dir() and not os.access(f, os.W_OK)]
+
+
+def writable_refusal(env: Any) -> RewheelError | None:  # env: environment.Environment
+    """PreflightError (exit 2) naming the folders a reinstall could not write, or None."""
+    from rewheel.errors import PreflightError
+
+    bad = unwritable_folders(env)
+    if not bad:
+        return None
+    return PreflightError(f"{', '.join(map(str, bad))}: not writable by this user (uid {os.geteuid()}): "
+                          "the reinstall would fail there",
+                          hint="run rewheel as the user that owns the environment, or make the folder "
+                               "writable (a read-only mount, a root-owned site-packages); nothing was changed")
+
+
+def _distributions_text(env: Any) -> str:  # env: environment.Environment
+    n = len(env.distributions())
+    others = env.other_site_counts()
+    if not others:
+        return f"{n} distributions"
+    # A Debian python: apt's packages live in dist-packages folders outside its install
+    # scheme; uv (and so a run) neither lists, reinstalls nor snapshots them.
+    where = ", ".join(map(str, env.site_dirs))
+    return (f"{n + sum(others.values())} distributions the interpreter imports: {n} where a run installs "
+            f"({where}), " + ", ".join(f"{c} in {site}" for site, c in others.items())
+            + " (outside its install scheme: a run leaves them alone)")
+
+
 def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool = True,
                indexes: bool = True) -> CheckResult:
     from rewheel import gpu, installer
@@ -80,9 +113,23 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
     def interpreter() -> str:
         env = Environment.inspect(recipe.python)
         env_box["env"] = env
-        return f"{env.kind} at {env.prefix}, Python {env.version}, {len(env.distributions())} distributions"
+        refused = env.system_refusal(recipe)
+        if refused is not None:
+            raise refused
+        return f"{env.kind} at {env.prefix}, Python {env.version}, {_distributions_text(env)}"
 
     _run_check(result, "interpreter", interpreter)
+
+    def writable() -> str:
+        env = env_box.get("env")
+        if env is None:
+            raise RewheelError("no environment to check")
+        refused = writable_refusal(env)
+        if refused is not None:
+            raise refused
+        return ", ".join(str(f) for f in dict.fromkeys([*env.site_dirs, env.scripts_dir]))
+
+    _run_check(result, "writable", writable)
     _run_check(result, "uv", lambda: f"{installer.find_uv()} ({installer.uv_version()})")
 
     def disk() -> str:
@@ -131,6 +178,11 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
             mgr = service.make_manager(svc, state, python=recipe.python)
             mgr.check()
             st = mgr.status()
+            # A service started outside rewheel, with no `[service] stop`: `run` could not
+            # stop it (ServiceSteps.check_stoppable refuses it again at the stop).
+            stoppable = getattr(mgr, "check_stoppable", None)
+            if stoppable is not None:
+                stoppable(st)
             return f"{mgr.describe()}: {st.state}" + (f" (pid {st.main_pid})" if st.main_pid else "")
 
         _run_check(result, "service", service_tools)

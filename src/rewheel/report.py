@@ -164,7 +164,9 @@ def render_history(console: Console, hist) -> None:  # runner.History
         rows = [(r.id, r.kind, r.status, r.snapshot_id or "", r.last_step or "", down(r),
                  _run_versions(r.summary(), hist.key_packages).replace(", ", "\n"))
                 for r in hist.runs]
-        styles = ["" if r.finished else "bold red" for r in hist.runs]
+        live = (hist.running or {}).get("run_id")
+        rows = [(row[0], row[1], "running" if row[0] == live else row[2], *row[3:]) for row in rows]
+        styles = ["" if r.finished else "yellow" if r.id == live else "bold red" for r in hist.runs]
         if is_plain(console):
             for rid, kind, status, sid, step, dt, vers_ in rows:
                 _plain(console, f"run {rid}  {kind}  {status}" + (f"  snapshot {sid}" if sid else "")
@@ -173,6 +175,8 @@ def render_history(console: Console, hist) -> None:  # runner.History
         else:
             _table_or_stack(console, "runs", ("id", "kind", "status", "snapshot", "last step", "downtime", "versions"),
                             rows, head=(0, 1, 2), styles=styles, wrap=(6,))
+    if hist.running:
+        console.print(f"[yellow]{escape(running_text(hist.running))}[/]")
 
 
 def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
@@ -192,6 +196,7 @@ def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
         console.print(f"  {r.cleanup_restored} cleanup path(s) moved back")
     if result.service:
         console.print(f"  service: {escape(result.service.detail)}")
+    render_downtime(console, result.downtime)
     if result.finished_run:
         console.print(f"  interrupted run {result.finished_run} is now finished as rolled-back")
 
@@ -300,9 +305,10 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     here = (rep.run_dir, "the run's folder") if rep.run_dir else None
     console.print(f"[bold]run {rep.run_id}[/] of {escape(rep.recipe)}"
                   + (f"; its folder: {escape(show_path(console, rep.run_dir))}" if here else ""))
-    render_prepared(console, rep.prepared, here)
+    served = rep.service_before == "active"
+    render_prepared(console, rep.prepared, here, served=served)
     if rep.status == "prepared":
-        console.print(f"[{colour}]prepared: the service kept serving; `rewheel run {escape(rep.recipe)} --prepared` "
+        console.print(f"[{colour}]prepared{': the service kept serving' if served else ''}; `rewheel run {escape(rep.recipe)} --prepared` "
                       "swaps it in[/]")
         return
     if rep.snapshot:
@@ -356,11 +362,17 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
         console.print("  [yellow]fetched after the stop (not in uv's cache before it): "
                       f"{escape(', '.join(rep.fetched_after_stop))}[/]")
     render_held_back(console, rep.plan)
+    # What is said of the service matches what there was: none (no [service]), one left stopped.
+    reverted = {"active": "upgrade failed; the environment was restored and the old service verified",
+                "inactive": "upgrade failed; the environment was restored and verified (the service was not "
+                            "running: left stopped)"}.get(rep.service_before or "",
+                                                          "upgrade failed; the environment was restored and verified")
     verdict = {"upgraded": "upgraded and verified",
                "reinstalled": "reinstalled at the same versions and verified (no version changed)",
-               "unchanged": "unchanged: nothing was installed, and the service verified",
-               "rejected": "rejected before the stop: the service kept serving, the environment is untouched",
-               "reverted": "upgrade failed; the environment was restored and the old service verified",
+               "unchanged": "unchanged: nothing was installed" + (", and the service verified" if served else ""),
+               "rejected": ("rejected before the stop: the service kept serving, the environment is untouched" if served
+                            else "rejected: the prepared build failed its checks; the environment is untouched"),
+               "reverted": reverted,
                "failed": "FAILED: the environment is not in its verified state — see above"}[rep.status]
     console.print(f"[{colour}]{verdict}[/]")
 
@@ -374,12 +386,14 @@ def render_held_back(console: Console, plan) -> None:  # runner.RunPlan | None
                       f" — uv says: {escape(why)}")
 
 
-def render_prepared(console: Console, prepared, base: tuple[object, str] | None = None) -> None:  # staging.Prepared | None
+def render_prepared(console: Console, prepared, base: tuple[object, str] | None = None, *,
+                    served: bool = True) -> None:  # staging.Prepared | None
     """A staged run's prepare: where the lock is, and each check of the build."""
     if prepared is None:
         return
-    console.print(f"  prepared ({escape(prepared.source)}) while the service served: "
-                  f"{escape(show_path(console, prepared.lock, base))}")
+    when = "while the service served" if served else "before anything was stopped or changed"
+    lock = show_path(console, prepared.lock, base) if prepared.lock else "(no lock was made)"
+    console.print(f"  prepared ({escape(prepared.source)}) {when}: {escape(lock)}")
     for c in prepared.checks:  # staging.PrepCheck items
         first = c.detail.splitlines()[0] if c.detail else ""
         console.print(f"    {'ok    ' if c.ok else 'FAILED'} {c.name} {c.seconds:.1f}s — {escape(first)}")
@@ -394,7 +408,10 @@ def downtime_text(doc: dict | None) -> str:
 
 
 def render_downtime(console: Console, downtime) -> None:  # runner.Downtime | None
-    if downtime is not None:
+    if downtime is not None and downtime.ongoing:
+        console.print(f"  [bold red]downtime: ongoing[/] — the service has not answered healthy since its stop; "
+                      f"so far {downtime_text(downtime.to_json())}")
+    elif downtime is not None:
         console.print(f"  downtime: {downtime_text(downtime.to_json())} — from the stop to the first healthy answer")
 
 
@@ -898,12 +915,27 @@ def render_history_marks(console: Console, hist) -> None:  # runner.History
         console.print(f"failed builds (restored only with `rollback --force`): {escape(', '.join(failed))}")
 
 
+def running_text(doc: dict) -> str:
+    """`running now: rewheel run (pid 4242), run 20261205-…, step smoke, since 09:20:01 (35s ago)`:
+    a live rewheel holding the environment (status.running_now)."""
+    import time as _time
+
+    text = f"running now: rewheel {doc.get('purpose')} (pid {doc.get('pid')})"
+    if doc.get("run_id"):
+        text += f", {doc.get('kind')} {doc['run_id']}, step {doc.get('step')}"
+    elif doc.get("purpose") == "run":
+        text += ", preparing (no step journaled yet)"
+    if doc.get("since"):
+        ago = max(0.0, _time.time() - float(doc["since"]))
+        text += f", since {_time.strftime('%H:%M:%S', _time.localtime(doc['since']))} ({ago:.0f}s ago)"
+    return text + ": not interrupted; wait for it to finish"
+
+
 def render_status(console: Console, st) -> None:  # status.Status
     """`rewheel status`: one fact a line, the most urgent first."""
     console.print(f"[bold]{escape(st.target)}[/]: {escape(st.prefix)}")
     if st.running:
-        console.print(f"[yellow]running now: rewheel {escape(str(st.running.get('purpose')))} "
-                      f"(pid {st.running.get('pid')})[/]")
+        console.print(f"[yellow]{escape(running_text(st.running))}[/]")
     if st.interrupted:
         r = st.interrupted
         console.print(f"[bold red]interrupted {escape(r['kind'])} {escape(r['id'])}[/] (last step: "
@@ -915,6 +947,12 @@ def render_status(console: Console, st) -> None:  # status.Status
         e = st.equals
         console.print(f"  equals snapshot {escape(e.id)} ({escape(e.label or e.status)}, {e.created_iso})"
                       + (f"; also {escape(', '.join(st.also_equal))}" if st.also_equal else ""))
+    elif st.same_versions:
+        # Only the versions match: never called "equals".
+        for o in st.same_versions[:3]:
+            console.print(f"  same versions as snapshot {escape(o['id'])} ({escape(o['label'])}"
+                          + (", a failed build" if o["failed_build"] else "") + "), but "
+                          + (f"its files differ ({escape(o['differs'])})" if o["differs"] else "its files were not compared"))
     elif st.newest is not None:
         n = st.newest
         console.print(f"  equals no snapshot; {len(st.differs_from_newest)} distribution(s) differ from the "

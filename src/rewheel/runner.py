@@ -87,15 +87,9 @@ def refuse_system_interpreter(t: Target) -> None:
     """run, rollback and resume change the environment: a system interpreter's (not a venv,
     not a conda env) only when the recipe says `[environment] system = true`. Exit 2 before
     anything is touched; read-only commands are not asked."""
-    from rewheel.errors import TargetError
-
-    if t.env.kind == "system" and not t.recipe.system:
-        where = (f"add `system = true` under [environment] in {t.recipe.path}" if t.recipe.path
-                 else "use a recipe with [environment] system = true (--python alone never allows it)")
-        raise TargetError(f"{t.env.python} is a system interpreter (prefix {t.env.prefix}, not a venv "
-                          "or conda environment): refusing to change it (environment.system is not set)",
-                          hint=f"upgrade a virtualenv instead, or, if this interpreter is really the "
-                               f"service's own, {where}; nothing was changed")
+    refused = t.env.system_refusal(t.recipe)
+    if refused is not None:
+        raise refused
 
 
 def protected_snapshots(store: Store) -> set[str]:
@@ -154,18 +148,24 @@ class History:
     damaged: list[str] = field(default_factory=list)
     # Stored files an edit in place changed, by snapshot id, as the last check found them.
     damaged_files: dict[str, int] = field(default_factory=dict)
+    # The live rewheel holding the environment now (status.running_now): its journal is
+    # running, not interrupted.
+    running: dict[str, Any] | None = None
 
     @property
     def interrupted(self) -> RunJournal | None:
+        if self.running is not None:
+            return None
         return next((r for r in self.runs if not r.finished), None)
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target,
                 "snapshots": [{**s.to_json(), "damaged_files": self.damaged_files.get(s.id, 0)}
                               for s in self.snapshots],
-                "runs": [r.summary() for r in self.runs],
+                "runs": [{**r.summary(), "status": "running"} if self.running and r.id == self.running.get("run_id")
+                         else r.summary() for r in self.runs],
                 "interrupted_run": self.interrupted.id if self.interrupted else None,
-                "damaged_snapshots": self.damaged}
+                "damaged_snapshots": self.damaged, "running": self.running}
 
 
 def history(t: Target) -> History:
@@ -176,8 +176,10 @@ def history(t: Target) -> History:
 
     # The damage the last check found, not a check per call: one costs about a stat walk of
     # the environment per snapshot (seconds on a real vLLM store); `status` and `verify` check.
+    from rewheel.status import running_now
+
     return History(t.cli_ref, metas, journal.list_runs(t.store.env_dir), names,
-                   t.store.damaged(), {m.id: recorded_damage(m) for m in metas})
+                   t.store.damaged(), {m.id: recorded_damage(m) for m in metas}, running_now(t))
 
 
 # --------------------------------------------------------------------------------------
@@ -235,6 +237,9 @@ class RollbackResult:
     target: str = ""  # how the CLI names the target (for the commands the report suggests)
     # Stored files an edit in place had damaged, recovered before the restore (None: none were).
     recovered: Any = None  # recovery.Recovery
+    # From the stop of a running service to its first healthy answer, as a run reports it
+    # (None: no running service was stopped).
+    downtime: Downtime | None = None
 
     @property
     def exit_code(self) -> int:
@@ -251,7 +256,8 @@ class RollbackResult:
                 "undo_snapshot_id": self.undo_snapshot_id, "undo_snapshot_error": self.undo_snapshot_error,
                 "pruned": self.pruned, "error": self.error, "hint": self.hint,
                 "root_cause": _to_json(self.root_cause), "diagnosis": _to_json(self.diagnosis),
-                "superseded_runs": self.superseded_runs, "exit_code": self.exit_code}
+                "superseded_runs": self.superseded_runs, "downtime": _to_json(self.downtime),
+                "exit_code": self.exit_code}
 
 
 # A build that failed its checks, kept for inspection: never a default rollback target,
@@ -442,6 +448,9 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         except BaseException:
             j.append("finished", status="refused", snapshot_id=snap.id)
             raise
+        undo_id = undo_error = None
+        served_undo = False
+        down_t0: float | None = None
         if svc:
             up_now = st.up
             # Up now, or up before the run that stopped it and left it so.
@@ -451,7 +460,14 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             if unchanged:
                 say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
             else:
+                if undo and up_now:
+                    # The undo snapshot while the service still serves: out of the downtime,
+                    # proven still current by one stat walk once it is stopped (below).
+                    undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
+                                                                   say=say, progress=progress, served=True)
+                    served_undo = undo_id is not None
                 stopped = True
+                down_t0 = time.monotonic() if up_now else None
                 try:
                     svc.stop()
                 except Exception as exc:
@@ -463,14 +479,19 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                     except Exception as again:  # noqa: BLE001 - the stop's failure is reported
                         j.append("note", restart_after_abort_failed=str(again))
                     finally:
+                        if undo_id is not None:
+                            _forget_quietly(t.store, undo_id)  # nothing was replaced: nothing to undo
                         j.append("finished", status="failed", snapshot_id=snap.id,
                                  error=getattr(exc, "message", None) or str(exc))
                     raise
-        undo_id = undo_error = None
         if not undo and not unchanged:
             undo_error = "skipped (--no-undo)"
             j.append("note", undo_snapshot_error=undo_error)
-        elif not unchanged and not suspect:
+        elif served_undo:
+            assert undo_id is not None
+            undo_id, undo_error = _check_undo_snapshot(t, j, snap, undo_id, steps, failed_build=replaces_failed,
+                                                       say=say, progress=progress)
+        elif not unchanged and not suspect and undo_id is None and undo_error is None:
             undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
                                                            say=say, progress=progress)
         j.append("step", name="restore", snapshot_id=snap.id)
@@ -502,6 +523,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                     # runs) must not keep running the bytes it loaded before.
                     j.append("note", unchanged_but_restored=True)
                     stopped = True
+                    down_t0 = time.monotonic() if up_now else None
                     svc.stop()
                 try:
                     if not was_up:
@@ -520,16 +542,17 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         superseded = close_superseded(t.store.env_dir, j, skip={interrupted.id} if interrupted else set())
         result = RollbackResult(snap, res, j.id, service_state, interrupted.id if interrupted else None, steps,
                                 lk.stopped, undo_snapshot_id=undo_id, undo_snapshot_error=undo_error,
-                                superseded_runs=superseded, target=t.cli_ref, recovered=recovery)
+                                superseded_runs=superseded, target=t.cli_ref, recovered=recovery,
+                                downtime=_rollback_downtime(down_t0, steps, svc))
         if failed is not None:
             assert svc is not None
             _service_failed_after_restore(t, svc, result, failed)
             # Finished, not left interrupted: the files are restored and verified; what is
             # wrong is the service, which the result names (no "error" key: see _left_down).
             j.append("finished", status="failed", snapshot_id=snap.id, service_error=result.error,
-                     root_cause=_to_json(result.root_cause))
+                     root_cause=_to_json(result.root_cause), downtime=_to_json(result.downtime))
             return result
-        j.append("finished", status="restored", snapshot_id=snap.id)
+        j.append("finished", status="restored", snapshot_id=snap.id, downtime=_to_json(result.downtime))
         keep = protected_snapshots(t.store) | {snap.id} | ({undo_id} if undo_id else set())
         result.pruned = t.store.prune(t.recipe.keep, keep)
         if result.pruned:
@@ -588,15 +611,71 @@ def _live_is_failed_build(t: Target, runs: list[RunJournal], interrupted: RunJou
     return False
 
 
+ROLLBACK_DOWNTIME_PARTS = ("stop", "snapshot", "restore", "start", "ready")
+
+
+def _rollback_downtime(down_t0: float | None, steps: list[StepRecord], svc: ServiceSteps | None) -> Downtime | None:
+    """A rollback's downtime, as a run's (Downtime): from the moment the stop of a running
+    service began to its first healthy answer, with the steps in that window as parts — the
+    stop, the undo snapshot's check (and a snapshot taken again), the restore, the start and
+    the wait for health. None when no running service was stopped."""
+    if down_t0 is None or svc is None:
+        return None
+    healthy = svc.healthy_at
+    ongoing = healthy is None or healthy <= down_t0
+    end = time.monotonic() if ongoing else healthy
+    parts = dict.fromkeys(ROLLBACK_DOWNTIME_PARTS, 0.0)
+    names = {"stop": "stop", "snapshot": "snapshot", "snapshot-check": "snapshot", "restore": "restore"}
+    # Only what ran in the window: an undo snapshot taken while the service served is before it.
+    stop_at = next((i for i, s in enumerate(steps) if s.name == "stop"), len(steps))
+    for step in steps[stop_at:]:
+        if step.name in names:
+            parts[names[step.name]] += step.seconds
+    first = [st for st in svc.starts if st[0] >= down_t0]
+    if first:
+        parts["start"], parts["ready"] = first[0][1], first[0][2]
+    return Downtime(max(0.0, end - down_t0), parts, ongoing)
+
+
+def _forget_quietly(store: Store, snapshot_id: str) -> None:
+    try:
+        store.delete(snapshot_id)
+    except (OSError, SnapshotError):
+        pass  # retention removes it later
+
+
+def _check_undo_snapshot(t: Target, j: RunJournal, target: SnapshotMeta, undo_id: str, steps: list[StepRecord], *,
+                         failed_build: bool, say: Say, progress: Progress | None) -> tuple[str | None, str | None]:
+    """In the window: one stat walk (what `verify` compares) proves the environment still is
+    the undo snapshot taken while the service served — as a staged run's `snapshot-check`.
+    Anything changed since (an edit, a byte-compiled cache written): the snapshot is taken
+    again, now, and the stale one removed. Returns (snapshot id, error)."""
+    t0 = time.monotonic()
+    j.append("step", name="snapshot-check", purpose="undo", snapshot_id=undo_id)
+    try:
+        same = _env_matches(t, t.store.get(undo_id))
+    except (SnapshotDamaged, SnapshotError):
+        same = False
+    steps.append(StepRecord.since("snapshot-check", True, t0))
+    if same:
+        return undo_id, None
+    say(f"the environment changed while the service served: the undo snapshot {undo_id} is taken again")
+    _forget_quietly(t.store, undo_id)
+    j.append("note", undo_snapshot_stale=undo_id)
+    return _snapshot_replaced_state(t, j, target, steps, failed_build=failed_build, say=say, progress=progress)
+
+
 def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, steps: list[StepRecord], *,
-                             failed_build: bool, say: Say, progress: Progress | None) -> tuple[str | None, str | None]:
+                             failed_build: bool, say: Say, progress: Progress | None,
+                             served: bool = False) -> tuple[str | None, str | None]:
     """Snapshot the state a rollback is about to replace, so that restoring it undoes the
     rollback (rolls forward to an upgraded build even once its nightly left the index).
     As cheap as any snapshot: files their RECORD proves are shared by links. A rollback is
     often urgent: when the snapshot cannot be taken (a full disk), the rollback goes ahead,
-    and the result says it cannot be undone. Returns (snapshot id, error)."""
+    and the result says it cannot be undone. `served`: taken before the stop (then checked
+    in the window by `_check_undo_snapshot`). Returns (snapshot id, error)."""
     t0 = time.monotonic()
-    j.append("step", name="snapshot", purpose="undo")
+    j.append("step", name="snapshot", purpose="undo", served=served)
     try:
         res = take_snapshot(t.env, t.store, label=f"before rollback {j.id} to {target.id}", status=PRE_ROLLBACK,
                             run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude)
@@ -794,6 +873,9 @@ class RevertRecord:
     hint: str | None = None
     # Why the service did not come back after the restore, read from its log.
     root_cause: RootCause | None = None
+    # The failed state's snapshot, removed because the restore changed no byte (it was the
+    # good state itself).
+    failed_snapshot_dropped: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Not asdict: it would deep-copy the restore result (with its displaced folders).
@@ -867,9 +949,16 @@ class Downtime:
 
     seconds: float
     parts: dict[str, float]
+    # The service has not answered healthy since its stop (`--no-revert`, a revert or a restart
+    # that failed): `seconds` runs to the report, not to a healthy answer. In the JSON only when true.
+    ongoing: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"seconds": round(self.seconds, 3), "parts": {k: round(v, 3) for k, v in self.parts.items()}}
+        doc: dict[str, Any] = {"seconds": round(self.seconds, 3),
+                               "parts": {k: round(v, 3) for k, v in self.parts.items()}}
+        if self.ongoing:
+            doc["ongoing"] = True
+        return doc
 
 
 DOWNTIME_PARTS = ("stop", "snapshot", "install", "smoke", "start", "ready")
@@ -926,7 +1015,7 @@ class RunReport:
     # ("systemd" | "pid" | "health"); None without a [service].
     service_before: str | None = None
     service_judged_by: str | None = None
-    # Snapshots `[snapshots] keep` removed when the upgrade was kept.
+    # Snapshots `[snapshots] keep` removed when the upgrade was kept, or after a revert.
     pruned: list[str] = field(default_factory=list)
     # Whether the run was staged (prepared and pre-checked while the service served), and the
     # prepared build: its lock, versions and checks (staging.Prepared).
@@ -1247,7 +1336,8 @@ class _Cycle:
             return
         with _Step(self, "rewarm", packages=hazards):
             self.say("patched files share bytes with uv's cache: cleaning " + ", ".join(hazards)
-                     + " from the cache and fetching them again (the service keeps serving)")
+                     + " from the cache and fetching them again"
+                     + (" (the service keeps serving)" if self.report.service_before == "active" else ""))
             self.host.clean_cache(hazards)
             self.cleaned.update(hazards)
             scratch = staging.new_folder(self.t.store.env_dir)
@@ -1406,7 +1496,13 @@ class _Cycle:
 
         t = self.t
         t0 = time.monotonic()
-        self.say("── prepare (the service keeps serving)")
+        if t.recipe.service is not None:
+            # The state before the run, for what the report says of the service when the run
+            # ends before its stop (rejected, prepared); the stop reads it again.
+            st = self.host.manager(t.recipe.service, t.store.env_dir, t.recipe.python).status()
+            self.report.service_before, self.report.service_judged_by = ("active" if st.up else "inactive"), st.judged_by
+        served = self.report.service_before == "active"
+        self.say("── prepare" + (" (the service keeps serving)" if served else ""))
         # What the prepared build is made from, taken before it is built.
         fingerprint, digest = staging.env_fingerprint(t.env), staging.recipe_digest(t.recipe)
         live = [d.to_json() for d in t.env.distributions()]
@@ -1471,6 +1567,18 @@ class _Cycle:
             self.report.prepared.checks = build.checks
         except OSError:
             pass
+        # The lock the build was made from stays with the run too: the report names it, and
+        # its folder is removed below.
+        lock_file = Path(build.lock)
+        if lock_file.is_file() and str(lock_file).startswith(str(new) + "/"):
+            try:
+                dest.mkdir(parents=True, exist_ok=True)
+                kept = lock_file.rename(dest / lock_file.name)
+                self.report.prepared.lock = build.lock = str(kept)
+            except OSError:
+                pass
+        if self.report.prepared.lock.startswith(str(new) + "/"):
+            self.report.prepared.lock = ""  # removed with its folder: never named
         shutil.rmtree(new, ignore_errors=True)
         for c in build.checks:
             if c.log:
@@ -1534,7 +1642,8 @@ class _Cycle:
         if self.down_t0 is None or self.svc is None:
             return None
         healthy = self.svc.healthy_at
-        end = healthy if healthy is not None and healthy > self.down_t0 else time.monotonic()
+        ongoing = healthy is None or healthy <= self.down_t0
+        end = time.monotonic() if ongoing else healthy
         before_revert = self.report.steps
         if self.revert_t0 is not None:
             idx = next((i for i, s in enumerate(self.report.steps) if s.name == "revert"), len(self.report.steps))
@@ -1558,7 +1667,7 @@ class _Cycle:
             parts["start"], parts["ready"] = first[0][1], first[0][2]
         if self.revert_t0 is not None:
             parts["revert"] = max(0.0, end - self.revert_t0)
-        return Downtime(max(0.0, end - self.down_t0), parts)
+        return Downtime(max(0.0, end - self.down_t0), parts, ongoing)
 
     def record_failure(self, exc: Exception) -> str:
         """Put the failure into the report (at the step the journal last announced); returns
@@ -1630,6 +1739,65 @@ class _Cycle:
         except Exception as exc:
             revert.failed_snapshot_error = str(exc)
 
+    def interrupted_error(self, exc: BaseException) -> Exception:
+        """What a signal in the middle of the swap leaves, said exactly (InterruptedRun, exit 4):
+        the step, whether the service is stopped (nothing serves until a resume), and the
+        command that finishes it, with the recipe path as the user gave it."""
+        from rewheel.errors import InterruptedRun
+
+        how = getattr(exc, "signame", None) or "Ctrl-C"
+        ref = self.t.cli_ref
+        stopped = any(r.get("event") == "step" and r.get("name") == "stop" for r in self.j.records)
+        msg = f"run {self.j.id} was interrupted ({how}) at its {self.j.last_step or 'start'} step"
+        if self.svc is not None and self.down_t0 is not None and (
+                self.svc.healthy_at is None or self.svc.healthy_at <= self.down_t0):
+            msg += (f"; the service ({self.svc.manager.describe()}) is STOPPED: it was running before the run, "
+                    "and nothing serves until the run is resumed")
+        elif self.svc is not None and stopped and not self.was_active:
+            msg += "; the service was not running before the run and stays stopped"
+        elif self.t.recipe.service is not None and not stopped:
+            msg += "; the service was not stopped"
+        undo = (f" (undoing it restores snapshot {self.snap.id}"
+                + (" and starts the service again)" if self.was_active and self.svc is not None else ")")
+                if self.snap is not None else "")
+        return InterruptedRun(msg, hint=f"`rewheel resume {ref}` finishes or undoes it{undo}; "
+                                        f"`rewheel status {ref}` shows where it stands")
+
+    def prune_after_revert(self) -> None:
+        """`[snapshots] keep` after a revert, as after a kept upgrade: reverted runs leave two
+        snapshots each (before, and the failed build). Once the journal is finished, so that
+        what a plain rollback needs now is what `protected_snapshots` protects; never the
+        pinned ones, this run's pre-upgrade snapshot or the failed build it just kept."""
+        if self.report.status != "reverted" or self.snap is None:
+            return
+        rv = self.report.revert
+        keep = protected_snapshots(self.t.store) | {self.snap.id}
+        if rv is not None and rv.failed_snapshot_id:
+            keep.add(rv.failed_snapshot_id)
+        try:
+            self.report.pruned = self.t.store.prune(self.t.recipe.keep, keep)
+        except (OSError, SnapshotError) as exc:  # the revert is done: retention tries again next time
+            self.say(f"(old snapshots not pruned: {exc})")
+            return
+        if self.report.pruned:
+            self.say("pruned old snapshots ([snapshots] keep): " + pruned_text(self.t.store, self.report.pruned))
+
+    def _drop_identical_failed_state(self, revert: RevertRecord, res: RestoreResult) -> None:
+        """A restore that changed no byte proves the "failed build" kept before it is the good
+        state itself (interrupted before the reinstall wrote anything, or it rewrote the same
+        bytes): it is removed, not kept as a failed build that no `diff` would show a change in."""
+        fid = revert.failed_snapshot_id
+        if fid is None or _restore_changed(res):
+            return
+        try:
+            self.t.store.delete(fid)
+        except (OSError, SnapshotError):
+            return  # kept: retention removes it later
+        self.j.append("note", failed_snapshot_dropped=fid)
+        revert.failed_snapshot_id = None
+        revert.failed_snapshot_dropped = fid
+        self.say(f"the failed state was the restored state, byte for byte: snapshot {fid} removed")
+
     def revert(self, reason: str) -> None:
         """Stop, restore the snapshot, move cleanup paths back, start, verify."""
         from rewheel.errors import RestoreError, RewheelError
@@ -1652,6 +1820,7 @@ class _Cycle:
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
                      f"{res.deleted:,} removed, {res.verified:,} verified"
                      + (f" ({res.proven_same:,} proven identical, left in place)" if res.proven_same else ""))
+            self._drop_identical_failed_state(revert, res)
             self.report.after = self.t.env.versions()
             try:
                 if self.svc is not None and self.was_active:
@@ -1742,6 +1911,9 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             cyc.resolution.moved(dest)
         try:
             return _swap(cyc, no_revert)
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the journal stays unfinished
+            exc.failure = cyc.interrupted_error(exc)  # type: ignore[attr-defined]  # what the CLI says
+            raise
         finally:
             if cyc.prepared is not None and cyc.j.last_step not in (None, "stop", "snapshot", "snapshot-check"):
                 # Installed (kept or reverted): used up; its lock and logs stay with the run.
@@ -1805,6 +1977,7 @@ def _swap(cyc: _Cycle, no_revert: bool) -> RunReport:
         cyc.j.append("finished", status=cyc.report.status, reason=reason,
                      before=cyc.report.before, after=cyc.report.after,
                      root_cause=_to_json(cyc.report.root_cause), downtime=_to_json(cyc.report.downtime))
+        cyc.prune_after_revert()
         return cyc.report
     cyc.report.downtime = cyc.downtime()
     cyc.finish_file_diff()  # the service answers already: outside the downtime
@@ -1909,6 +2082,7 @@ def resume(t: Target, *, say: Say = _quiet, progress: Progress | None = None) ->
             close()
             raise
         close()
+        cyc.prune_after_revert()
         return ResumeResult("reverted", j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report,
                             stopped_processes=lk.stopped)
 

@@ -89,7 +89,8 @@ def test_snapshot_fails_service_restarted(world: tuple[World, runner.Target], st
 
 
 # -- a failure after the reinstall began: reverted, exit 1 -------------------------------------------
-def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_step: str) -> None:
+def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_step: str,
+                     failed_kept: bool = True) -> None:
     assert (rep.status, rep.exit_code) == ("reverted", EXIT_REVERTED)
     assert version(t) == "1.0.0" and rep.after == {PKG: "1.0.0"}
     assert rep.failure is not None and rep.failure.step == failed_step
@@ -97,15 +98,20 @@ def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_s
     assert rep.revert is not None and rep.revert.restore is not None and rep.revert.restore.verified > 0
     assert w.manager.up and w.manager.calls[-1] == "start"
     assert last_run(t).status == "reverted"
-    # The failed build is kept for inspection beside the pre-upgrade snapshot.
-    assert {m.status for m in t.store.list()} == {"pre-upgrade", "failed-upgrade"}
+    # The failed build is kept for inspection beside the pre-upgrade snapshot; when the restore
+    # changed no byte, it was the good state itself and is not kept.
+    if failed_kept:
+        assert {m.status for m in t.store.list()} == {"pre-upgrade", "failed-upgrade"}
+    else:
+        assert {m.status for m in t.store.list()} == {"pre-upgrade"}
+        assert rep.revert.failed_snapshot_id is None and rep.revert.failed_snapshot_dropped
 
 
 def test_reinstall_fails_reverted(world: tuple[World, runner.Target]) -> None:
     w, t = world
     w.install_fails = True
     rep = runner.run(t)
-    _assert_reverted(w, t, rep, "reinstall")
+    _assert_reverted(w, t, rep, "reinstall", failed_kept=False)  # uv wrote nothing
     assert rep.failure.error == "InstallError" and rep.failure.exit_code is not None
 
 
@@ -195,9 +201,13 @@ def test_service_that_was_stopped_stays_stopped(world: tuple[World, runner.Targe
 def test_interrupted_run_is_resumed_from_its_journal(world: tuple[World, runner.Target]) -> None:
     w, t = world
     w.interrupt_install = True
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as ki:
         runner.run(t)
     assert version(t) == "2.0.0" and journal.interrupted_run(t.store.env_dir) is not None
+    # What the CLI prints for it: the step, the service stopped, the exact command.
+    said = ki.value.failure  # type: ignore[attr-defined]
+    assert said.exit_code == 4 and "at its reinstall step" in said.message and "is STOPPED" in said.message
+    assert f"`rewheel resume {t.recipe.path}`" in said.hint and "starts the service again" in said.hint
     res = runner.resume(t)
     assert res.status == "reverted" and res.report is not None and res.report.status == "reverted"
     assert res.report.before == {PKG: "1.0.0"} and res.report.service_before == "active"
@@ -212,7 +222,10 @@ def test_rollback_restarts_the_service(world: tuple[World, runner.Target]) -> No
     res = runner.rollback(t)
     assert version(t) == "1.0.0" and res.service is not None and res.service.ok
     assert w.manager.calls == ["stop", "start"]
-    assert [s.name for s in res.steps] == ["stop", "snapshot", "restore", "start"]  # the state it replaced is kept first
+    # The state it replaces is kept first, while the service serves; in the window one stat
+    # walk proves it is still current.
+    assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "restore", "start"]
+    assert res.downtime is not None and set(res.downtime.parts) == {"stop", "snapshot", "restore", "start", "ready"}
 
 
 def test_the_unit_layer_is_fast(world: tuple[World, runner.Target]) -> None:

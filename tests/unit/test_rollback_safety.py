@@ -265,3 +265,45 @@ def test_a_second_plain_rollback_does_not_undo_the_first(world: Pair) -> None:
     assert runner.default_rollback_snapshot(t.store).id == manual.id
     second = runner.rollback(t)
     assert second.snapshot.id == manual.id and version(t) == "1.0.0"
+
+
+# -- the undo snapshot, taken while the service serves ----------------------------------------------
+def test_an_undo_snapshot_gone_stale_at_the_stop_is_taken_again_in_the_window(world: Pair) -> None:
+    w, t = world
+    assert runner.run(t).status == "upgraded"
+    cache = w.site / PKG / "__pycache__" / "__init__.cpython-312.pyc"
+
+    def write_cache() -> None:  # what a service may write as it stops
+        cache.parent.mkdir(exist_ok=True)
+        cache.write_bytes(b"compiled while stopping")
+
+    w.manager.on_stop = write_cache
+    w.manager.calls.clear()
+    res = runner.rollback(t)
+    assert res.exit_code == 0 and version(t) == "1.0.0" and not cache.exists()
+    assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "snapshot", "restore", "start"]
+    assert res.downtime is not None and res.downtime.parts["snapshot"] > 0
+    j = journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id)
+    stale = next(r["undo_snapshot_stale"] for r in j.records if "undo_snapshot_stale" in r)
+    assert stale != res.undo_snapshot_id and stale not in {m.id for m in t.store.list()}
+    # The undo snapshot holds the state the rollback replaced, the late cache included.
+    w.manager.on_stop = None
+    back = runner.rollback(t, res.undo_snapshot_id)
+    assert back.exit_code == 0 and version(t) == "2.0.0" and cache.read_bytes() == b"compiled while stopping"
+
+
+def test_an_undo_snapshot_still_current_costs_one_walk_in_the_window(world: Pair) -> None:
+    w, t = world
+    assert runner.run(t).status == "upgraded"
+    res = runner.rollback(t)
+    assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "restore", "start"]
+    j = journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id)
+    snap_step = next(r for r in j.records if r["event"] == "step" and r.get("name") == "snapshot")
+    stop_at = next(i for i, r in enumerate(j.records) if r["event"] == "step" and r.get("name") == "stop")
+    assert snap_step["served"] is True and j.records.index(snap_step) < stop_at
+    assert not any("undo_snapshot_stale" in r for r in j.records)
+    assert res.downtime is not None and res.downtime.seconds >= sum(res.downtime.parts.values()) - 0.005  # steps rounded to 1 ms
+    # A service that was not running: nothing to serve, no downtime, the snapshot in place.
+    w.manager.up = False
+    res = runner.rollback(t, res.undo_snapshot_id)
+    assert res.downtime is None and [s.name for s in res.steps][:1] == ["stop"]
