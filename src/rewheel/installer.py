@@ -463,25 +463,27 @@ def _prepared(recipe: Recipe, lock: Path | None, installed: Sequence[str] | None
         if kept and recipe.install.reinstall == "all":
             probe = install_argv(recipe, dry_run=True, **kwargs)
             cp = proc.stream(probe, timeout=timeout, env=_uv_env(lock_path, recipe), redact=redact)
-            _raise_for_plan(recipe, cp, probe, timeout)
+            raise_for_plan(recipe, cp, probe, timeout)
             reinstall_only = [c.name for c in parse_changes(cp.stdout.splitlines())
                               if c.name not in kept]
         yield install_argv(recipe, dry_run=dry_run, reinstall_only=reinstall_only,
                            **kwargs), lock_path
 
 
-def _raise_for_plan(recipe: Recipe, cp: proc.Completed, argv: Sequence[str],
-                    timeout: float | None) -> None:
+def raise_for_plan(recipe: Recipe, cp: proc.Completed, argv: Sequence[str], timeout: float | None, *,
+                   what: str = "the install", hint: Callable[[Sequence[str]], str | None] | None = None) -> None:
+    """PreflightError for a dry run uv could not finish or plan (`what` it was planning;
+    `hint`: the hint for uv's output lines, default `_hint_for`)."""
     shown = redact_argv(argv)
     lines = cp.stdout.splitlines()
     if cp.timed_out:
-        raise PreflightError(f"uv did not finish planning the install within {timeout:.0f}s: "
+        raise PreflightError(f"uv did not finish planning {what} within {timeout:.0f}s: "
                              f"{' '.join(shown)}", hint="check that the indexes answer quickly")
     if cp.returncode != 0:
         detail = "\n".join("  " + l for l in error_lines(lines))
-        raise PreflightError(f"uv cannot plan the install for {recipe.source} "
+        raise PreflightError(f"uv cannot plan {what} for {recipe.source} "
                              f"(exit {cp.returncode}):\n{detail}\n  command: {' '.join(shown)}",
-                             hint=_hint_for(lines))
+                             hint=(hint or _hint_for)(lines))
 
 
 def plan(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str] | None = None,
@@ -500,7 +502,7 @@ def plan(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str] |
     with _prepared(recipe, lock, installed, keep, also_reinstall, True, timeout) as (argv, path):
         cp = proc.stream(argv, on_line=on_line, timeout=timeout, env=_uv_env(path, recipe),
                          redact=redact)
-    _raise_for_plan(recipe, cp, argv, timeout)
+    raise_for_plan(recipe, cp, argv, timeout)
     lines = cp.stdout.splitlines()
     shown = redact_argv(argv)
     return InstallPlan(argv=shown, changes=parse_changes(lines),

@@ -38,8 +38,8 @@ from packaging.version import InvalidVersion, Version
 
 from rewheel import proc
 from rewheel.errors import PreflightError, ResolutionRefused
-from rewheel.installer import (PLAN_TIMEOUT_S, InstallPlan, PlannedChange, error_lines, install_argv,
-                               parse_changes, redact, redact_argv, uv_environment, validate_urls)
+from rewheel.installer import (PLAN_TIMEOUT_S, InstallPlan, PlannedChange, _hint_for, error_lines, install_argv,
+                               parse_changes, raise_for_plan, redact, redact_argv, uv_environment, validate_urls)
 
 if TYPE_CHECKING:
     from rewheel.environment import Environment
@@ -123,22 +123,14 @@ def _dry_run(recipe: Recipe, python: Path, packages: Sequence[str], log: Path | 
 
 
 def _refuse_unplannable(recipe: Recipe, cp: proc.Completed, argv: list[str]) -> None:
-    lines = cp.stdout.splitlines()
-    if cp.timed_out:
-        raise PreflightError(f"uv did not finish planning the upgrade within {PLAN_TIMEOUT_S:.0f}s: {' '.join(argv)}",
-                             hint="check that the indexes answer quickly")
-    if cp.returncode == 0:
-        return
-    from rewheel.installer import _hint_for
+    def hint(lines: Sequence[str]) -> str | None:
+        if re.search(r"no (?:usable )?wheels?|building from source|source distribution", "\n".join(lines), re.I):
+            return ("rewheel never builds the packages it upgrades from an sdist (a backtracking resolver "
+                    "would compile an ancient release); pin a version that ships wheels, e.g. "
+                    f'packages = ["{recipe.install.names[0] if recipe.install.names else "PKG"}==X.Y"]')
+        return _hint_for(lines)
 
-    detail = "\n".join("  " + line for line in error_lines(lines))
-    hint = _hint_for(lines)
-    if re.search(r"no (?:usable )?wheels?|building from source|source distribution", cp.stdout, re.I):
-        hint = ("rewheel never builds the packages it upgrades from an sdist (a backtracking resolver "
-                "would compile an ancient release); pin a version that ships wheels, e.g. "
-                f'packages = ["{recipe.install.names[0] if recipe.install.names else "PKG"}==X.Y"]')
-    raise PreflightError(f"uv cannot plan the upgrade for {recipe.source} (exit {cp.returncode}):\n{detail}\n"
-                         f"  command: {' '.join(argv)}", hint=hint)
+    raise_for_plan(recipe, cp, argv, PLAN_TIMEOUT_S, what="the upgrade", hint=hint)
 
 
 def _explanation(lines: Sequence[str]) -> tuple[str, ...]:
