@@ -114,16 +114,28 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     assert [r["step"] for r in result["rows"]] == [
         "snapshot", "patches (pristine)", "patches (2 edited)", "diff --json", "diff --stat",
         "rollback (plain upgrade)", "rollback (reinstall all)", "rollback + undo snapshot",
+        "downtime: rollback", "downtime: rollback, to the start",
         "start-up: rewheel --help", "start-up: rewheel history", "start-up: rewheel why",
         "downtime: staged", "downtime: staged"]
+    informational = ("rollback + undo snapshot", "downtime: rollback, to the start", "downtime: staged")
     for r in result["rows"]:
         assert r["rewheel_s"] > 0 and r["baseline_s"] > 0, r
-        assert isinstance(r["pass"], bool) or (r["step"] in ("rollback + undo snapshot", "downtime: staged")
-                                               and r["pass"] is None), r
+        assert isinstance(r["pass"], bool) or (r["step"] in informational and r["pass"] is None), r
     assert result["false_patches"] == [0]
     assert result["edited_found_exactly"] == [True]
     assert result["rollback"]["byte_exact"] is True
     check_downtime_runs(result)
+    # The default rollback with a service up (from the toy venv's interpreter): the undo
+    # snapshot before the stop, its own downtime, byte-exact; and the same by hand.
+    served = result["rollback_downtime"]
+    assert len(served["runs"]) == 1 and served["byte_exact"] is True and served["undo_while_serving"] is True
+    mine, hand = served["runs"][0]["rewheel"], served["runs"][0]["by_hand"]
+    assert mine["steps"][:4] == ["snapshot", "stop", "snapshot-check", "restore"], mine
+    assert mine["undo_snapshot_id"] and mine["seconds"] > 0 and mine["parts"]["restore"] > 0, mine
+    assert mine["restart_s"] > 0, mine
+    assert set(hand["parts"]) == {"stop", "sync", "start", "ready"} and hand["seconds"] > 0, hand
+    row = next(r for r in result["rows"] if r["step"] == "downtime: rollback")
+    assert row["rewheel_s"] == mine["seconds"] and row["baseline_s"] == hand["seconds"] and row["target"] == 1.0
     assert result["diff"]["packages"] >= 1 and result["diff"]["files"] >= 1
     # Each rollback says what it wrote and what it proved identical (files the upgrade or the
     # reinstall unpacked with the snapshot's bytes; tests/test_restore_reinstall.py checks the
@@ -136,6 +148,49 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     table = render(result)
     assert "toypkg==1.0.0 → toypkg==2.0.0" in table and "rollback (reinstall all)" in table
     json.dumps(result)
+
+
+def test_rollback_downtime_rows_compare_medians_and_say_what_they_saw() -> None:
+    """The rollback-downtime rows from repetitions' records (the numbers made up): medians,
+    the ratio against the 1x target, the part before the start, and what the note says."""
+    from devtools.bench.rollback_downtime import rollback_downtime_rows
+
+    def rec(mine: float, hand: float, *, exact: bool = True, served: bool = True) -> dict:
+        return {"rewheel": {"seconds": mine, "parts": {"stop": 0.5, "snapshot": 0.5, "restore": 1.0, "start": 0.1,
+                                                       "ready": mine - 2.1},
+                            "byte_exact": exact, "undo_while_serving": served, "bytecode_rewritten": 0},
+                "by_hand": {"seconds": hand, "parts": {"stop": 0.5, "sync": 3.0, "start": 0.1, "ready": hand - 3.6}}}
+
+    recs = [rec(4.0, 8.0), rec(5.0, 6.0), rec(9.0, 7.0)]
+    for r, again in zip(recs, (3.0, 2.0, 1.0), strict=True):
+        r["rewheel"]["restart_s"] = again
+    recs[1]["rewheel"]["bytecode_rewritten"] = 7
+    down, pre = [r.to_json() for r in rollback_downtime_rows(recs)]
+    assert (down["step"], down["rewheel_s"], down["baseline_s"]) == ("downtime: rollback", 5.0, 7.0)
+    assert down["target"] == 1.0 and down["pass"] is True and down["samples"] == [4.0, 5.0, 9.0]
+    assert "undo snapshot taken while serving; byte-exact but for 7 bytecode files" in down["note"], down
+    assert "a restart right after: 2.00" in down["note"] and "sync 3.00" in down["note"]
+    assert (pre["rewheel_s"], pre["baseline_s"], pre["target"], pre["pass"]) == (2.0, 3.5, None, None)
+    down, _ = [r.to_json() for r in rollback_downtime_rows([rec(8.0, 6.0, exact=False, served=False)])]
+    assert down["pass"] is False
+    assert "NOT taken while serving" in down["note"] and "NOT byte-exact" in down["note"]
+
+
+def test_real_mode_seeds_its_uv_cache_by_hard_links_and_refuses_a_folder_that_is_no_cache(tmp_path: Path) -> None:
+    from devtools.bench.real import RealBench
+
+    seed = tmp_path / "seed"
+    (seed / "archive-v0" / "x").mkdir(parents=True)
+    (seed / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    (seed / "archive-v0" / "x" / "f.py").write_text("X = 1\n")
+    cfg = BenchConfig(root=tmp_path / "bench", real=True, real_seed_cache=seed, say=lambda m: None)
+    RealBench(cfg).seed_cache()
+    copied = tmp_path / "bench" / "real" / "uv-cache" / "archive-v0" / "x" / "f.py"
+    assert copied.stat().st_ino == (seed / "archive-v0" / "x" / "f.py").stat().st_ino
+    RealBench(cfg).seed_cache()  # a cache there already: left alone
+    cfg = BenchConfig(root=tmp_path / "other", real=True, real_seed_cache=tmp_path, say=lambda m: None)
+    with pytest.raises(RewheelError, match="is not a uv cache"):
+        RealBench(cfg).seed_cache()
 
 
 def test_real_mode_refuses_a_disk_too_small_before_installing(tmp_path: Path, wheelhouse: Path) -> None:

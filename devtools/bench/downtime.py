@@ -90,7 +90,7 @@ def _recipe(stage: Stage, path: Path, port: int, staged: bool) -> None:
         "name": "bench-downtime",
         "environment": {"python": str(stage.python)},
         "service": {"manager": "command",
-                    "start": ["{python}", str(SERVE), "--port", str(port),
+                    "start": ["{python}", "-I", str(SERVE), "--port", str(port),
                               *[a for m in stage.modules for a in ("--import", m)]],
                     "health_url": f"http://127.0.0.1:{port}/health", "ready_timeout_s": 900,
                     "stop_timeout_s": 60, "settle_s": 1.0},

@@ -55,6 +55,9 @@ class BenchConfig:
     # Free disk the real mode needs before its first install: both vLLM releases in uv's cache,
     # the venv's folders and a reinstall's fresh copy. Other releases may need other sizes.
     real_disk_need: int = 30 << 30
+    # A uv cache that already holds the releases (e.g. `.bench/acceptance/uv-cache`): the real
+    # mode's first run hard-links it into its own cache instead of downloading them (read only).
+    real_seed_cache: Path | None = None
     log_mb: float = DEFAULT_LOG_MB
     full_copy: bool = True  # also time `cp -a` (a full copy of every byte)
     rollback_rounds: int = DEFAULT_ROLLBACK_ROUNDS  # rollback-vs-uv races per repetition
@@ -79,6 +82,8 @@ class BenchConfig:
         cfg.real_new = e.get("BENCH_REAL_NEW", cfg.real_new)
         cfg.real_uv_args = tuple(shlex.split(e.get("BENCH_REAL_UV_ARGS", "")))
         cfg.real_edit = tuple(e.get("BENCH_REAL_EDIT", "").split())
+        if e.get("BENCH_REAL_SEED_CACHE"):
+            cfg.real_seed_cache = Path(e["BENCH_REAL_SEED_CACHE"])
         if e.get("BENCH_REAL_DISK_GIB"):
             cfg.real_disk_need = int(float(e["BENCH_REAL_DISK_GIB"]) * 2**30)
         if e.get("BENCH_LOG_MB"):

@@ -16,8 +16,14 @@ The environments come from the default index through uv (the first run downloads
             cache + sync(2); and the default rollback, which snapshots the upgraded state
             first (so that it can be undone), vs `cp -al` + that sync (informational);
             each rollback is checked byte-exact by hashing every file
+  downtime  with a service up (devtools/bench/rollback_downtime.py): the default rollback
+            of a recipe, its undo snapshot taken while the service serves, by its own
+            `downtime` record, vs the same by hand: stop, `uv pip sync` + sync(2), start,
+            first healthy answer (target <= 1x)
 
-Timings are medians of `BENCH_REPS` repetitions (default 3 here)."""
+Timings are medians of `BENCH_REPS` repetitions (default 3 here). BENCH_REAL_SEED_CACHE names a
+uv cache that already holds the releases (the acceptance run's): the first run hard-links it
+instead of downloading them."""
 
 from __future__ import annotations
 
@@ -72,20 +78,22 @@ class RealBench:
                                f"{(cp.stderr or cp.stdout).strip()[-2000:]}")
         return cp
 
-    def install(self, spec: str, *extra: str) -> float:
+    def install(self, spec: str, *extra: str, python: Path | None = None) -> float:
         t0 = time.perf_counter()
-        self.uv("pip", "install", "-q", "--python", str(self.python), *self.cfg.real_uv_args, *extra, spec)
+        self.uv("pip", "install", "-q", "--python", str(python or self.python), *self.cfg.real_uv_args, *extra, spec)
         return time.perf_counter() - t0
 
-    def sync_old(self, *extra: str) -> None:
-        self.uv("pip", "sync", "-q", "--python", str(self.python), "--offline", *extra, *self.cfg.real_uv_args,
-                str(self.old_txt))
+    def sync_old(self, *extra: str, python: Path | None = None) -> None:
+        self.uv("pip", "sync", "-q", "--python", str(python or self.python), "--offline", *extra,
+                *self.cfg.real_uv_args, str(self.old_txt))
 
-    def cli(self, *args: str, ok: tuple[int, ...] = (0,)) -> tuple[float, dict[str, Any]]:
-        """Run `rewheel ARGS --json`, timed from the exec to the exit."""
+    def cli(self, *args: str, ok: tuple[int, ...] = (0,), home: Path | None = None) -> tuple[float, dict[str, Any]]:
+        """Run `rewheel ARGS --json` (REWHEEL_HOME: `home`, or the bench's), timed from the exec
+        to the exit."""
+        env = self.cli_env if home is None else {**self.cli_env, "REWHEEL_HOME": str(home)}
         settle()
         t0 = time.perf_counter()
-        cp = subprocess.run([*self.rewheel, *args, "--json"], env=self.cli_env, capture_output=True,
+        cp = subprocess.run([*self.rewheel, *args, "--json"], env=env, capture_output=True,
                             text=True, stdin=subprocess.DEVNULL)
         dt = time.perf_counter() - t0
         if cp.returncode not in ok:
@@ -117,6 +125,24 @@ class RealBench:
         return done
 
     # Preparation ------------------------------------------------------------------------
+    def seed_cache(self) -> None:
+        """BENCH_REAL_SEED_CACHE: a uv cache that holds the releases, hard-linked (`cp -al`)
+        into the bench's own before its first install, which then downloads only index pages.
+        The seed is only read: uv replaces a cache entry by a rename, never in place, and the
+        bench prunes only its own copy."""
+        seed = self.cfg.real_seed_cache
+        cache = self.base / "uv-cache"
+        if seed is None or cache.exists():
+            return
+        if not (seed / "CACHEDIR.TAG").is_file():
+            raise RewheelError(f"BENCH_REAL_SEED_CACHE={seed} is not a uv cache (no CACHEDIR.TAG in it)")
+        self.cfg.say(f"seeding {cache} from {seed} (hard links)")
+        self.base.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(cache.name + ".seeding")
+        rm_tree(tmp)
+        subprocess.run(["cp", "-al", str(seed), str(tmp)], check=True)
+        os.replace(tmp, cache)
+
     def prepare(self) -> dict[str, Any]:
         need = self.cfg.real_disk_need
         free = shutil.disk_usage(self.cfg.root if self.cfg.root.exists() else self.cfg.root.parent).free
@@ -125,6 +151,7 @@ class RealBench:
                                f"{free / 2**30:.1f} GiB is free",
                                hint="free some disk, point BENCH_DIR (--dir) elsewhere, or set "
                                     "BENCH_REAL_DISK_GIB for releases smaller than vLLM's")
+        self.seed_cache()
         stamp = self.base / "stamp.json"
         want = {"old": self.cfg.real_old, "new": self.cfg.real_new, "python": sys.executable,
                 "uv_args": list(self.cfg.real_uv_args)}
@@ -281,6 +308,10 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
         row("rollback + undo snapshot", "rollback_undo", "cp -al + uv pip sync", "cp_al_uv_sync", None,
             "the default: the upgraded state snapshotted first (plain upgrade)"),
     ]
+    from devtools.bench.rollback_downtime import bench_rollback_downtime
+
+    served = bench_rollback_downtime(cfg, rb)
+    rows += served["rows"]
     from devtools.bench.startup import bench_startup
 
     startup = bench_startup(cfg, python=rb.python, home=rb.home)
@@ -294,12 +325,15 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
                                         "prefix": prefix},
         "reps": reps, "machine": machine_info(cfg.root), "rows": [r.to_json() for r in rows],
         "false_patches": false_patches, "edited_found_exactly": edited_found,
-        "rollback": {"byte_exact": bool(exact) and all(exact)}, **info, "startup": startup["startup"],
+        "rollback": {"byte_exact": bool(exact) and all(exact)}, **info,
+        "rollback_downtime": served["rollback_downtime"], "startup": startup["startup"],
         "downtime": downtime["downtime"],
         "seconds": {"prepare": round(t_prepared - t_start, 1), "total": round(time.perf_counter() - t_start, 1)},
     }
     checks = [r["pass"] for r in result["rows"] if r["pass"] is not None]
-    checks += [result["rollback"]["byte_exact"], not any(false_patches), bool(edited_found) and all(edited_found)]
+    checks += [result["rollback"]["byte_exact"], result["rollback_downtime"]["byte_exact"],
+               result["rollback_downtime"]["undo_while_serving"], not any(false_patches),
+               bool(edited_found) and all(edited_found)]
     result["all_pass"] = all(checks)
     rm_tree(rb.work)
     return result
@@ -325,6 +359,10 @@ def render_real(result: dict[str, Any]) -> str:
     lines.append(f"false patches on the pristine release: {result['false_patches']}; exactly the two edited "
                  f"files found: {result['edited_found_exactly']}")
     lines.append(f"rollbacks byte-exact: {'PASS' if result['rollback']['byte_exact'] else 'FAIL'}")
+    rd = result.get("rollback_downtime") or {}
+    if rd:
+        lines.append(f"rollback with the service up: byte-exact {'PASS' if rd['byte_exact'] else 'FAIL'}, undo "
+                     f"snapshot taken while serving {'PASS' if rd['undo_while_serving'] else 'FAIL'}")
     for r in result["rows"]:
         if r["note"]:
             lines.append(f"  {r['step']}: {r['note']}")

@@ -3,7 +3,9 @@
 interpreter. Like `vllm serve`, it imports the upgraded package before it answers, so
 what the environment holds decides how long its start takes and whether it comes up;
 then /health and /v1/models answer 200. Standard library only (it runs in the target
-environment, where neither rewheel nor devtools is installed)."""
+environment, where neither rewheel nor devtools is installed). Start it with `python -I`:
+its folder holds a `profile.py` that would shadow the standard library's (torch imports
+cProfile)."""
 
 from __future__ import annotations
 
