@@ -162,7 +162,7 @@ class World:
         return Build(True, str(out), {PKG: "2.0.0"}, dists, done + ([PrepCheck("imports", True)] if checks else []), PKG)
 
     def resolve(self, recipe: Recipe, env: Environment, *, folder: Path, on_line: Any = None,
-                say: Any = None) -> Resolution:
+                say: Any = None, guards: bool = True) -> Resolution:
         """The one resolution: toypkg 1.0.0 -> 2.0.0, its lock written into `folder`."""
         folder.mkdir(parents=True, exist_ok=True)
         lock = folder / "pylock.toml"

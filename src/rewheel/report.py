@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rewheel.errors import RewheelError
@@ -168,10 +169,10 @@ def render_history(console: Console, hist) -> None:  # runner.History
         rows = [(row[0], row[1], "running" if row[0] == live else row[2], *row[3:]) for row in rows]
         styles = ["" if r.finished else "yellow" if r.id == live else "bold red" for r in hist.runs]
         if is_plain(console):
-            for rid, kind, status, sid, step, dt, vers_ in rows:
+            for rid, kind, status, sid, step, dt, run_vers in rows:
                 _plain(console, f"run {rid}  {kind}  {status}" + (f"  snapshot {sid}" if sid else "")
                        + (f"  last step {step}" if step else "") + (f"  downtime {dt}" if dt else "")
-                       + (f"  {vers_.replace(chr(10), ', ')}" if vers_ else ""))
+                       + (f"  {run_vers.replace(chr(10), ', ')}" if run_vers else ""))
         else:
             _table_or_stack(console, "runs", ("id", "kind", "status", "snapshot", "last step", "downtime", "versions"),
                             rows, head=(0, 1, 2), styles=styles, wrap=(6,))
@@ -782,7 +783,7 @@ def _package_table(console: Console, packages: list) -> None:
                     head=(0, 3, 4), styles=styles, arrow=(1, 2))
 
 
-def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]],
+def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]],
                     *, head: tuple[int, ...] = (0,), styles: list[str] | None = None,
                     arrow: tuple[int, int] | None = None, wrap: tuple[int, ...] = ()) -> None:
     """A table when it fits the console (no column squeezed, no cell cut or folded); else
@@ -1072,7 +1073,7 @@ def _make_console_class() -> type:
                 if i:
                     text.append(sep)
                 text.append(o if isinstance(o, Text) else self.render_str(
-                    shorten_paths(self, o), markup=markup, highlight=False, emoji=False))
+                    shorten_paths(self, str(o)), markup=markup, highlight=False, emoji=False))
             lines = [piece for line in text.split("\n", allow_blank=True)
                      for piece in fit_text(line, self.width)]
             for i, line in enumerate(lines):

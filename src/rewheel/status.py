@@ -195,7 +195,7 @@ def status(t: Target) -> Status:
     from rewheel.runner import KEY_PACKAGES
 
     dists = [d.to_json() for d in t.env.distributions()]
-    live = {canonicalize_name(d["name"]): d["version"] for d in dists}
+    live: dict[str, str] = {canonicalize_name(d["name"]): d["version"] for d in dists}
     wanted = t.recipe.install.names
     names = wanted + [k for k in KEY_PACKAGES if k not in wanted]
     # The recipe's packages always (null: not installed); the usual key packages when present.
