@@ -180,8 +180,8 @@ def bench_rollback_downtime(cfg: BenchConfig, rb: RealBench) -> dict[str, Any]:
             after = fingerprint(prefix)
             exact, rewritten = _compare(before, after)
             if not exact:
-                cfg.say("  rollback with the service NOT byte-exact: " + "; ".join(first_differences(
-                    *({k: v for k, v in d.items() if not _is_bytecode(k)} for d in (before, after)))))
+                a, b = ({k: v for k, v in d.items() if not _is_bytecode(k)} for d in (before, after))
+                cfg.say("  rollback with the service NOT byte-exact: " + "; ".join(first_differences(a, b)))
             names = [s.get("name") for s in doc.get("steps", [])]
             down = doc.get("downtime") or {}
             if not down:
