@@ -769,7 +769,20 @@ class _Restore:
                 "deleted": sum(len(d.extras) for d in self.dirs),
                 "chmodded": sum(len(d.chmods) for d in self.dirs),
                 "folders_rebuilt": sum(len(d.missing) for d in self.dirs), "others": self.others,
-                "displaced": list(self.staging.values()), "proven": self.proven}
+                "displaced": self.displaced(), "proven": self.proven}
+
+    def displaced(self) -> list[str]:
+        """The staging folders holding what the commit moved out. One left empty (it only
+        staged copies, all renamed in) is removed here: it displaced nothing, and a restore
+        that only gave files a copy of their own must read as one that changed no byte."""
+        left = []
+        for s in self.staging.values():
+            try:
+                os.rmdir(s)
+            except OSError:  # not empty (or gone): what was moved out, for the caller to delete
+                if os.path.lexists(s):
+                    left.append(s)
+        return left
 
     def proofs(self) -> tuple[list[Any], ...]:
         """The files this lane proved hold the snapshot's bytes (`Found`'s columns)."""
