@@ -400,6 +400,13 @@ def _target_and_ref(target: str | None, ref: str | None, python: str | None, *,
     return target, ref
 
 
+def _target_and_snapshot(target: str | None, ref: str | None, python: str | None) -> tuple[str | None, str]:
+    """(TARGET, SNAPSHOT) for a command that has no default snapshot: one must be named."""
+    target, named = _target_and_ref(target, ref, python, required=True)
+    assert named is not None  # required: refused above when missing
+    return target, named
+
+
 def _exit_if_interrupted(t, err: Console) -> None:  # t: commands.Target
     """Read-only commands are how an operator investigates, so they report fully — then exit
     4 like every other command while an interrupted run is pending."""
@@ -795,7 +802,7 @@ def unpin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Arg
 
 def _set_pinned(target: str | None, snapshot_id: str | None, python: str | None, json_out: bool,
                 pinned: bool) -> None:
-    target, ref = _target_and_ref(target, snapshot_id, python, required=True)
+    target, ref = _target_and_snapshot(target, snapshot_id, python)
     t = _target(target, python)
     from rewheel import commands  # (after the probe has started: see _target)
 
@@ -809,7 +816,7 @@ def _set_pinned(target: str | None, snapshot_id: str | None, python: str | None,
 def forget(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
            python: PythonOpt = None, yes: YesOpt = False, json_out: JsonOpt = False) -> None:
     """Remove one snapshot from the store (not a pinned one, nor one an interrupted run needs)."""
-    target, ref = _target_and_ref(target, snapshot_id, python, required=True)
+    target, ref = _target_and_snapshot(target, snapshot_id, python)
     t = _target(target, python)
     from rewheel import commands  # (after the probe has started: see _target)
 

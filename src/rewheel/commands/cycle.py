@@ -464,7 +464,7 @@ class Cycle(Staging, Reverting):
             return None
         healthy = self.svc.healthy_at
         ongoing = healthy is None or healthy <= self.down_t0
-        end = time.monotonic() if ongoing else healthy
+        end = time.monotonic() if ongoing or healthy is None else healthy
         before_revert = self.report.steps
         if self.revert_t0 is not None:
             idx = next((i for i, s in enumerate(self.report.steps) if s.name == "revert"), len(self.report.steps))

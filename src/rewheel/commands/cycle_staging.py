@@ -56,7 +56,10 @@ class Staging:
         fingerprint, digest = staging.env_fingerprint(t.env), staging.recipe_digest(t.recipe)
         live = [d.to_json() for d in t.env.distributions()]
         new = staging.new_folder(t.store.env_dir)
+        # The lock the run was given, else the one its resolution made (the preflight resolves
+        # whenever no lock is given, so one of them is there).
         lock = Path(self.lock) if self.lock else self.resolution.lock if self.resolution is not None else None
+        assert lock is not None
         if self.resolution is not None:
             # The resolution's log goes with the prepared state it made.
             (new / "logs").mkdir(parents=True, exist_ok=True)
@@ -141,12 +144,12 @@ class Staging:
             except Exception as exc:  # noqa: BLE001 - a diagnosis never masks the failure itself
                 self.report.diagnosis = DiagnosisRecord(error=str(exc))
         first = failed.detail.splitlines()[0] if failed.detail else failed.name
-        exc = PrecheckFailed(f"the prepared build failed its {failed.name} check: {first}"
+        err = PrecheckFailed(f"the prepared build failed its {failed.name} check: {first}"
                              + cause_text(self.report.root_cause),
                              hint=f"the service was never stopped and {t.env.prefix} is untouched; "
                                   f"log: {failed.log or '(none)'}")
-        self.report.failure = Failure.of("prepare", exc)
-        self.say(f"rejected: {exc.message}")
+        self.report.failure = Failure.of("prepare", err)
+        self.say(f"rejected: {err.message}")
         j.append("finished", status="rejected", before=self.report.before, after=self.report.before,
                  attempted=self.report.attempted, check=failed.name, root_cause=json_value(self.report.root_cause),
                  downtime=None)
@@ -179,6 +182,7 @@ class Staging:
             shutil.rmtree(scratch, ignore_errors=True)
         if not build.ok:
             failed = build.failed
+            assert failed is not None  # not ok: a check failed
             raise PreparedStale(f"the prepared upgrade cannot be installed offline: {failed.detail.splitlines()[0]}",
                                 hint=f"a wheel of {prepared.lock} is no longer in uv's cache; prepare it again: "
                                      f"`rewheel run {t.cli_ref} --prepare-only`; nothing was changed")

@@ -48,13 +48,15 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
             # Interrupted before the snapshot existed, or a staged run's snapshot taken while
             # the service served and before its stop: the environment was not touched.
             j.append("step", name="abort", resumed=True)
+            svc = cyc.svc
             try:
-                if cyc.svc is not None and cyc.was_active and not cyc.svc.was_active():
-                    cyc.report.service = cyc.svc.start_and_verify()
+                if svc is not None and cyc.was_active and not svc.was_active():
+                    cyc.report.service = svc.start_and_verify()
             except ServiceError as exc:
                 # Finished all the same (nothing had been changed): a stale record would
                 # block every later command with exit 4. The cause comes from its log.
-                cyc.report.root_cause, cyc.report.diagnosis = service_root_cause(cyc.svc, cyc.package())
+                assert svc is not None  # only a start raises it
+                cyc.report.root_cause, cyc.report.diagnosis = service_root_cause(svc, cyc.package())
                 j.append("finished", status="failed", resumed=True, service_error=exc.message,
                          root_cause=json_value(cyc.report.root_cause))
                 close_superseded(t.store.env_dir, j)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from rewheel import journal
@@ -16,7 +17,7 @@ from rewheel.commands.service_steps import ServiceSteps, cause_text, service_roo
 from rewheel.commands.snapshots import (env_matches, protected_snapshots, pruned_text, restore_changed,
                                         reverted_snapshots, upgrades_in_place)
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
-from rewheel.errors import ServiceError, SnapshotDamaged, SnapshotError
+from rewheel.errors import RewheelError, ServiceError, SnapshotDamaged, SnapshotError
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, Store, check_cleanup_entries, discard_displaced,
                               restore_snapshot, take_snapshot, unstash_cleanup)
@@ -164,7 +165,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         undo_id = undo_error = None
         served_undo = False
         down_t0: float | None = None
-        if svc:
+        if svc is not None and st is not None:
             up_now = st.up
             # Up now, or up before the run that stopped it and left it so.
             was_up = up_now or _noted_active(left_down)
@@ -336,7 +337,7 @@ def _rollback_downtime(down_t0: float | None, steps: list[StepRecord], svc: Serv
         return None
     healthy = svc.healthy_at
     ongoing = healthy is None or healthy <= down_t0
-    end = time.monotonic() if ongoing else healthy
+    end = time.monotonic() if ongoing or healthy is None else healthy
     parts = dict.fromkeys(ROLLBACK_DOWNTIME_PARTS, 0.0)
     names = {"stop": "stop", "snapshot": "snapshot", "snapshot-check": "snapshot", "restore": "restore"}
     # Only what ran in the window: an undo snapshot taken while the service served is before it.
@@ -424,14 +425,14 @@ def _service_failed_after_restore(t: Target, svc: ServiceSteps, result: Rollback
                    f"start the service (or `rewheel rollback {t.cli_ref} --yes` once more){undo}")
 
 
-def rollback_error(result: RollbackResult) -> Exception:
+def rollback_error(result: RollbackResult) -> RewheelError:
     """A failed rollback's outcome as the error the CLI prints (exit 3)."""
     from rewheel.errors import RestoreError
 
     return RestoreError(result.error or "rollback failed", hint=result.hint)
 
 
-def close_superseded(env_dir: Path, by: RunJournal, *, skip: set[str] = frozenset()) -> list[str]:
+def close_superseded(env_dir: Path, by: RunJournal, *, skip: AbstractSet[str] = frozenset()) -> list[str]:
     """Finish, as `superseded`, every journal left unfinished below the one `by` just
     settled (rollbacks killed one after another each leave one): the environment is now
     what `by` made it, so none of them needs resuming, and none may block the next command

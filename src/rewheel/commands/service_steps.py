@@ -25,8 +25,9 @@ class ServiceSteps:
         self.steps = steps
         self.say = say
         self.host = t.host
-        self.spec = t.recipe.service
-        assert self.spec is not None
+        spec = t.recipe.service
+        assert spec is not None  # made only for a recipe with a [service]
+        self.spec = spec
         self.manager = self.host.manager(self.spec, t.store.env_dir, t.recipe.python)
         self.started_at: float | None = None
         # Each start: (when it began, seconds in the manager's start, seconds until the first

@@ -54,16 +54,16 @@ def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None =
     found: list[tuple[Store, SnapshotMeta, SnapshotMeta | None, Path | None, Path]] = []
     for env_dir, prefix in _env_dirs(home):
         if run_id is not None:
-            run_dir = env_dir / "runs" / run_id
-            if not (run_dir / "journal.jsonl").is_file():
+            rdir = env_dir / "runs" / run_id
+            if not (rdir / "journal.jsonl").is_file():
                 continue
-            j = RunJournal.load(run_dir)
+            j = RunJournal.load(rdir)
             if j.snapshot_id is None:
                 raise UsageError(f"run {run_id} took no snapshot: there is no upgrade to compare the crash with",
-                                 hint=f"its journal: {run_dir / 'journal.jsonl'}")
+                                 hint=f"its journal: {rdir / 'journal.jsonl'}")
             store = Store(prefix, home)
             failed = (j.first("failed-snapshot") or {}).get("failed_snapshot_id")
-            found.append((store, store.get(j.snapshot_id), store.get(failed) if failed else None, run_dir, prefix))
+            found.append((store, store.get(j.snapshot_id), store.get(failed) if failed else None, rdir, prefix))
         else:
             assert snapshot is not None
             store = Store(prefix, home)
