@@ -364,6 +364,9 @@ class Fetcher(Protocol):
 
     def unpack(self, dist: Distribution) -> Path | None: ...
 
+    def close(self) -> None:
+        """Releases what it fetched (its scratch folder)."""
+
 
 @dataclass
 class UvIndexFetcher:
@@ -525,30 +528,31 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
     `fetcher`: fetch wheels from an index (e.g. `UvIndexFetcher`) to cross-check RECORDs and
     for pristine copies found nowhere else; `with_diffs=False` only detects; `thorough`
     hashes every file instead of trusting size + mtime.
+
+    The steps, in order: index every RECORD (who lists what), check the listed files
+    (walking the package folders, fast path, hash), cross-check the mismatches against the
+    bytes their wheels ship, then name the patches and the unlisted files, and diff them.
     """
     t0 = time.monotonic()
-    all_dists = env.distributions()
-    wanted = {canonicalize_name(n) for n in dists} if dists is not None else None
-    targets = [d for d in all_dists if wanted is None or d.name in wanted]
-    target_names = {d.name for d in targets}
-    sites = sorted({str(d.site) for d in all_dists} | {str(s) for s in env.site_dirs},
-                   key=len, reverse=True)
-    prefix = str(env.prefix)
-    scripts_dir = str(env.scripts_dir).rstrip("/")
-    # `uv cache dir` costs a subprocess: only asked once a patch needs it.
-    located: list[UvCache | None] = []
+    s = _Scan(env, dists, store, uv_cache, thorough)
+    result = PatchScan(s.prefix, [])
+    s.check_listed(result)
+    found = s.patches_from_mismatches(result, fetcher) + s.unlisted_patches()
+    result.patches = [p for p, _ in found]
+    if with_diffs and result.patches:
+        _attach_diffs(found, result, store, s.snaps, s.cache(), fetcher)
+    elif not with_diffs:
+        result.sources.append("diffs not asked for")
+    s.stats["seconds"] = round(time.monotonic() - t0, 3)
+    result.stats = s.stats
+    result.patches.sort(key=lambda p: (p.distribution, p.kind, p.path))
+    return result
 
-    def get_cache() -> UvCache | None:
-        if not located:
-            located.append(UvCache.locate() if uv_cache is True else (uv_cache or None))
-        return located[0]
 
-    result = PatchScan(prefix, [])
-    stats = {"distributions": 0, "files_checked": 0, "files_hashed": 0, "bytes_hashed": 0,
-             "fast_path": 0, "unverifiable": 0, "regenerated_scripts": 0, "unlisted_walked": 0,
-             "shared_paths": 0, "record_inconsistent": 0}
-
-    # Every RECORD-listed path; and, for a path several distributions list, all its owners.
+def _index_records(all_dists: list[Distribution], target_names: set[str]) -> tuple[
+        dict[str, RecordEntry], dict[str, Distribution], dict[str, list[tuple[Distribution, RecordEntry]]]]:
+    """Every RECORD-listed path with its entry and owner; and, for a path several
+    distributions list, all its owners, the one a patch is attributed to first."""
     listed: dict[str, RecordEntry] = {}
     owner: dict[str, Distribution] = {}
     shared: dict[str, list[tuple[Distribution, RecordEntry]]] = {}
@@ -565,40 +569,140 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
         # The owner a patch is attributed to: the one installed last (its bytes won) among
         # the distributions asked about.
         owners.sort(key=lambda o: (o[0].name in target_names, o[0].install_time_ns), reverse=True)
-    stats["shared_paths"] = len(shared)
+    return listed, owner, shared
 
-    mismatches: list[_Mismatch] = []
-    scripts_of: dict[str, dict[str, tuple[str, str]]] = {}
-    counts = {"fast_path": 0, "files_hashed": 0, "bytes_hashed": 0, "unverifiable": 0,
-              "regenerated_scripts": 0}
 
-    memo: list[dict[str, list[Any]]] = []
+class _Scan:
+    """One scan's state between its steps: the RECORD index, the counters, the files that
+    match no RECORD (`mismatches`) and the unlisted files the folder walk met."""
 
-    def aliases() -> dict[str, list[Any]]:
+    def __init__(self, env: Environment, dists: Iterable[str] | None, store: Store | None,
+                 uv_cache: UvCache | None | bool, thorough: bool) -> None:
+        self.all_dists = env.distributions()
+        wanted = {canonicalize_name(n) for n in dists} if dists is not None else None
+        self.targets = [d for d in self.all_dists if wanted is None or d.name in wanted]
+        self.sites = sorted({str(d.site) for d in self.all_dists} | {str(s) for s in env.site_dirs},
+                            key=len, reverse=True)
+        self.prefix = str(env.prefix)
+        self.scripts_dir = str(env.scripts_dir).rstrip("/")
+        self.store, self.uv_cache, self.thorough = store, uv_cache, thorough
+        self.snaps = _SnapshotSource(store) if store is not None else None
+        self._located: list[UvCache | None] = []
+        self._aliases: dict[str, list[Any]] | None = None
+        self.listed, self.owner, self.shared = _index_records(self.all_dists, {d.name for d in self.targets})
+        self.stats: dict[str, Any] = {
+            "distributions": 0, "files_checked": 0, "files_hashed": 0, "bytes_hashed": 0, "fast_path": 0,
+            "unverifiable": 0, "regenerated_scripts": 0, "unlisted_walked": 0, "shared_paths": len(self.shared),
+            "record_inconsistent": 0}
+        self.mismatches: list[_Mismatch] = []
+        self.extra: list[tuple[str, os.stat_result, str]] = []
+        self._scripts_of: dict[str, dict[str, tuple[str, str]]] = {}
+        self.folders = _PackageFolders(self.targets)
+
+    def cache(self) -> UvCache | None:
+        # `uv cache dir` costs a subprocess: only asked once a patch needs it.
+        if not self._located:
+            self._located.append(UvCache.locate() if self.uv_cache is True else (self.uv_cache or None))
+        return self._located[0]
+
+    def aliases(self) -> dict[str, list[Any]]:
         """Files a rollback proved to hold a snapshot's bytes (see `aliased_files`), by the
         paths this scan spells; read once, and only when a file is not proven otherwise."""
-        if not memo:
-            by = aliased_files(store) if store is not None else {}
+        if self._aliases is None:
+            by = aliased_files(self.store) if self.store is not None else {}
+            prefix = self.prefix
             real = os.path.realpath(prefix)
             if by and real != prefix:
                 by = {prefix + k[len(real):] if k.startswith(real + "/") else k: v for k, v in by.items()}
-            memo.append(by)
-        return memo[0]
+            self._aliases = by
+        return self._aliases
 
-    def judge(path: str, st: os.stat_result, owners: list[tuple[Distribution, RecordEntry]]) -> None:
+    def check_listed(self, result: PatchScan) -> None:
+        """Every RECORD-listed file of the targets: pristine by size + mtime (most of them,
+        met by one walk of the package folders), else hashed; what matches no RECORD
+        becomes a mismatch, what is gone is `missing`."""
+        stats, thorough, shared, sites, prefix = self.stats, self.thorough, self.shared, self.sites, self.prefix
+        # The package folders first: one walk lstats the listed files in them (relative to
+        # the open folder), proves most by the fast path on the spot, and finds the files no
+        # RECORD lists. A path several distributions list takes the long way below.
+        folders = self.folders
+        seen: dict[str, os.stat_result] = {}
+        proven: set[str] = set()
+        stats["unlisted_walked"], self.extra = folders.walk(self.listed, self.owner, seen,
+                                                            None if thorough else proven)
+        proven.difference_update(shared)
+        seen_get = seen.get
+
+        # This loop runs once per installed file: names bound locally, is_install_artifact
+        # inlined where it is cheap.
+        lstat, S_ISREG, judge = os.lstat, stat.S_ISREG, self.judge
+        done: set[str] = set()
+        checked = fast = walked_fast = unverifiable = 0
+        for dist in self.targets:
+            if (dist.direct_url or {}).get("dir_info", {}).get("editable"):
+                result.skipped.append({"distribution": dist.name,
+                                       "reason": "editable install: its source is your checkout"})
+                continue
+            if not dist.record:
+                result.skipped.append({"distribution": dist.name, "reason": "no RECORD (not installed from a wheel)"})
+                continue
+            stats["distributions"] += 1
+            installed = dist.install_time_ns
+            for entry in dist.record:
+                path = entry.path
+                if path in proven:
+                    walked_fast += 1
+                    continue
+                if (path.endswith(_BYTECODE) or "/__pycache__/" in path
+                        or (".dist-info/" in path and is_install_artifact(path))):
+                    continue
+                owners = shared.get(path) if shared else None
+                if owners is not None:
+                    if path in done:
+                        continue
+                    done.add(path)
+                elif not entry.hash:
+                    unverifiable += 1
+                    continue
+                st = seen_get(path)
+                if st is None:  # not in a package folder (a top-level module, a script), or gone
+                    try:
+                        st = lstat(path)
+                    except FileNotFoundError:
+                        who = owners[0][0] if owners else dist
+                        result.missing.append({"path": display_path(path, sites, prefix),
+                                               "distribution": who.name})
+                        continue
+                    except OSError:
+                        continue
+                if not S_ISREG(st.st_mode):
+                    continue
+                checked += 1
+                if owners is None:
+                    if not thorough and provably_pristine(st.st_size, st.st_mtime_ns, entry.size, installed):
+                        fast += 1
+                        continue
+                    owners = [(dist, entry)]
+                judge(path, st, owners)
+        stats["files_checked"] = checked + walked_fast
+        stats["fast_path"] += fast + walked_fast
+        stats["unverifiable"] += unverifiable
+
+    def judge(self, path: str, st: os.stat_result, owners: list[tuple[Distribution, RecordEntry]]) -> None:
         """Past the single-owner fast path: any owner's fast path, a rollback's proof, then
-        any owner's hash."""
-        if not thorough:
+        any owner's hash; a file that matches none is a mismatch."""
+        stats = self.stats
+        if not self.thorough:
             for d, e in owners:
                 if provably_pristine(st.st_size, st.st_mtime_ns, e.size, d.install_time_ns):
-                    counts["fast_path"] += 1
+                    stats["fast_path"] += 1
                     return
             # A rollback left this file in place (newer than the RECORD it put back) after
             # proving its bytes: pristine when those bytes are what an owner's RECORD lists.
-            v = aliases().get(path)
+            v = self.aliases().get(path)
             if (v is not None and v[0] == st.st_ino and v[1] == st.st_mtime_ns and v[2] == st.st_size
                     and any(_record_digest(e) == ("sha256", v[3]) for _d, e in owners)):
-                counts["fast_path"] += 1
+                stats["fast_path"] += 1
                 return
         now: dict[str, str] = {}
         verifiable = True
@@ -615,112 +719,62 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
                     now[algo] = _digest_file(path, algo)
                 except OSError:
                     return
-                counts["files_hashed"] += 1
-                counts["bytes_hashed"] += st.st_size
+                stats["files_hashed"] += 1
+                stats["bytes_hashed"] += st.st_size
             if now[algo] == want:
                 return
         if not verifiable:
-            counts["unverifiable"] += 1
+            stats["unverifiable"] += 1
             return
-        if os.path.dirname(path) == scripts_dir:
-            for d, _e in owners:
-                if d.name not in scripts_of:
-                    scripts_of[d.name] = _entry_point_scripts(d)
-                if _is_generated_script(path, scripts_of[d.name]):
-                    counts["regenerated_scripts"] += 1
-                    return
+        if os.path.dirname(path) == self.scripts_dir and self._regenerated_script(path, owners):
+            stats["regenerated_scripts"] += 1
+            return
         data = _read_small(path)
         try:
             sha = now.get("sha256") or (_sha256(data) if data is not None else _digest_file(path, "sha256"))
         except OSError:
             return
-        mismatches.append(_Mismatch(path, st, owners, sha, data))
+        self.mismatches.append(_Mismatch(path, st, owners, sha, data))
 
-    # The package folders first: one walk lstats the listed files in them (relative to the
-    # open folder), proves most by the fast path on the spot, and finds the files no RECORD
-    # lists. A path several distributions list takes the long way below.
-    folders = _PackageFolders(targets)
-    seen: dict[str, os.stat_result] = {}
-    proven: set[str] = set()
-    stats["unlisted_walked"], extra = folders.walk(listed, owner, seen, None if thorough else proven)
-    proven.difference_update(shared)
-    seen_get = seen.get
+    def _regenerated_script(self, path: str, owners: list[tuple[Distribution, RecordEntry]]) -> bool:
+        for d, _e in owners:
+            if d.name not in self._scripts_of:
+                self._scripts_of[d.name] = _entry_point_scripts(d)
+            if _is_generated_script(path, self._scripts_of[d.name]):
+                return True
+        return False
 
-    lstat, S_ISREG = os.lstat, stat.S_ISREG
-    done: set[str] = set()
-    checked = fast = walked_fast = unverifiable = 0
-    for dist in targets:
-        if (dist.direct_url or {}).get("dir_info", {}).get("editable"):
-            result.skipped.append({"distribution": dist.name, "reason": "editable install: its source is your checkout"})
-            continue
-        if not dist.record:
-            result.skipped.append({"distribution": dist.name, "reason": "no RECORD (not installed from a wheel)"})
-            continue
-        stats["distributions"] += 1
-        installed = dist.install_time_ns
-        for entry in dist.record:
-            path = entry.path
-            if path in proven:
-                walked_fast += 1
+    def patches_from_mismatches(self, result: PatchScan, fetcher: Fetcher | None) -> list[tuple[Patch, Distribution]]:
+        """The mismatches checked against the bytes their wheels ship: equal ones are
+        `record_inconsistent`, the rest are patches."""
+        found: list[tuple[Patch, Distribution]] = []
+        if self.mismatches:
+            _cross_check(self.mismatches, self.cache(), self.snaps, fetcher)
+        for m in self.mismatches:
+            same = next((name for name, w in m.shipped.items() if w[1] == m.sha256), None)
+            if same is not None:
+                result.record_inconsistent.append(self._inconsistent(m, same))
                 continue
-            # is_install_artifact, inlined where it is cheap: this runs once per file.
-            if (path.endswith(_BYTECODE) or "/__pycache__/" in path
-                    or (".dist-info/" in path and is_install_artifact(path))):
-                continue
-            owners = shared.get(path) if shared else None
-            if owners is not None:
-                if path in done:
-                    continue
-                done.add(path)
-            elif not entry.hash:
-                unverifiable += 1
-                continue
-            st = seen_get(path)
-            if st is None:  # not in a package folder (a top-level module, a script), or gone
-                try:
-                    st = lstat(path)
-                except FileNotFoundError:
-                    who = owners[0][0] if owners else dist
-                    result.missing.append({"path": display_path(path, sites, prefix),
-                                           "distribution": who.name})
-                    continue
-                except OSError:
-                    continue
-            if not S_ISREG(st.st_mode):
-                continue
-            checked += 1
-            if owners is None:
-                if not thorough and provably_pristine(st.st_size, st.st_mtime_ns, entry.size, installed):
-                    fast += 1
-                    continue
-                owners = [(dist, entry)]
-            judge(path, st, owners)
-    stats["files_checked"] = checked + walked_fast
-    counts["fast_path"] += fast + walked_fast
-    counts["unverifiable"] += unverifiable
-    stats.update(counts)
+            found.append(self._patch(m))
+        result.record_inconsistent.sort(key=lambda r: (r["distribution"], r["path"]))
+        self.stats["record_inconsistent"] = len(result.record_inconsistent)
+        return found
 
-    snaps = _SnapshotSource(store) if store is not None else None
-    found: list[tuple[Patch, Distribution]] = []
-    if mismatches:
-        _cross_check(mismatches, get_cache(), snaps, fetcher)
-    for m in mismatches:
-        same = next((name for name, w in m.shipped.items() if w[1] == m.sha256), None)
-        if same is not None:
-            d, e = next(o for o in m.owners if o[0].name == same)
-            source = {"uv-cache": "uv's cache", "index": "the index"}.get(m.shipped[same][0], m.shipped[same][0])
-            told = (f"its RECORD lists size {e.size}, the wheel ships {m.st.st_size} bytes"
-                    if e.size is not None and e.size != m.st.st_size
-                    else "its RECORD lists another hash for the bytes the wheel ships")
-            result.record_inconsistent.append({
-                "path": display_path(m.path, sites, prefix), "distribution": d.name,
-                "reason": f"RECORD inconsistent, matches its wheel ({source}): {told}"})
-            continue
+    def _inconsistent(self, m: _Mismatch, same: str) -> dict[str, str]:
+        d, e = next(o for o in m.owners if o[0].name == same)
+        source = {"uv-cache": "uv's cache", "index": "the index"}.get(m.shipped[same][0], m.shipped[same][0])
+        told = (f"its RECORD lists size {e.size}, the wheel ships {m.st.st_size} bytes"
+                if e.size is not None and e.size != m.st.st_size
+                else "its RECORD lists another hash for the bytes the wheel ships")
+        return {"path": display_path(m.path, self.sites, self.prefix), "distribution": d.name,
+                "reason": f"RECORD inconsistent, matches its wheel ({source}): {told}"}
+
+    def _patch(self, m: _Mismatch) -> tuple[Patch, Distribution]:
         dist, entry = m.owners[0]
         digest = _record_digest(entry)
         algo, want = digest if digest is not None else ("", None)
         st = m.st
-        p = Patch(display_path(m.path, sites, prefix), m.path, dist.name, dist.version_text,
+        p = Patch(display_path(m.path, self.sites, self.prefix), m.path, dist.name, dist.version_text,
                   "modified", m.sha256, st.st_size, stat.S_IMODE(st.st_mode),
                   record_sha256=want if algo == "sha256" else None, record_size=entry.size,
                   patched_bytes=m.data)
@@ -731,37 +785,27 @@ def scan(env: Environment, *, dists: Iterable[str] | None = None, store: Store |
             p.not_cross_checked = "; ".join(f"{n}: {why}" for n, why in m.unchecked.items())
             p.pristine_note = ("its RECORD could not be cross-checked against the bytes its wheel "
                                f"ships ({p.not_cross_checked})")
-        cache = get_cache() if st.st_nlink > 1 else None
+        cache = self.cache() if st.st_nlink > 1 else None
         if cache is not None:
             hit = cache.same_inode(p.path, st)
             if hit is not None:
                 p.shares_uv_cache_inode = True
                 p.uv_cache_path = str(hit)
-        found.append((p, dist))
-    result.record_inconsistent.sort(key=lambda r: (r["distribution"], r["path"]))
-    stats["record_inconsistent"] = len(result.record_inconsistent)
+        return p, dist
 
-    # Files inside a package's folders that no RECORD lists.
-    for path, st, top in extra:
-        dist = folders.owner_of(path, top)
-        data = _read_small(path)
-        try:
-            sha = _sha256(data) if data is not None else _digest_file(path, "sha256")
-        except OSError:
-            continue
-        found.append((Patch(display_path(path, sites, prefix), path, dist.name, dist.version_text,
-                            "unlisted", sha, st.st_size, stat.S_IMODE(st.st_mode),
-                            patched_bytes=data), dist))
-
-    result.patches = [p for p, _ in found]
-    if with_diffs and result.patches:
-        _attach_diffs(found, result, store, snaps, get_cache(), fetcher)
-    elif not with_diffs:
-        result.sources.append("diffs not asked for")
-    stats["seconds"] = round(time.monotonic() - t0, 3)
-    result.stats = stats
-    result.patches.sort(key=lambda p: (p.distribution, p.kind, p.path))
-    return result
+    def unlisted_patches(self) -> list[tuple[Patch, Distribution]]:
+        """Files inside a package's folders that no RECORD lists."""
+        found: list[tuple[Patch, Distribution]] = []
+        for path, st, top in self.extra:
+            dist = self.folders.owner_of(path, top)
+            data = _read_small(path)
+            try:
+                sha = _sha256(data) if data is not None else _digest_file(path, "sha256")
+            except OSError:
+                continue
+            found.append((Patch(display_path(path, self.sites, self.prefix), path, dist.name, dist.version_text,
+                                "unlisted", sha, st.st_size, stat.S_IMODE(st.st_mode), patched_bytes=data), dist))
+        return found
 
 
 def _site_rel(path: str, dist: Distribution) -> str | None:
@@ -830,7 +874,7 @@ def _cross_check(mismatches: list[_Mismatch], cache: UvCache | None, snaps: _Sna
             if folder is not None and d.name not in rows:
                 rows[d.name] = _wheel_rows(folder, d.dist_info.name)
             row = rows[d.name].get(rel or "") if folder is not None else None
-            if row is None or row[1] != e.hash:
+            if folder is None or row is None or row[1] != e.hash:
                 m.unchecked[d.name] += (", the index did not provide it" if folder is None or row is None
                                         else ", the index serves another build")
                 continue
