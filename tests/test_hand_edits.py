@@ -10,7 +10,8 @@ editors' write patterns and real processes, end to end through the CLI:
   run, a rollback and further snapshots (a pinned one among them): `verify --full` finds
   every snapshot intact and a rollback to the pinned one is byte-exact;
 - after a snapshot and after a restore, no hand-editable file of the environment shares
-  its inode with the store (and, after a restore, with anything: link count 1);
+  its inode with the store, and every one a restore wrote has a link count of 1 (links
+  into uv's cache, which uv made, are left to uv and to `unshare`);
 - a snapshot taken before this rule (sources hard-linked into the store) is made safe by
   the next restore from it, which gives each shared source a copy of its own.
 """
@@ -72,7 +73,8 @@ def store_inodes(home: Path) -> set[tuple[int, int]]:
 
 def assert_private(prefix: Path, home: Path, *, single: bool) -> int:
     """No hand-editable file shares its inode with the store; `single`: nor with anything
-    (a restore's copies, or files it unshared). The number of files checked."""
+    (an environment uv installed by copies: a restore's copies, or files it unshared). The
+    number of files checked."""
     stored = store_inodes(home)
     texts = text_files(prefix)
     shared = [str(p) for p in texts if (p.lstat().st_dev, p.lstat().st_ino) in stored]
@@ -156,15 +158,18 @@ def test_an_in_place_edit_of_every_text_file_after_a_restore_reaches_no_snapshot
     assert doc["snapshot_id"] == pre and h.served_version() == "1.0.0"
     undo = doc["undo_snapshot_id"]
     assert doc["restore"]["written"] > 0
-    # After the restore every source is a copy of its own: not the store's inode, and
-    # (unchanged files that uv had linked from its cache included) no other name.
-    n = assert_private(h.prefix, rewheel_home, single=True)
+    # After the restore no source is the store's inode; those it wrote have no other name
+    # (the unchanged ones uv linked from its cache stay uv's).
+    n = assert_private(h.prefix, rewheel_home, single=False)
+    toypkg = [p for p in text_files(h.prefix) if p.parent.name == "toypkg"]
+    assert toypkg and all(p.stat().st_nlink == 1 for p in toypkg)
     names = {p.name for p in text_files(h.prefix)}
     assert {"core.py", "layers.py", "__init__.py", "pyvenv.cfg", "activate", "METADATA", "RECORD"} <= names
     json_of(rewheel("pin", target, pre, "--json"))
     after = json_of(rewheel("snapshot", target, "--label", "after the rollback", "--json"))
     assert after["files_private"] > 0 and after["bytes_private"] > 0
-    assert_private(h.prefix, rewheel_home, single=True)  # taking it changed nothing in the env
+    assert_private(h.prefix, rewheel_home, single=False)  # taking it changed nothing in the env
+    assert all(p.stat().st_nlink == 1 for p in toypkg)
     # Binaries stay shared by a hard link: the rule splits, it does not copy everything.
     ops = next(h.prefix.glob("lib/python3*/site-packages/toypkg/_ops.so"))
     assert (ops.stat().st_dev, ops.stat().st_ino) in store_inodes(rewheel_home)
@@ -190,7 +195,8 @@ def test_an_in_place_edit_of_every_text_file_after_a_restore_reaches_no_snapshot
     assert doc["recovered"] is None and doc["restore"]["written"] >= n
     assert h.state() == before
     assert h.served_version() == "1.0.0"
-    assert_private(h.prefix, rewheel_home, single=True)
+    assert_private(h.prefix, rewheel_home, single=False)
+    assert all(p.stat().st_nlink == 1 for p in text_files(h.prefix))  # every one edited, so rewritten
 
 
 @pytest.mark.parametrize("how", PATTERNS, ids=lambda f: f.__name__)
@@ -214,7 +220,8 @@ def test_each_write_pattern_after_snapshot_and_restore(how: Callable[[Path], boo
     doc = json_of(rewheel("rollback", "--python", str(py), snap["id"], "--yes", "--json", "--no-undo"))
     assert doc["restore"]["written"] == 1 and doc["recovered"] is None
     assert tree_state(prefix) == before
-    assert_private(prefix, rewheel_home, single=True)  # the restore unshared uv's links too
+    assert_private(prefix, rewheel_home, single=False)
+    assert core.stat().st_nlink == 1  # written by the restore: a copy of its own
     how(core)  # and again, now through the restored copy
     assert json_of(rewheel("verify", "--python", str(py), "--full", "--json"))["ok"] is True
     json_of(rewheel("rollback", "--python", str(py), snap["id"], "--yes", "--json", "--no-undo"))
@@ -229,7 +236,7 @@ def test_a_snapshot_that_shares_sources_is_made_safe_by_the_next_restore(tmp_pat
     else changed) gives each shared source a copy of its own — counted as `unshared`, not as
     written — and from then on an edit in place leaves the snapshot whole."""
     from rewheel.recipe import Recipe
-    from rewheel.runner import open_target, snapshot_now
+    from rewheel.commands import open_target, snapshot_now
     from rewheel.snapshot import capture
 
     py = make_venv(tmp_path / "env")
@@ -257,3 +264,4 @@ def test_a_snapshot_that_shares_sources_is_made_safe_by_the_next_restore(tmp_pat
     # A restore with nothing to do stays one: the copies are recognised by size and mtime.
     doc = json_of(rewheel("rollback", "--python", str(py), old.id, "--yes", "--json", "--no-undo"))
     assert doc["restore"]["written"] == 0 and doc["restore"]["unshared"] == 0
+

@@ -59,8 +59,8 @@ class RestoreResult:
     # Files left in place: not the stored inode, but proven to hold its bytes (a reinstall
     # or an upgrade since unpacked the same bytes anew); counted in `unchanged`.
     proven_same: int = 0
-    # Hand-editable files that held the snapshot's bytes but shared their inode with other
-    # names (an older snapshot's store, uv's cache): given a copy of their own, same bytes.
+    # Hand-editable files that held the snapshot's bytes but were its stored inode (linked by
+    # a rewheel before `hand_editable`): given a copy of their own, same bytes.
     unshared: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -255,7 +255,7 @@ class _Restore:
         self.kill_at = int(fault.partition(":")[2]) if fault.startswith("restore-commit:") else -1
         self.excluded = exclusion(man.exclude)
         self.proven = 0
-        self.unshared = 0  # writes of the same bytes, to break a shared inode (see `scan`)
+        self.unshared = 0  # writes of the same bytes, to break an inode shared with the store (see `scan`)
         self.todo = 0
         self.dirs: list[_Dir] = []  # the folders that need anything, children first
         # What the commit puts in place, by entry: the stored inode it links (checked),
@@ -326,9 +326,11 @@ class _Restore:
                     if ino is None or de.inode() == ino or hand_editable(name, sizes[i]):
                         lst = de.stat(follow_symlinks=False)
                         if lst.st_mtime_ns == mtimes[i] and lst.st_size == sizes[i] and is_reg(lst.st_mode):
-                            if lst.st_nlink > 1 and hand_editable(name, sizes[i]):
-                                # The snapshot's bytes, but one inode with other names: an
-                                # edit in place would reach them. A copy of its own instead.
+                            if ino is not None and lst.st_ino == ino and hand_editable(name, sizes[i]):
+                                # The snapshot's bytes, but its stored inode (a snapshot taken,
+                                # or restored, before `hand_editable` was the rule): an edit in
+                                # place would reach the store. A copy of its own instead. (Links
+                                # into uv's cache are uv's: a restore in the window leaves them.)
                                 unshare.append(f.entry(ri, rel, i, sha=False))
                                 writes.append(unshare[-1])
                                 continue
