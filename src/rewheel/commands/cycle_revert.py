@@ -11,10 +11,10 @@ from rewheel.commands.results import RevertRecord, RunReport, StepRecord
 from rewheel.commands.service_steps import ServiceSteps, cause_text, service_root_cause
 from rewheel.commands.snapshots import protected_snapshots, pruned_text, restore_changed
 from rewheel.commands.target import Say, Target
-from rewheel.errors import ServiceError, SnapshotError
+from rewheel.errors import RestoreError, RewheelError, ServiceError, SnapshotError
 from rewheel.journal import RunJournal
-from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, discard_displaced, restore_snapshot,
-                              take_snapshot, unstash_cleanup)
+from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, check_cleanup_entries, discard_displaced,
+                              restore_snapshot, take_snapshot, unstash_cleanup)
 from rewheel.statuses import Event, RunStatus
 
 
@@ -114,10 +114,17 @@ class Reverting:
         revert.failed_snapshot_dropped = fid
         self.say(f"the failed state was the restored state, byte for byte: snapshot {fid} removed")
 
+    def _refused_cleanup(self) -> RewheelError | None:
+        assert self.snap is not None
+        try:
+            check_cleanup_entries(self.snap, self.t.recipe.cleanup_paths)
+        except RewheelError as exc:
+            self.j.append(Event.NOTE, cleanup_refused=exc.message)
+            return exc
+        return None
+
     def revert(self, reason: str) -> None:
         """Stop, restore the snapshot, move cleanup paths back, start, verify."""
-        from rewheel.errors import RestoreError, RewheelError
-
         t0 = time.monotonic()
         self.revert_t0 = t0
         self.j.append(Event.STEP, name="revert", reason=reason)
@@ -125,13 +132,19 @@ class Reverting:
         revert = RevertRecord(reason)
         self.report.revert = revert
         try:
+            assert self.snap is not None
+            # Cleanup entries the recipe does not allow (a tampered meta.json) are found before
+            # anything is stopped or restored. The environment's files do not depend on them:
+            # they are restored and the service started all the same (a failed build must not
+            # stay live for want of a stray file), then the revert fails on them (exit 3),
+            # with nothing moved back.
+            refused = self._refused_cleanup()
             if self.svc is not None:
                 self.svc.stop()
-            assert self.snap is not None
             self._keep_failed_state(revert)
             self.j.append(Event.STEP, name="restore", snapshot_id=self.snap.id)
             res = restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=True)
-            res.cleanup_restored = unstash_cleanup(self.snap, self.t.recipe.cleanup_paths)
+            res.cleanup_restored = 0 if refused else unstash_cleanup(self.snap, self.t.recipe.cleanup_paths)
             revert.restore = res
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
                      f"{res.deleted:,} removed, {res.verified:,} verified"
@@ -155,6 +168,10 @@ class Reverting:
                     self.say(revert.service_skipped)
             finally:
                 discard_displaced(res, self.t.store.home)  # the failed build's folders, into the trash
+            if refused is not None:
+                raise type(refused)(f"{refused.message}; the environment's files were restored"
+                                    + (" and the service restarted" if revert.service is not None else "")
+                                    + ", nothing was moved back", hint=refused.hint)
         except RewheelError as exc:
             revert.error = str(exc)
             self.report.steps.append(StepRecord.since("revert", False, t0))
