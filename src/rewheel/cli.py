@@ -23,6 +23,7 @@ import typer
 
 from rewheel import report
 from rewheel.errors import EXIT_BUSY, EXIT_OK, EXIT_REVERTED, EXIT_USAGE, ConfirmationRequired, RewheelError
+from rewheel.statuses import RunStatus
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -563,7 +564,7 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
                             prepared=prepared, say=say, on_output=on_output, progress=cb, confirm=ask)
 
     def render(console: Console, rep: commands.RunReport) -> None:
-        if dry_run or rep.status == "prepared":
+        if dry_run or rep.status == RunStatus.PREPARED:
             report.render_plan(console, rep, verbose=verbose)
         report.render_run(console, rep, verbose=verbose)
         report.render_pruned(console, rep.pruned)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rewheel.errors import RewheelError
+from rewheel.statuses import UNDO_SKIPPED, RollbackStatus, RunStatus
 
 if TYPE_CHECKING:  # rich is imported by the renderers that run, not with this module
     from rich.console import Console
@@ -300,7 +301,7 @@ def render_changes(console: Console, changes: list, limit: int = 60, *,
 def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # results.RunReport
     colour = {"upgraded": "bold green", "reinstalled": "bold green", "unchanged": "bold green",
               "reverted": "bold yellow", "planned": "bold cyan", "prepared": "bold cyan"}.get(rep.status, "bold red")
-    if rep.status == "planned":
+    if rep.status == RunStatus.PLANNED:
         console.print(f"[{colour}]dry run: nothing was changed[/]")
         return
     here = (rep.run_dir, "the run's folder") if rep.run_dir else None
@@ -308,7 +309,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
                   + (f"; its folder: {escape(show_path(console, rep.run_dir))}" if here else ""))
     served = rep.service_before == "active"
     render_prepared(console, rep.prepared, here, served=served)
-    if rep.status == "prepared":
+    if rep.status == RunStatus.PREPARED:
         console.print(f"[{colour}]prepared{': the service kept serving' if served else ''}; `rewheel run {escape(rep.recipe)} --prepared` "
                       "swaps it in[/]")
         return
@@ -319,7 +320,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
     if rep.cleanup:
         console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
-    console.print("[bold]what would have changed[/]" if rep.status == "rejected" else "[bold]what changed[/]")
+    console.print("[bold]what would have changed[/]" if rep.status == RunStatus.REJECTED else "[bold]what changed[/]")
     same = {c.name: str(c.new) for c in (rep.plan.changes if rep.plan else []) if c.change == "reinstall"}
     render_changes(console, rep.changes, same_version=same, verbose=verbose)
     if rep.files:
@@ -878,7 +879,7 @@ def render_rollback_more(console: Console, result) -> None:  # results.RollbackR
         console.print(f"  the state it replaced is snapshot {escape(result.undo_snapshot_id)}: "
                       f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}` "
                       "undoes this rollback")
-    elif result.undo_snapshot_error == "skipped (--no-undo)":
+    elif result.undo_snapshot_error == UNDO_SKIPPED:
         console.print("  the state it replaced was not snapshotted (--no-undo): this rollback cannot be undone")
     elif result.undo_snapshot_error:
         console.print(f"  [yellow]the state it replaced could not be snapshotted "
@@ -887,7 +888,7 @@ def render_rollback_more(console: Console, result) -> None:  # results.RollbackR
         console.print(f"  closed interrupted runs it superseded: {escape(', '.join(result.superseded_runs))}")
     if result.pruned:
         console.print(f"  pruned old snapshots: {escape(', '.join(result.pruned))}")
-    if result.status != "restored":
+    if result.status != RollbackStatus.RESTORED:
         console.print("[bold red]the service did not come back healthy[/]")
         render_root_cause(console, result.root_cause)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rewheel import journal
+from rewheel.statuses import Event
 
 if TYPE_CHECKING:
     from rewheel.diff import PackageChange
@@ -144,7 +145,7 @@ def running_now(t: Target) -> dict[str, Any] | None:
     # finishes an interrupted run writes its own, newer).
     live = journal.interrupted_run(t.store.env_dir)
     if live is not None:
-        started = live.first("started") or {}
+        started = live.first(Event.STARTED) or {}
         doc.update(run_id=live.id, kind=live.kind, step=live.last_step or "start",
                    since=started.get("time") or doc["since"])
     return doc

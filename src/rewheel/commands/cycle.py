@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from rewheel.commands.cycle_revert import Reverting
 from rewheel.commands.cycle_staging import Staging
-from rewheel.commands.results import (DOWNTIME_PARTS, DiagnosisRecord, Downtime, Failure, RunPlan, RunReport, StepRecord,
-                                      kept_status)
+from rewheel.commands.results import (DOWNTIME_PARTS, DiagnosisRecord, Downtime, Failure, RunPlan, RunReport,
+                                      StepRecord)
 from rewheel.commands.service_steps import ServiceSteps, cause_text, service_root_cause
 from rewheel.commands.snapshots import env_matches, protected_snapshots, pruned_text
 from rewheel.commands.target import Say, Target
 from rewheel.errors import SnapshotError
 from rewheel.journal import RunJournal
 from rewheel.snapshot import Progress, SnapshotMeta, take_snapshot
+from rewheel.statuses import Event, RunStatus, kept_status
 
 if TYPE_CHECKING:
     from rewheel.diagnose import RootCause
@@ -34,7 +35,7 @@ class _Step:
 
     def __enter__(self) -> _Step:
         self.t0 = time.monotonic()
-        self.run.j.append("step", name=self.name, **self.info)
+        self.run.j.append(Event.STEP, name=self.name, **self.info)
         self.run.say(f"── {self.name}")
         return self
 
@@ -56,7 +57,7 @@ class Cycle(Staging, Reverting):
         self.say = say
         self.on_output = on_output
         self.progress = progress
-        self.report = RunReport(status="failed", recipe=t.label)
+        self.report = RunReport(status=RunStatus.FAILED, recipe=t.label)
         self.svc: ServiceSteps | None = None
         self.snap: SnapshotMeta | None = None
         self.was_active = False
@@ -86,11 +87,11 @@ class Cycle(Staging, Reverting):
         whether the service ran before it, its pre-upgrade snapshot (None when it was
         interrupted before taking one)."""
         cyc = cls(t, lock=None, say=say, on_output=say, progress=progress)
-        notes = [r for r in j.records if r["event"] == "note"]
+        notes = [r for r in j.records if r["event"] == Event.NOTE]
         cyc.j = j
         cyc.was_active = any(r.get("service_was_active") for r in notes)
         cyc.report.run_id = j.id
-        cyc.report.before = (j.first("started") or {}).get("before") or {}
+        cyc.report.before = (j.first(Event.STARTED) or {}).get("before") or {}
         if t.recipe.service is not None:
             cyc.svc = ServiceSteps(t, j, cyc.report.steps, say)
             if any("service_was_active" in r for r in notes):
@@ -136,7 +137,7 @@ class Cycle(Staging, Reverting):
         self.report.before = self.t.env.versions()
         self.report.steps.append(StepRecord.since("preflight", True, t0))
         if dry_run:
-            self.report.status = "planned"
+            self.report.status = RunStatus.PLANNED
             return False
         if confirm:
             confirm(self.report)
@@ -182,7 +183,7 @@ class Cycle(Staging, Reverting):
         self.was_active = st.up
         self.report.service_before = "active" if st.up else "inactive"
         self.report.service_judged_by = st.judged_by
-        self.j.append("note", service_was_active=self.was_active, service_judged_by=st.judged_by)
+        self.j.append(Event.NOTE, service_was_active=self.was_active, service_judged_by=st.judged_by)
         if not st.up:
             self.say(f"{self.svc.manager.describe()} is not running: it is not started after the run")
         else:
@@ -205,7 +206,7 @@ class Cycle(Staging, Reverting):
                                 status="pre-upgrade", run_id=self.j.id, progress=self.progress, dists=dists,
                                 exclude=self.t.recipe.snapshot_exclude)
             self.snap = res.meta
-            self.j.append("snapshot", snapshot_id=res.meta.id)
+            self.j.append(Event.SNAPSHOT, snapshot_id=res.meta.id)
             self.report.snapshot_id = res.meta.id
             self.report.snapshot = res
             self.say(f"snapshot {res.meta.id}: {res.meta.files:,} files, {res.files_linked:,} shared "
@@ -293,7 +294,7 @@ class Cycle(Staging, Reverting):
             fetched = list(getattr(self.installed, "fetched", None) or [])
             if fetched:
                 self.report.fetched_after_stop = fetched
-                self.j.append("note", fetched_after_stop=fetched)
+                self.j.append(Event.NOTE, fetched_after_stop=fetched)
                 if self.prepared is not None:
                     self.say("fetched after the stop (not in uv's cache): " + ", ".join(fetched))
 
@@ -335,7 +336,7 @@ class Cycle(Staging, Reverting):
         with _Step(self, "diff"):
             self.report.after = self.t.env.versions()
             self.report.attempted = dict(self.report.after)
-            self.j.append("installed", versions=self.report.after)
+            self.j.append(Event.INSTALLED, versions=self.report.after)
             self._check_planned()
             assert self.snap is not None
             reapply = self.t.recipe.patch_policy == "reapply" and bool(self.scan.patches)
@@ -404,7 +405,7 @@ class Cycle(Staging, Reverting):
         try:
             files, size = staging.unshare(self.t.env, self.install_ns)
         except Exception as exc:  # noqa: BLE001 - the upgrade is kept; the report says what was left
-            self.j.append("note", unshare_failed=str(exc))
+            self.j.append(Event.NOTE, unshare_failed=str(exc))
             self.say(f"(files still shared with uv's cache: {exc})")
             return
         self.report.steps.append(StepRecord.since("unshare", True, t0))

@@ -11,10 +11,11 @@ from rewheel.commands.results import RevertRecord, RunReport, StepRecord
 from rewheel.commands.service_steps import ServiceSteps, cause_text, service_root_cause
 from rewheel.commands.snapshots import protected_snapshots, pruned_text, restore_changed
 from rewheel.commands.target import Say, Target
-from rewheel.errors import ServiceError, SnapshotError
+from rewheel.errors import RestoreError, RewheelError, ServiceError, SnapshotError
 from rewheel.journal import RunJournal
-from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, discard_displaced, restore_snapshot,
-                              take_snapshot, unstash_cleanup)
+from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, check_cleanup_entries, discard_displaced,
+                              restore_snapshot, take_snapshot, unstash_cleanup)
+from rewheel.statuses import Event, RunStatus
 
 
 class Reverting:
@@ -39,8 +40,8 @@ class Reverting:
         """Snapshot the failed build before restoring, so it can be diffed and inspected later
         (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
         this costs little; if it fails, the restore goes ahead anyway."""
-        restoring = any(r["event"] == "step" and r.get("name") == "restore" for r in self.j.records)
-        if self.j.kind != "run" or self.j.first("failed-snapshot") is not None or restoring:
+        restoring = any(r["event"] == Event.STEP and r.get("name") == "restore" for r in self.j.records)
+        if self.j.kind != "run" or self.j.first(Event.FAILED_SNAPSHOT) is not None or restoring:
             # Only a failed upgrade is worth keeping, and only once; never a half-restored one
             # (a revert interrupted in its restore, finished by `resume`).
             return
@@ -48,7 +49,7 @@ class Reverting:
             res = take_snapshot(self.t.env, self.t.store, label=f"failed upgrade of run {self.j.id}",
                                 status="failed-upgrade", run_id=self.j.id, progress=self.progress,
                                 exclude=self.t.recipe.snapshot_exclude)
-            self.j.append("failed-snapshot", failed_snapshot_id=res.meta.id)
+            self.j.append(Event.FAILED_SNAPSHOT, failed_snapshot_id=res.meta.id)
             revert.failed_snapshot_id = res.meta.id
             self.say(f"kept the failed state as snapshot {res.meta.id} for inspection")
         except Exception as exc:
@@ -62,7 +63,7 @@ class Reverting:
 
         how = getattr(exc, "signame", None) or "Ctrl-C"
         ref = self.t.cli_ref
-        stopped = any(r.get("event") == "step" and r.get("name") == "stop" for r in self.j.records)
+        stopped = any(r.get("event") == Event.STEP and r.get("name") == "stop" for r in self.j.records)
         msg = f"run {self.j.id} was interrupted ({how}) at its {self.j.last_step or 'start'} step"
         if self.svc is not None and self.down_t0 is not None and (
                 self.svc.healthy_at is None or self.svc.healthy_at <= self.down_t0):
@@ -83,7 +84,7 @@ class Reverting:
         snapshots each (before, and the failed build). Once the journal is finished, so that
         what a plain rollback needs now is what `protected_snapshots` protects; never the
         pinned ones, this run's pre-upgrade snapshot or the failed build it just kept."""
-        if self.report.status != "reverted" or self.snap is None:
+        if self.report.status != RunStatus.REVERTED or self.snap is None:
             return
         rv = self.report.revert
         keep = protected_snapshots(self.t.store) | {self.snap.id}
@@ -108,29 +109,42 @@ class Reverting:
             self.t.store.delete(fid)
         except (OSError, SnapshotError):
             return  # kept: retention removes it later
-        self.j.append("note", failed_snapshot_dropped=fid)
+        self.j.append(Event.NOTE, failed_snapshot_dropped=fid)
         revert.failed_snapshot_id = None
         revert.failed_snapshot_dropped = fid
         self.say(f"the failed state was the restored state, byte for byte: snapshot {fid} removed")
 
+    def _refused_cleanup(self) -> RewheelError | None:
+        assert self.snap is not None
+        try:
+            check_cleanup_entries(self.snap, self.t.recipe.cleanup_paths)
+        except RewheelError as exc:
+            self.j.append(Event.NOTE, cleanup_refused=exc.message)
+            return exc
+        return None
+
     def revert(self, reason: str) -> None:
         """Stop, restore the snapshot, move cleanup paths back, start, verify."""
-        from rewheel.errors import RestoreError, RewheelError
-
         t0 = time.monotonic()
         self.revert_t0 = t0
-        self.j.append("step", name="revert", reason=reason)
+        self.j.append(Event.STEP, name="revert", reason=reason)
         self.say(f"── revert: {reason}")
         revert = RevertRecord(reason)
         self.report.revert = revert
         try:
+            assert self.snap is not None
+            # Cleanup entries the recipe does not allow (a tampered meta.json) are found before
+            # anything is stopped or restored. The environment's files do not depend on them:
+            # they are restored and the service started all the same (a failed build must not
+            # stay live for want of a stray file), then the revert fails on them (exit 3),
+            # with nothing moved back.
+            refused = self._refused_cleanup()
             if self.svc is not None:
                 self.svc.stop()
-            assert self.snap is not None
             self._keep_failed_state(revert)
-            self.j.append("step", name="restore", snapshot_id=self.snap.id)
+            self.j.append(Event.STEP, name="restore", snapshot_id=self.snap.id)
             res = restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=True)
-            res.cleanup_restored = unstash_cleanup(self.snap, self.t.recipe.cleanup_paths)
+            res.cleanup_restored = 0 if refused else unstash_cleanup(self.snap, self.t.recipe.cleanup_paths)
             revert.restore = res
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
                      f"{res.deleted:,} removed, {res.verified:,} verified"
@@ -154,14 +168,18 @@ class Reverting:
                     self.say(revert.service_skipped)
             finally:
                 discard_displaced(res, self.t.store.home)  # the failed build's folders, into the trash
+            if refused is not None:
+                raise type(refused)(f"{refused.message}; the environment's files were restored"
+                                    + (" and the service restarted" if revert.service is not None else "")
+                                    + ", nothing was moved back", hint=refused.hint)
         except RewheelError as exc:
             revert.error = str(exc)
             self.report.steps.append(StepRecord.since("revert", False, t0))
-            self.report.status = "failed"
+            self.report.status = RunStatus.FAILED
             cause = f"; its log says{cause_text(revert.root_cause)}" if revert.root_cause else ""
             raise RestoreError(f"revert failed: {exc.message}{cause}",
                                hint=(exc.hint or "") + f"\nthe pre-upgrade snapshot is {self.snap.id if self.snap else '?'}; "
                                f"run `rewheel rollback {self.t.cli_ref} {self.snap.id if self.snap else ''} --yes` "
                                "once the cause is fixed") from exc
         self.report.steps.append(StepRecord.since("revert", True, t0))
-        self.report.status = "reverted"
+        self.report.status = RunStatus.REVERTED

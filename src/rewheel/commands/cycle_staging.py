@@ -13,6 +13,7 @@ from rewheel.commands.service_steps import cause_text
 from rewheel.commands.target import Say, Target
 from rewheel.host import Host
 from rewheel.journal import RunJournal
+from rewheel.statuses import Event, Finished, RunStatus
 
 
 class Staging:
@@ -87,11 +88,11 @@ class Staging:
         self.say(f"prepared: {len(build.versions)} distribution(s) locked in {prepared.lock}, "
                  "every wheel in uv's cache, the checks passed")
         if prepare_only:
-            self.report.status = "prepared"
+            self.report.status = RunStatus.PREPARED
             j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=self.lock, before=self.report.before,
                                   prepare_only=True)
-            j.append("step", name="prepare")
-            j.append("finished", status="prepared", before=self.report.before, prepared=prepared.lock,
+            j.append(Event.STEP, name="prepare")
+            j.append(Event.FINISHED, status=Finished.PREPARED, before=self.report.before, prepared=prepared.lock,
                      downtime=None)
             self.report.run_id, self.report.run_dir = j.id, str(j.dir)
             return False
@@ -108,7 +109,7 @@ class Staging:
 
         t = self.t
         failed = build.failed
-        self.report.status = "rejected"
+        self.report.status = RunStatus.REJECTED
         j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=self.lock, before=self.report.before)
         self.j = j
         self.report.run_id, self.report.run_dir = j.id, str(j.dir)
@@ -135,7 +136,7 @@ class Staging:
         for c in build.checks:
             if c.log:
                 self.report.logs[c.name] = c.log
-        j.append("step", name="prepare", check=failed.name)
+        j.append(Event.STEP, name="prepare", check=failed.name)
         if failed.log and Path(failed.log).is_file():
             try:
                 d = diagnose.analyse_file(failed.log, package=build.package or self.package())
@@ -150,7 +151,7 @@ class Staging:
                                   f"log: {failed.log or '(none)'}")
         self.report.failure = Failure.of("prepare", err)
         self.say(f"rejected: {err.message}")
-        j.append("finished", status="rejected", before=self.report.before, after=self.report.before,
+        j.append(Event.FINISHED, status=Finished.REJECTED, before=self.report.before, after=self.report.before,
                  attempted=self.report.attempted, check=failed.name, root_cause=json_value(self.report.root_cause),
                  downtime=None)
 

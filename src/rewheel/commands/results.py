@@ -8,6 +8,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from rewheel.statuses import ResumeStatus, RollbackStatus, RunStatus, rollback_exit, run_exit
+
 if TYPE_CHECKING:
     from rewheel.diagnose import RootCause
     from rewheel.diff import FileChange, PackageChange
@@ -98,9 +100,9 @@ class RollbackResult:
     undo_snapshot_id: str | None = None
     undo_snapshot_error: str | None = None
     pruned: list[str] = field(default_factory=list)
-    # "restored", or "service-failed": the files are the snapshot's, verified, but the
-    # service did not come back healthy (exit 3); `root_cause` is read from its log.
-    status: str = "restored"
+    # SERVICE_FAILED: the files are the snapshot's, verified, but the service did not come
+    # back healthy (exit 3); `root_cause` is read from its log.
+    status: RollbackStatus = RollbackStatus.RESTORED
     error: str | None = None
     hint: str | None = None
     root_cause: RootCause | None = None
@@ -117,9 +119,7 @@ class RollbackResult:
 
     @property
     def exit_code(self) -> int:
-        from rewheel.errors import EXIT_OK, EXIT_UNRESTORED
-
-        return EXIT_OK if self.status == "restored" else EXIT_UNRESTORED
+        return rollback_exit(self.status)
 
     def to_json(self) -> dict[str, Any]:
         return {"status": self.status, "snapshot_id": self.snapshot.id, "run_id": self.run_id,
@@ -256,8 +256,7 @@ class DiagnosisRecord:
 
 @dataclass
 class RunReport:
-    # "upgraded" | "reinstalled" | "unchanged" | "reverted" | "failed" | "planned" | "prepared" | "rejected"
-    status: str
+    status: RunStatus
     recipe: str
     run_id: str | None = None
     snapshot_id: str | None = None
@@ -306,11 +305,7 @@ class RunReport:
 
     @property
     def exit_code(self) -> int:
-        from rewheel.errors import EXIT_OK, EXIT_REVERTED, EXIT_UNRESTORED
-
-        return {"upgraded": EXIT_OK, "reinstalled": EXIT_OK, "unchanged": EXIT_OK, "planned": EXIT_OK,
-                "prepared": EXIT_OK, "reverted": EXIT_REVERTED, "rejected": EXIT_REVERTED,
-                "failed": EXIT_UNRESTORED}[self.status]
+        return run_exit(self.status)
 
     def to_json(self) -> dict[str, Any]:
         # The one place a run's report becomes JSON: each field by its own object's to_json.
@@ -319,17 +314,9 @@ class RunReport:
         return doc
 
 
-def kept_status(before: dict[str, str], after: dict[str, str], reinstalled: bool) -> str:
-    """A kept run's status: "upgraded" only when a version changed; else "reinstalled" (fresh
-    files at the same versions) or "unchanged"."""
-    if before != after:
-        return "upgraded"
-    return "reinstalled" if reinstalled else "unchanged"
-
-
 @dataclass
 class ResumeResult:
-    status: str  # "nothing-to-resume" | "reverted" | "upgraded" | "aborted" | "restored"
+    status: ResumeStatus
     run_id: str | None
     action: str
     report: RunReport | None = None

@@ -21,6 +21,7 @@ from rewheel.errors import RewheelError, ServiceError, SnapshotDamaged, Snapshot
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, Store, check_cleanup_entries, discard_displaced,
                               restore_snapshot, take_snapshot, unstash_cleanup)
+from rewheel.statuses import UNDO_SKIPPED, Event, Finished, RollbackStatus
 
 
 # A build that failed its checks, kept for inspection: never a default rollback target,
@@ -90,7 +91,7 @@ def _noted_active(j: RunJournal | None) -> bool:
     """Whether a journal recorded the service as running before its run began."""
     if j is None:
         return False
-    notes = [r for r in j.records if r["event"] == "note" and "service_was_active" in r]
+    notes = [r for r in j.records if r["event"] == Event.NOTE and "service_was_active" in r]
     return bool(notes and notes[0]["service_was_active"])
 
 
@@ -98,9 +99,9 @@ def _left_down(j: RunJournal) -> bool:
     """Whether a command may have left the service stopped although it was running before."""
     if not j.finished:
         return True
-    if j.status != "failed":
+    if j.status != Finished.FAILED:
         return False
-    fin = j.last("finished") or {}
+    fin = j.last(Event.FINISHED) or {}
     # A run that failed before its reinstall ("error") started the service again itself.
     return "error" not in fin or any("restart_after_abort_failed" in r for r in j.records)
 
@@ -160,7 +161,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             if svc and not unchanged:
                 svc.check_stoppable(st)
         except BaseException:
-            j.append("finished", status="refused", snapshot_id=snap.id)
+            j.append(Event.FINISHED, status=Finished.REFUSED, snapshot_id=snap.id)
             raise
         undo_id = undo_error = None
         served_undo = False
@@ -169,7 +170,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             up_now = st.up
             # Up now, or up before the run that stopped it and left it so.
             was_up = up_now or _noted_active(left_down)
-            j.append("note", service_was_active=was_up, service_judged_by=st.judged_by,
+            j.append(Event.NOTE, service_was_active=was_up, service_judged_by=st.judged_by,
                      environment_unchanged=unchanged)
             if unchanged:
                 say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
@@ -191,16 +192,16 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                         if was_up and not svc.was_active():
                             svc.start_and_verify()
                     except Exception as again:  # noqa: BLE001 - the stop's failure is reported
-                        j.append("note", restart_after_abort_failed=str(again))
+                        j.append(Event.NOTE, restart_after_abort_failed=str(again))
                     finally:
                         if undo_id is not None:
                             _forget_quietly(t.store, undo_id)  # nothing was replaced: nothing to undo
-                        j.append("finished", status="failed", snapshot_id=snap.id,
+                        j.append(Event.FINISHED, status=Finished.FAILED, snapshot_id=snap.id,
                                  error=getattr(exc, "message", None) or str(exc))
                     raise
         if not undo and not unchanged:
-            undo_error = "skipped (--no-undo)"
-            j.append("note", undo_snapshot_error=undo_error)
+            undo_error = UNDO_SKIPPED
+            j.append(Event.NOTE, undo_snapshot_error=undo_error)
         elif served_undo:
             assert undo_id is not None
             undo_id, undo_error = _check_undo_snapshot(t, j, snap, undo_id, steps, failed_build=replaces_failed,
@@ -208,7 +209,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         elif not unchanged and not suspect and undo_id is None and undo_error is None:
             undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
                                                            say=say, progress=progress)
-        j.append("step", name="restore", snapshot_id=snap.id)
+        j.append(Event.STEP, name="restore", snapshot_id=snap.id)
         say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
         t0 = time.monotonic()
         try:
@@ -224,7 +225,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                 if svc and stopped and was_up:
                     svc.start_and_verify()
             finally:
-                j.append("finished", status="refused", snapshot_id=snap.id)
+                j.append(Event.FINISHED, status=Finished.REFUSED, snapshot_id=snap.id)
             raise
         res.cleanup_restored = unstash_cleanup(snap, t.recipe.cleanup_paths)
         steps.append(StepRecord.since("restore", True, t0))
@@ -235,7 +236,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                 if not stopped and restore_changed(res):
                     # Judged unchanged, yet the restore changed files: the service (if any
                     # runs) must not keep running the bytes it loaded before.
-                    j.append("note", unchanged_but_restored=True)
+                    j.append(Event.NOTE, unchanged_but_restored=True)
                     stopped = True
                     down_t0 = time.monotonic() if up_now else None
                     svc.stop()
@@ -252,7 +253,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             discard_displaced(res, t.store.home)  # the store's trash: deleted once this has exited
         if interrupted is not None:
             # The files are the snapshot's now, whether or not the service came back.
-            interrupted.append("finished", status="rolled-back", by_run=j.id)
+            interrupted.append(Event.FINISHED, status=Finished.ROLLED_BACK, by_run=j.id)
         superseded = close_superseded(t.store.env_dir, j, skip={interrupted.id} if interrupted else set())
         result = RollbackResult(snap, res, j.id, service_state, interrupted.id if interrupted else None, steps,
                                 lk.stopped, undo_snapshot_id=undo_id, undo_snapshot_error=undo_error,
@@ -263,10 +264,10 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             _service_failed_after_restore(t, svc, result, failed)
             # Finished, not left interrupted: the files are restored and verified; what is
             # wrong is the service, which the result names (no "error" key: see _left_down).
-            j.append("finished", status="failed", snapshot_id=snap.id, service_error=result.error,
+            j.append(Event.FINISHED, status=Finished.FAILED, snapshot_id=snap.id, service_error=result.error,
                      root_cause=json_value(result.root_cause), downtime=json_value(result.downtime))
             return result
-        j.append("finished", status="restored", snapshot_id=snap.id, downtime=json_value(result.downtime))
+        j.append(Event.FINISHED, status=Finished.RESTORED, snapshot_id=snap.id, downtime=json_value(result.downtime))
         keep = protected_snapshots(t.store) | {snap.id} | ({undo_id} if undo_id else set())
         result.pruned = t.store.prune(t.recipe.keep, keep)
         if result.pruned:
@@ -310,14 +311,14 @@ def _live_is_failed_build(t: Target, runs: list[RunJournal], interrupted: RunJou
     an upgrade interrupted after its reinstall began, one that failed and was left in place
     (`--no-revert`), or a failed build restored with --force."""
     if interrupted is not None and interrupted.kind == "run":
-        return any(r.get("name") == "reinstall" for r in interrupted.records if r["event"] == "step")
+        return any(r.get("name") == "reinstall" for r in interrupted.records if r["event"] == Event.STEP)
     newest = next((r for r in runs if r.finished), None)
     if newest is None:
         return False
-    fin = newest.last("finished") or {}
+    fin = newest.last(Event.FINISHED) or {}
     if newest.kind == "run":
-        return newest.status == "failed" and bool(fin.get("kept_failed_state"))
-    if newest.kind == "rollback" and newest.status in ("restored", "failed") and newest.snapshot_id:
+        return newest.status == Finished.FAILED and bool(fin.get("kept_failed_state"))
+    if newest.kind == "rollback" and newest.status in (Finished.RESTORED, Finished.FAILED) and newest.snapshot_id:
         try:
             return is_failed_build(t.store.get(newest.snapshot_id))
         except SnapshotError:
@@ -365,7 +366,7 @@ def _check_undo_snapshot(t: Target, j: RunJournal, target: SnapshotMeta, undo_id
     Anything changed since (an edit, a byte-compiled cache written): the snapshot is taken
     again, now, and the stale one removed. Returns (snapshot id, error)."""
     t0 = time.monotonic()
-    j.append("step", name="snapshot-check", purpose="undo", snapshot_id=undo_id)
+    j.append(Event.STEP, name="snapshot-check", purpose="undo", snapshot_id=undo_id)
     try:
         same = env_matches(t, t.store.get(undo_id))
     except (SnapshotDamaged, SnapshotError):
@@ -375,7 +376,7 @@ def _check_undo_snapshot(t: Target, j: RunJournal, target: SnapshotMeta, undo_id
         return undo_id, None
     say(f"the environment changed while the service served: the undo snapshot {undo_id} is taken again")
     _forget_quietly(t.store, undo_id)
-    j.append("note", undo_snapshot_stale=undo_id)
+    j.append(Event.NOTE, undo_snapshot_stale=undo_id)
     return _snapshot_replaced_state(t, j, target, steps, failed_build=failed_build, say=say, progress=progress)
 
 
@@ -389,20 +390,20 @@ def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, ste
     and the result says it cannot be undone. `served`: taken before the stop (then checked
     in the window by `_check_undo_snapshot`). Returns (snapshot id, error)."""
     t0 = time.monotonic()
-    j.append("step", name="snapshot", purpose="undo", served=served)
+    j.append(Event.STEP, name="snapshot", purpose="undo", served=served)
     try:
         res = take_snapshot(t.env, t.store, label=f"before rollback {j.id} to {target.id}", status=PRE_ROLLBACK,
                             run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude)
     except Exception as exc:  # noqa: BLE001 - any failure: reported, the restore still goes ahead
         msg = getattr(exc, "message", None) or str(exc)
-        j.append("note", undo_snapshot_error=msg)
+        j.append(Event.NOTE, undo_snapshot_error=msg)
         steps.append(StepRecord.since("snapshot", False, t0))
         say(f"could not snapshot the state this rollback replaces ({msg}): going ahead; it cannot be undone")
         return None, msg
     if failed_build:
         res.meta.extra["failed_build"] = True  # never a default target, restored only with --force
         res.meta.save()
-    j.append("note", undo_snapshot_id=res.meta.id)
+    j.append(Event.NOTE, undo_snapshot_id=res.meta.id)
     steps.append(StepRecord.since("snapshot", True, t0))
     say(f"snapshot {res.meta.id} holds the state this rollback replaces "
         f"(`rewheel rollback {t.cli_ref} {res.meta.id}` undoes it)")
@@ -413,7 +414,7 @@ def _service_failed_after_restore(t: Target, svc: ServiceSteps, result: Rollback
     """Fill a rollback's result for a service that did not come back healthy: the root cause
     from its log, what failed, and what a person can do (exit 3)."""
     rc, diag = service_root_cause(svc, t.env.import_name(t.recipe.install.names))
-    result.status = "service-failed"
+    result.status = RollbackStatus.SERVICE_FAILED
     result.root_cause, result.diagnosis = rc, diag
     msg = getattr(exc, "message", None) or str(exc)
     result.error = (f"restored snapshot {result.snapshot.id} into {t.env.prefix} (verified), but "
@@ -441,6 +442,6 @@ def close_superseded(env_dir: Path, by: RunJournal, *, skip: AbstractSet[str] = 
     for r in journal.list_runs(env_dir):
         if r.id == by.id or r.id in skip or r.finished or not r.records:
             continue
-        r.append("finished", status="superseded", by_run=by.id)
+        r.append(Event.FINISHED, status=Finished.SUPERSEDED, by_run=by.id)
         closed.append(r.id)
     return closed

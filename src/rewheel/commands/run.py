@@ -12,6 +12,7 @@ from rewheel.commands.results import RevertRecord, RunReport, StepRecord, json_v
 from rewheel.commands.target import Say, Target, quiet, refuse_system_interpreter
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import Progress, unstash_cleanup
+from rewheel.statuses import Event, Finished, RunStatus
 
 
 def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert: bool = False,
@@ -105,7 +106,7 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
         cyc.record_failure(exc)
         _restart_after_abort(cyc)
         cyc.report.downtime = cyc.downtime()
-        cyc.j.append("finished", status="failed", error=str(exc), downtime=json_value(cyc.report.downtime))
+        cyc.j.append(Event.FINISHED, status=Finished.FAILED, error=str(exc), downtime=json_value(cyc.report.downtime))
         raise
     try:
         cyc.reinstall()
@@ -119,11 +120,11 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
         if not cyc.report.steps or cyc.report.steps[-1].name != cyc.j.last_step:
             cyc.report.steps.append(StepRecord(cyc.j.last_step or "?", False))
         if no_revert:
-            cyc.report.status = "failed"
+            cyc.report.status = RunStatus.FAILED
             cyc.unshare()  # left for debugging, and edited in place: not through uv's cache
             cyc.report.after = t.env.versions()
             cyc.report.downtime = cyc.downtime()
-            cyc.j.append("finished", status="failed", kept_failed_state=True, before=cyc.report.before,
+            cyc.j.append(Event.FINISHED, status=Finished.FAILED, kept_failed_state=True, before=cyc.report.before,
                          after=cyc.report.after, downtime=json_value(cyc.report.downtime))
             return cyc.report
         # A signal (Ctrl-C, SIGTERM, SIGHUP) or a kill during the revert leaves the run open in
@@ -132,11 +133,11 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
             cyc.revert(reason)
         except RewheelError as rexc:
             # Exit 3: the report says what failed and what a person must do.
-            cyc.report.status = "failed"
+            cyc.report.status = RunStatus.FAILED
             cyc.report.revert = cyc.report.revert or RevertRecord(reason)
             cyc.report.revert.error, cyc.report.revert.hint = rexc.message, rexc.hint
         cyc.report.downtime = cyc.downtime()
-        cyc.j.append("finished", status=cyc.report.status, reason=reason,
+        cyc.j.append(Event.FINISHED, status=cyc.report.status, reason=reason,
                      before=cyc.report.before, after=cyc.report.after,
                      root_cause=json_value(cyc.report.root_cause), downtime=json_value(cyc.report.downtime))
         cyc.prune_after_revert()
@@ -144,7 +145,7 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
     cyc.report.downtime = cyc.downtime()
     cyc.finish_file_diff()  # the service answers already: outside the downtime
     cyc.unshare()
-    cyc.j.append("finished", status=cyc.report.status, before=cyc.report.before, after=cyc.report.after,
+    cyc.j.append(Event.FINISHED, status=cyc.report.status, before=cyc.report.before, after=cyc.report.after,
                  downtime=json_value(cyc.report.downtime))
     return cyc.report
 
@@ -156,4 +157,4 @@ def _restart_after_abort(cyc: Cycle) -> None:
                 unstash_cleanup(cyc.snap, cyc.t.recipe.cleanup_paths)
             cyc.svc.start_and_verify()
         except Exception as exc:  # report the original failure; this one goes in the journal
-            cyc.j.append("note", restart_after_abort_failed=str(exc))
+            cyc.j.append(Event.NOTE, restart_after_abort_failed=str(exc))

@@ -10,6 +10,7 @@ from rewheel.commands.target import Target
 from rewheel.errors import SnapshotDamaged, SnapshotError
 from rewheel.journal import EnvLock
 from rewheel.snapshot import Progress, RestoreResult, SnapshotMeta, Store, take_snapshot
+from rewheel.statuses import Finished
 
 
 def protected_snapshots(store: Store) -> set[str]:
@@ -60,7 +61,7 @@ def history(t: Target) -> History:
 
 # How a run ends whose upgrade is not in place: its pre-upgrade snapshot is what the
 # environment already is again, so a plain rollback to it would undo nothing.
-UNDONE_RUNS = ("reverted", "rejected", "aborted")
+UNDONE_RUNS = (Finished.REVERTED, Finished.REJECTED, Finished.ABORTED)
 
 
 def reverted_snapshots(store: Store, metas: list[SnapshotMeta]) -> set[str]:
