@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 from rewheel import proc
 from rewheel.errors import InstallError, PreparedStale, RewheelError
-from rewheel.snapshot import hand_editable
 
 if TYPE_CHECKING:
     from rewheel.environment import Environment
@@ -429,14 +428,17 @@ def refuse_stale(reasons: list[str], cli_ref: str) -> None:
 
 
 def unshare(env: Environment, since_ns: int) -> tuple[int, int]:
-    """Give the files a swap hard-linked from uv's cache that a person may edit inodes of
-    their own again: each hand-editable file (`hand_editable`, the rule snapshots copy by) of
-    a distribution installed at or after `since_ns` (its RECORD's mtime) that has more than
-    one link is copied beside itself and renamed over it (same bytes, mode and mtime; a
-    running service keeps the inode it opened). Returns (files, bytes). Run once the service
-    answers: the swap links (seconds) instead of copying (a minute for torch and the CUDA
-    libraries). A patch written in place later into a source or config must not change the
-    cached wheel; large binaries stay shared with the cache, as they do with snapshots."""
+    """Give the files a swap hard-linked from uv's cache inodes of their own again: each file
+    of a distribution installed at or after `since_ns` (its RECORD's mtime) that has more than
+    one link is copied beside itself and renamed over it (same bytes, mode and mtime; a running
+    service keeps the inode it opened). Returns (files, bytes). Run once the service answers:
+    the swap links (seconds) instead of copying (a minute for torch and the CUDA libraries),
+    and this restores the independence of the environment and the cache — a patch written in
+    place later, into a source or a binary (`patchelf`), must not change the cached wheel,
+    one of the sources rewheel recovers damaged snapshot bytes from — outside the downtime.
+    Every file, not only the hand-editable ones snapshots copy (`hand_editable`): a binary
+    may stay one inode with a snapshot, whose damage `verify` finds and recovery repairs from
+    uv's cache, but not with that cache itself."""
     files = size = 0
     for d in env.distributions():
         if d.install_time_ns < since_ns:
@@ -447,8 +449,7 @@ def unshare(env: Environment, since_ns: int) -> tuple[int, int]:
                 st = path.lstat()
             except OSError:
                 continue
-            if (not stat.S_ISREG(st.st_mode) or st.st_nlink < 2
-                    or not hand_editable(path.name, st.st_size)):
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
                 continue
             tmp = path.with_name(f".{path.name}.rewheel-unshare")
             try:

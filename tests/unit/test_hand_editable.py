@@ -1,7 +1,8 @@
 """The one rule for a file a person may edit by hand (`hand_editable`), and the two places
-that act on it: a snapshot copies such a file where it shares a binary by a hard link, and
-`unshare` (after a staged swap) gives such a file an inode of its own where it leaves a
-binary linked to uv's cache. End to end (real editors, rollbacks): tests/test_hand_edits.py."""
+that act on it: a snapshot copies such a file where it shares a binary by a hard link, and a
+restore copies it back; `unshare` (after a staged swap) gives every file linked from uv's
+cache an inode of its own, binaries too. End to end (real editors, rollbacks):
+tests/test_hand_edits.py."""
 
 from __future__ import annotations
 
@@ -71,12 +72,12 @@ def _env_with_one_distribution(tmp_path: Path, cache: Path) -> tuple[Environment
     return env, site / "pkg" / "mod.py", site / "pkg" / "_ext.so"
 
 
-def test_unshare_copies_the_hand_editable_files_and_leaves_binaries_linked(tmp_path: Path) -> None:
+def test_unshare_gives_every_file_linked_from_uv_cache_its_own_inode(tmp_path: Path) -> None:
     cache = tmp_path / "uv-cache"
     env, mod, ext = _env_with_one_distribution(tmp_path, cache)
-    st = mod.stat()
+    st, st_ext = mod.stat(), ext.stat()
     files, size = staging.unshare(env, since_ns=0)
-    assert (files, size) == (1, st.st_size)
+    assert (files, size) == (2, st.st_size + st_ext.st_size)
     # The source: an inode of its own, same bytes, mode and mtime; an edit in place now
     # cannot reach uv's cached copy.
     assert mod.stat().st_nlink == 1 and mod.stat().st_ino != (cache / "mod.py").stat().st_ino
@@ -84,8 +85,10 @@ def test_unshare_copies_the_hand_editable_files_and_leaves_binaries_linked(tmp_p
     with open(mod, "r+") as f:
         f.write("VALUE = 2\n")
     assert (cache / "mod.py").read_text() == "VALUE = 1\n"
-    # The binary: still one inode with the cache (the same rule the snapshot shares by).
-    assert ext.stat().st_ino == (cache / "_ext.so").stat().st_ino and ext.stat().st_nlink == 2
+    # The binary too: uv's cache is a recovery source, so nothing stays one inode with it
+    # (a snapshot may share a binary; the cache may not).
+    assert ext.stat().st_ino != (cache / "_ext.so").stat().st_ino and ext.stat().st_nlink == 1
+    assert ext.read_bytes() == (cache / "_ext.so").read_bytes()
 
 
 @pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "read-write"])
