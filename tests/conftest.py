@@ -77,11 +77,14 @@ def _uv_env(uv_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VIRTUAL_ENV", raising=False)
 
 
-def toy_files(version: str, *, body: str = "", extra: dict[str, str] | None = None) -> dict[str, str]:
+def toy_files(version: str, *, body: str = "", extra: dict[str, str] | None = None) -> dict[str, str | bytes]:
     files = {
         "toypkg/__init__.py": f'__version__ = "{version}"\n',
         "toypkg/core.py": f"def answer():\n    return 42\n{body}",
         "toypkg/data/config.json": '{"layers": 2}\n',
+        # A compiled extension's stand-in (never imported): what snapshots still share by a
+        # hard link, where the sources above are copied (`hand_editable`).
+        "toypkg/_ops.so": b"\x7fELF\x02\x01\x01\x00toy kernels " + version.encode() + b"\x00" * 64,
     }
     files.update(extra or {})
     return files
@@ -98,8 +101,9 @@ def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                                 extra={"toypkg/added.py": "ADDED = True\n"}),
                 requires=["toyhelper>=1"], project_urls={"Source": "https://example.invalid/toy/toypkg"},
                 console_scripts={"toypkg-serve": "toypkg.core:answer"})
-    build_wheel(d, "toyhelper", "1.0.0", {"toyhelper/__init__.py": "HELP = 1\n"})
-    build_wheel(d, "toyhelper", "1.1.0", {"toyhelper/__init__.py": "HELP = 2\n"})
+    for version, help_ in (("1.0.0", 1), ("1.1.0", 2)):
+        build_wheel(d, "toyhelper", version, {"toyhelper/__init__.py": f"HELP = {help_}\n",
+                                              "toyhelper/_speedups.so": b"\x7fELF\x02\x01\x01\x00" + version.encode()})
     return d
 
 
@@ -120,8 +124,8 @@ def host_factory(tmp_path: Path):
 
     hosts: list[Host] = []
 
-    def make(new_version: str = "2.0.0", variant: str = "good", start: bool = True) -> Host:
-        h = make_host(tmp_path, new_version, variant)
+    def make(new_version: str = "2.0.0", variant: str = "good", start: bool = True, binary: bool = False) -> Host:
+        h = make_host(tmp_path, new_version, variant, binary)
         hosts.append(h)
         if start:
             h.start_service()

@@ -50,9 +50,13 @@ def build_attention(rank):
 '''
 
 
-def toypkg_files(version: str, variant: str) -> dict[str, str]:
+def toypkg_files(version: str, variant: str, binary: bool = False) -> dict[str, str | bytes]:
+    """`binary`: with `toypkg/_ops.so` too (never imported), a file snapshots share by a hard
+    link where they copy the sources (`hand_editable`)."""
     v = VARIANTS[variant]
-    return {
+    files: dict[str, str | bytes] = {} if not binary else {
+        "toypkg/_ops.so": b"\x7fELF\x02\x01\x01\x00toy kernels " + version.encode() + b"\x00" * 64}
+    return files | {
         "toypkg/__init__.py": f'__version__ = "{version}"\n' + v.get("import", ""),
         "toypkg/core.py": (f"def init_model():\n    {v['init']}\n\n\ndef load_model():\n    {v['load']}\n\n\n"
                            f"def healthy():\n    {v.get('healthy', 'return True')}\n"),
@@ -60,8 +64,8 @@ def toypkg_files(version: str, variant: str) -> dict[str, str]:
     }
 
 
-def build_toypkg(folder: Path, version: str, variant: str = "good") -> Path:
-    return build_wheel(folder, "toypkg", version, toypkg_files(version, variant),
+def build_toypkg(folder: Path, version: str, variant: str = "good", binary: bool = False) -> Path:
+    return build_wheel(folder, "toypkg", version, toypkg_files(version, variant, binary),
                        project_urls={"Source": "https://github.com/example/toypkg"})
 
 
@@ -135,7 +139,7 @@ class Host:
     def start_service(self) -> None:
         """Start the service the way an operator's host has it running before an upgrade."""
         from rewheel.recipe import load_recipe
-        from rewheel.runner import open_target
+        from rewheel.commands import open_target
         from rewheel.service import make_manager, wait_ready
 
         t = open_target(load_recipe(self.recipe))
@@ -146,7 +150,7 @@ class Host:
 
     def stop_service(self) -> None:
         from rewheel.recipe import load_recipe
-        from rewheel.runner import open_target
+        from rewheel.commands import open_target
         from rewheel.service import make_manager
 
         t = open_target(load_recipe(self.recipe, check_interpreter=False))
@@ -154,12 +158,12 @@ class Host:
             make_manager(t.recipe.service, t.store.env_dir, python=t.recipe.python).stop(10)
 
 
-def make_host(tmp: Path, new_version: str, variant: str) -> Host:
+def make_host(tmp: Path, new_version: str, variant: str, binary: bool = False) -> Host:
     from devtools.localindex import start_index
 
     wheels = tmp / "wheels"
-    build_toypkg(wheels, "1.0.0")
-    build_toypkg(wheels, new_version, variant)
+    build_toypkg(wheels, "1.0.0", binary=binary)
+    build_toypkg(wheels, new_version, variant, binary=binary)
     index = start_index(wheels)
     py = make_venv(tmp / "env")
     subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", str(py),

@@ -13,7 +13,7 @@ from support_env import make_venv, uv, uv_install
 from rewheel import diff as diffmod
 from rewheel import versions
 from rewheel.recipe import Recipe
-from rewheel.runner import open_target, snapshot_now
+from rewheel.commands import open_target, snapshot_now
 from support_diff import (DS_NEW, DS_OLD, NEW_SET, NEW_VLLM, OLD_SET, OLD_VLLM, VLLM_URLS,
                           edit_by_replace, edit_in_place, site_packages, story_wheels)
 
@@ -198,8 +198,8 @@ def test_hand_edits_and_binary_changes_are_found(upgraded: dict) -> None:
     now = snapshot_now(t).result.meta
     sp = site_packages(upgraded["py"])
     edit_by_replace(sp / "minivllm" / "models" / "deepseek_v2.py", 'prefix="self_attn"', 'prefix="attn"')
-    # Edited through the inode the snapshot shares by hard link: the change is seen, but
-    # the snapshot's copy changed too, so there is nothing left to diff against.
+    # Edited through the live file's inode: a source is never one inode with the snapshot
+    # (`hand_editable`), so the stored copy still holds the old bytes to diff against.
     edit_in_place(sp / "minivllm" / "__init__.py", "__version__", "__version__ = 'hacked'\n__old__")
     big = sp / "minivllm" / "_C.bin"
     data = bytearray(big.read_bytes())
@@ -219,8 +219,8 @@ def test_hand_edits_and_binary_changes_are_found(upgraded: dict) -> None:
         '+        self.self_attn = attn_cls(config, prefix="attn")\n'
         "         self.mlp = None\n         self.use_mla = config.use_mla\n")
     init = files["minivllm/__init__.py"]
-    assert init.change == "changed" and init.diff is None
-    assert init.note == "contents unavailable (the stored copy was changed or removed)"
+    assert init.change == "changed" and init.diff is not None
+    assert "+__version__ = 'hacked'" in init.diff and "-__version__" in init.diff
     # Same version, same RECORD, other bytes: edited by hand, not reinstalled.
     assert [(p.name, p.change, p.files_changed) for p in res.packages] == [("minivllm", "modified", 3)]
 

@@ -141,11 +141,12 @@ def test_every_shape_is_recorded(name: str) -> None:
 def test_shape_of_verify_with_a_damaged_snapshot(tmp_path: Path) -> None:
     """`verify --json` with a stored file an edit in place damaged (so that the damage list
     has its item shape), and the shape is recorded."""
-    h = make_host(tmp_path, "2.0.0", "good")
+    h = make_host(tmp_path, "2.0.0", "good", binary=True)
     try:
         r = str(h.recipe)
         _json(h.rewheel("snapshot", r, "--json"), 0)
-        core = next(h.prefix.glob("lib/python3*/site-packages/toypkg/core.py"))
+        # A binary (shared by a hard link); a source is a copy an edit cannot reach.
+        core = next(h.prefix.glob("lib/python3*/site-packages/toypkg/_ops.so"))
         with open(core, "a") as f:
             f.write("# edited in place\n")
         check("verify", _json(h.rewheel("verify", r, "--json"), 3))

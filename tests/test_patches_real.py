@@ -277,17 +277,22 @@ def test_cli_reports_record_inconsistent_files_apart(liar_env: Path) -> None:
 @pytest.mark.parametrize("order", [("oldmeta", "newsplit"), ("newsplit", "oldmeta"), ("oldmeta newsplit",)],
                          ids=["meta-first", "split-first", "one-uv-run"])
 def test_snapshot_shares_a_path_two_distributions_ship(tmp_path: Path, shared_wheels: Path,
-                                                       order: tuple[str, ...]) -> None:
+                                                       order: tuple[str, ...],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The snapshot proves a shared path by the owner whose RECORD it matches — in one uv
     run the two install in parallel, and the newest RECORD need not be the last writer's:
     linked, not copied, and its recorded sha256 is the bytes' own."""
     import hashlib
 
     from rewheel.snapshot import Manifest, Store, take_snapshot
+    from rewheel.snapshot import capture
+
     py = make_venv(tmp_path / "env")
     for names in order:
         uv_install(py, *names.split(), find_links=shared_wheels)
     env = Environment.inspect(py)
+    # The copy rule for hand-editable files set aside: what proves a file shows as its link.
+    monkeypatch.setattr(capture, "hand_editable", lambda name, size: False)
     snap = take_snapshot(env, Store(env.prefix)).meta
     man = Manifest.load(snap)
     sp = str(site_packages(py).relative_to(env.prefix))

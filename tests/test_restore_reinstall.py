@@ -125,14 +125,19 @@ def test_the_next_snapshot_links_proven_files_instead_of_copying_them(setup, whe
     pristine = take_snapshot(env, store, label="pre", status="pre-upgrade")
     reinstall_all(py, wheelhouse)
     restore_snapshot(env, pristine.meta)
+    ops = site(py) / "toypkg" / "_ops.so"
     core = site(py) / "toypkg" / "core.py"
     edited = site(py) / "toypkg" / "__init__.py"
     edited.write_text(edited.read_text() + "# a hand edit\n")
     before = tree_state(env.prefix)
     after = take_snapshot(env, store, label="after-rollback")
-    assert after.files_copied <= pristine.files_copied + 1  # the edit; no proven file copied
-    stored = after.meta.path / "tree" / "0" / core.relative_to(env.prefix)
-    assert stored.stat().st_ino == core.stat().st_ino  # linked, not copied
+    # The edit, and the proven sources (hand-editable: copied whatever proves them); no
+    # proven binary is copied.
+    assert after.files_copied <= pristine.files_copied + 1
+    stored = after.meta.path / "tree" / "0" / ops.relative_to(env.prefix)
+    assert stored.stat().st_ino == ops.stat().st_ino  # linked, not copied
+    stored_core = after.meta.path / "tree" / "0" / core.relative_to(env.prefix)
+    assert stored_core.stat().st_ino != core.stat().st_ino and stored_core.read_bytes() == core.read_bytes()
     stored_edit = after.meta.path / "tree" / "0" / edited.relative_to(env.prefix)
     assert stored_edit.read_bytes() == edited.read_bytes()
     reinstall_all(py, wheelhouse)

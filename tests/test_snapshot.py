@@ -20,7 +20,7 @@ from rewheel.snapshot import restore as restore_mod
 from rewheel.environment import Environment
 from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.recipe import Recipe
-from rewheel.runner import open_target, rollback, snapshot_now
+from rewheel.commands import open_target, rollback, snapshot_now
 
 
 COPY = ("--link-mode", "copy")
@@ -70,7 +70,7 @@ def manifest_entries(snap_path: Path) -> list[list]:
 def needed_by_restore(entries: list[list]) -> list:
     """A shared file that `damage` replaces (toypkg is reinstalled), so a restore needs its
     stored copy."""
-    return next(e for e in entries if e[2] == "f" and e[7] == "link" and e[1].endswith("/toypkg/__init__.py"))
+    return next(e for e in entries if e[2] == "f" and e[7] == "link" and e[1].endswith("/toypkg/_ops.so"))
 
 
 def no_byte_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -124,9 +124,12 @@ def test_pristine_files_are_shared_patched_files_copied(venv: Path) -> None:
     t = open_target(Recipe.for_python(venv))
     res = snapshot_now(t).result
     prefix = venv.parent.parent
+    ops_rel = str((site_packages(venv) / "toypkg" / "_ops.so").relative_to(prefix))
+    assert (res.meta.path / "tree" / "0" / ops_rel).stat().st_ino == (prefix / ops_rel).stat().st_ino
+    # A pristine source is a copy of its own: an edit in place cannot reach it.
     init_rel = str((site_packages(venv) / "toypkg" / "__init__.py").relative_to(prefix))
-    assert (res.meta.path / "tree" / "0" / init_rel).stat().st_ino == (prefix / init_rel).stat().st_ino
-    assert res.meta.link_mode == "hardlink"
+    assert (res.meta.path / "tree" / "0" / init_rel).stat().st_ino != (prefix / init_rel).stat().st_ino
+    assert res.meta.link_mode == "copy+hardlink"
     assert res.files_linked > 0 and res.files_copied > 0
     # Only what could not be proven pristine costs disk.
     assert res.meta.bytes_copied < res.meta.bytes_total
@@ -552,12 +555,13 @@ def test_import_name_of_the_upgraded_distribution(venv: Path) -> None:
     assert env.import_name([]) is None
 
 
-def shared_file_in_lane(venv: Path, snap: snapmod.SnapshotMeta, lane: int, *under: str) -> list:
-    """A shared (linked) file of site-packages, under one of `under`, in a folder that is
-    lane `lane`'s share of a two-lane restore."""
+def shared_file_in_lane(venv: Path, snap: snapmod.SnapshotMeta, lane: int, *under: str,
+                        stored: tuple[str, ...] = ("link",)) -> list:
+    """A stored file of site-packages (linked, or a hand-editable one's copy), under one of
+    `under`, in a folder that is lane `lane`'s share of a two-lane restore."""
     shares = restore_mod.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
     sp = str(site_packages(venv).relative_to(venv.parent.parent))
-    return next(e for e in manifest_entries(snap.path) if e[2] == "f" and e[7] == "link"
+    return next(e for e in manifest_entries(snap.path) if e[2] == "f" and e[7] in stored
                 and e[1].startswith(tuple(f"{sp}/{u}" for u in under))
                 and (0, e[1].rpartition("/")[0]) in shares[lane])
 
@@ -574,7 +578,7 @@ def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv:
     prefix = venv.parent.parent
     snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
     # damage() reinstalls toypkg and toyhelper: the restore needs every stored file of theirs.
-    victim = shared_file_in_lane(venv, snap, lane, "toypkg", "toyhelper")
+    victim = shared_file_in_lane(venv, snap, lane, "toypkg", "toyhelper", stored=("link", "copy"))
     (snap.path / "tree" / "0" / victim[1]).unlink()
     damage(venv, wheelhouse)
     damaged = tree_state(prefix)

@@ -1,5 +1,7 @@
 """Snapshots survive the edits they exist to protect: an edit written *in place* into a live
-file that a snapshot shares by hard link (one inode) rewrites the snapshot's copy too.
+file that a snapshot shares by hard link (one inode) rewrites the snapshot's copy too. Only
+binaries are shared so (sources and configs are copied: tests/test_hand_edits.py); a binary
+patched in place (`patchelf`, a hex editor) is the case here, `_ops.so` of the toy wheels.
 
 Shown with real files and processes: on this machine's ext4 (no reflink) `verify` finds the
 damage (fast: stat; `--full`: sha256), `patches` says the patched file shares its inode with
@@ -63,7 +65,7 @@ def test_edit_in_place_is_found_by_verify_and_patches_and_rollback_restores_from
     py = make_venv(tmp_path / "env")
     prefix = py.parent.parent
     uv_install(py, "toypkg==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
-    core = site_packages(prefix) / "toypkg" / "core.py"
+    core = site_packages(prefix) / "toypkg" / "_ops.so"
     snap = json_of(rewheel("snapshot", "--python", str(py), "--json"), 0)
     stored = stored_file(snap["path"], prefix, core)
     assert stored.stat().st_ino == core.stat().st_ino  # shared by a hard link: the hazard
@@ -78,14 +80,14 @@ def test_edit_in_place_is_found_by_verify_and_patches_and_rollback_restores_from
         (res,) = doc["snapshots"]
         assert doc["ok"] is False and res["ok"] is False and res["full"] is bool(extra)
         assert [(d["path"].split("site-packages/")[1], d["problem"], d["shared_inode"]) for d in res["damaged"]] \
-            == [("toypkg/core.py", "changed", True)]
+            == [("toypkg/_ops.so", "changed", True)]
         assert res["damaged"][0]["live_path"] == str(core)
     human = rewheel("verify", "--python", str(py))
-    assert human.returncode == 3 and "toypkg/core.py" in human.stdout and "edited in place" in human.stdout
+    assert human.returncode == 3 and "toypkg/_ops.so" in human.stdout and "edited in place" in human.stdout
 
     # `patches` says the patched file shares its inode with the snapshot, and flags it.
     doc = json_of(rewheel("patches", "--python", str(py), "--offline", "--json"), 0)
-    (p,) = [p for p in doc["patches"] if p["path"] == "toypkg/core.py"]
+    (p,) = [p for p in doc["patches"] if p["path"] == "toypkg/_ops.so"]
     assert p["shares_snapshot_inode"] == [snap["id"]]
     assert p["shares_uv_cache_inode"] is False
     assert [d["id"] for d in doc["damaged_snapshots"]] == [snap["id"]]
@@ -111,17 +113,17 @@ def test_verify_full_finds_an_edit_that_kept_size_and_mtime(tmp_path: Path, whee
     py = make_venv(tmp_path / "env")
     prefix = py.parent.parent
     uv_install(py, "toypkg==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
-    cfg = site_packages(prefix) / "toypkg" / "data" / "config.json"
+    cfg = site_packages(prefix) / "toypkg" / "_ops.so"
     snap = json_of(rewheel("snapshot", "--python", str(py), "--json"), 0)
     st = cfg.stat()
     data = cfg.read_bytes()
     with open(cfg, "r+b") as f:  # same size, same inode; then the old mtime put back
-        f.write(data.replace(b"2", b"3"))
+        f.write(data.replace(b"1.0.0", b"1.0.1"))
     os.utime(cfg, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert json_of(rewheel("verify", "--python", str(py), "--json"), 0)["ok"] is True  # stat cannot see it
     doc = json_of(rewheel("verify", "--python", str(py), snap["id"], "--full", "--json"), 3)
     (res,) = doc["snapshots"]
-    assert [(d["path"].rpartition("/")[2], d["problem"]) for d in res["damaged"]] == [("config.json", "sha256 differs")]
+    assert [(d["path"].rpartition("/")[2], d["problem"]) for d in res["damaged"]] == [("_ops.so", "sha256 differs")]
     assert res["bytes_hashed"] > 0
 
 
@@ -129,7 +131,7 @@ def test_snapshots_sharing_an_inode_are_all_flagged(tmp_path: Path, wheelhouse: 
     """Two snapshots of an unchanged environment hold the same inodes: one edit damages both,
     and the check over the store (which stats a folder they share once) says so for each."""
     from rewheel.recipe import Recipe
-    from rewheel.runner import open_target, snapshot_now
+    from rewheel.commands import open_target, snapshot_now
     from rewheel.snapshot import damaged_files, verify_snapshot
 
     py = make_venv(tmp_path / "env")
@@ -137,11 +139,11 @@ def test_snapshots_sharing_an_inode_are_all_flagged(tmp_path: Path, wheelhouse: 
     t = open_target(Recipe.for_python(py))
     a, b = (snapshot_now(t).result.meta for _ in range(2))
     assert damaged_files(t.store.list()) == {a.id: 0, b.id: 0}
-    edit_in_place(site_packages(py.parent.parent) / "toypkg" / "__init__.py")
+    edit_in_place(site_packages(py.parent.parent) / "toypkg" / "_ops.so")
     assert damaged_files(t.store.list()) == {a.id: 1, b.id: 1}
     for m in (a, b):  # each on its own, as `verify SNAPSHOT` checks it
         (d,) = verify_snapshot(m).damaged
-        assert d.path.endswith("toypkg/__init__.py") and d.problem == "changed" and d.shared
+        assert d.path.endswith("toypkg/_ops.so") and d.problem == "changed" and d.shared
 
 
 @pytest.fixture
@@ -149,7 +151,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
     # A private uv cache: uv hard-links the environment's files from it (its default), so
     # the edit in place reaches uv's cached copy as well as the snapshot's.
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
-    h = make_host(tmp_path, "2.0.0", "good")
+    h = make_host(tmp_path, "2.0.0", "good", binary=True)
     h.start_service()
     assert h.served_version() == "1.0.0"
     yield h
@@ -159,18 +161,18 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
 
 def _service_pid(h) -> str:
     from rewheel.recipe import load_recipe
-    from rewheel.runner import open_target
+    from rewheel.commands import open_target
 
     return (open_target(load_recipe(h.recipe)).store.env_dir / "service.pid").read_text()
 
 
 def test_rollback_restores_an_edited_file_from_the_index_with_the_service(host) -> None:
     h = host
-    core = site_packages(h.prefix) / "toypkg" / "core.py"
+    core = site_packages(h.prefix) / "toypkg" / "_ops.so"
     snap = json_of(h.rewheel("snapshot", str(h.recipe), "--json"), 0)
     before = h.state()
     edit_in_place(core)
-    cached = [p for p in Path(os.environ["UV_CACHE_DIR"]).glob("archive-v*/*/toypkg/core.py")]
+    cached = [p for p in Path(os.environ["UV_CACHE_DIR"]).glob("archive-v*/*/toypkg/_ops.so")]
     assert cached and all(p.stat().st_ino == core.stat().st_ino for p in cached)  # uv's copy is edited too
 
     doc = json_of(h.rewheel("rollback", str(h.recipe), snap["id"], "--yes", "--json"), 0)
@@ -182,7 +184,7 @@ def test_rollback_restores_an_edited_file_from_the_index_with_the_service(host) 
 
 def test_rollback_refuses_before_stopping_anything_when_no_source_has_the_bytes(host) -> None:
     h = host
-    core = site_packages(h.prefix) / "toypkg" / "core.py"
+    core = site_packages(h.prefix) / "toypkg" / "_ops.so"
     snap = json_of(h.rewheel("snapshot", str(h.recipe), "--json"), 0)
     edit_in_place(core)
     for wheel in h.wheels.glob("toypkg-1.0.0-*.whl"):  # the index no longer offers the build

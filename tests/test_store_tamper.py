@@ -147,3 +147,39 @@ def test_a_tampered_cleanup_entry_is_refused_before_the_restore(tmp_path: Path, 
     assert "cleanup entr" in json.loads(cp.stdout)["message"]
     assert tree_state(py.parent.parent) == before  # refused before the restore
     assert cli("history", "--python", str(py)).returncode == 0  # and no journal left open
+
+
+def test_a_tampered_cleanup_entry_in_a_resumed_revert_moves_nothing_and_closes_the_run(tmp_path: Path) -> None:
+    """A run killed before its smoke test, its snapshot's cleanup entry tampered: `resume`
+    finds the entry before it stops or restores anything, still restores the environment's
+    files byte for byte and restarts the service (a failed build must not stay live for a
+    stray file), moves nothing back, fails with exit 3 naming the entry — and closes the
+    run, so no later command is blocked by it."""
+    from support_run import make_host
+
+    h = make_host(tmp_path, "2.0.0", "smoke-fails")
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    (dumps / "a.pt").write_bytes(b"dump")
+    h.write_recipe(cleanup={"paths": [f"{dumps}/*.pt"]})
+    try:
+        h.start_service()
+        before = h.state()
+        cp = h.rewheel("run", str(h.recipe), "--yes", "--quiet", env={"REWHEEL_FAULT_AT": "step:smoke"})
+        assert cp.returncode == -9, cp.stderr
+        assert not (dumps / "a.pt").exists()  # stashed into the snapshot
+        meta_path = next(p for p in (tmp_path / "rewheel-home").rglob("snapshots/*/meta.json")
+                         if json.loads(p.read_text()).get("cleanup"))
+        meta = json.loads(meta_path.read_text())
+        meta["cleanup"][0]["path"] = f"{dumps}/sub/../../../etc-x.pt"
+        meta_path.write_text(json.dumps(meta))
+        res = h.rewheel("resume", str(h.recipe), "--yes")
+        assert res.returncode == 3, res.stdout + res.stderr
+        assert "cleanup entr" in res.stderr and "nothing was moved back" in res.stderr, res.stderr
+        assert h.state() == before  # the environment's files are the old state, byte for byte
+        assert h.served_version() == "1.0.0"  # and the old service is back
+        assert not (dumps / "a.pt").exists() and not (tmp_path / "etc-x.pt").exists()  # nothing moved
+        assert h.rewheel("history", str(h.recipe)).returncode == 0  # the run is closed
+    finally:
+        h.stop_service()
+        h._index.stop()  # type: ignore[attr-defined]

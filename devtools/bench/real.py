@@ -8,7 +8,8 @@ The environments come from the default index through uv (the first run downloads
   patches   on the pristine old release (0 patches expected: every reported file is a false
             one), then after editing two files (exactly those two expected), vs a bare
             lstat walk of the environment
-  snapshot  of the old release with the two edits, vs `cp -al`
+  snapshot  of the old release with the two edits, vs `cp -al` (the first of its store: every
+            hand-editable file is copied, see docs/snapshots.md)
   diff      `--json` and `--stat` against the snapshot after a plain upgrade, vs `cp -al`
   rollback  after a plain upgrade, and after a `reinstall = "all"` upgrade (`uv pip
             install --reinstall`: every distribution unpacked anew, same-version files
@@ -234,7 +235,7 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
         s["snapshot"].append(dt)
         sid = snap["id"]
         info["snapshot"] = {k: snap.get(k) for k in ("files", "files_linked", "files_copied", "bytes_copied",
-                                                     "link_mode")}
+                                                     "link_mode", "files_private", "bytes_private")}
         # A plain upgrade: the diff, then the rollback, then uv's way back.
         settle()
         s["upgrade"].append(rb.install(cfg.real_new))
@@ -293,7 +294,9 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
     rows = [
         row("snapshot", "snapshot", "cp -al", "cp_al", TARGETS["snapshot"],
             f"{(info.get('snapshot') or {}).get('files_linked')} linked, "
-            f"{(info.get('snapshot') or {}).get('files_copied')} copied"),
+            f"{(info.get('snapshot') or {}).get('files_copied')} copied, of them "
+            f"{(info.get('snapshot') or {}).get('files_private')} hand-editable "
+            f"({((info.get('snapshot') or {}).get('bytes_private') or 0) / 2**20:,.0f} MiB, never shared)"),
         row("patches (pristine)", "patches", "stat walk", "stat_walk", TARGETS["patch scan"],
             f"false patches {max(false_patches, default=0)}"),
         row("patches (2 edited)", "patches_edited", "stat walk", "stat_walk", TARGETS["patch scan"],

@@ -40,6 +40,7 @@ from rewheel.installer import redact
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import ensure_private_dir, state_home
 from rewheel.recipe import Recipe
+from rewheel.statuses import Event
 
 if TYPE_CHECKING:
     from rewheel.diagnose import RootCause
@@ -166,7 +167,7 @@ class _Bisection:
     # -- the journal --------------------------------------------------------------------------
     def recorded(self, build: Build) -> Verdict | None:
         for rec in self.j.records:
-            if rec["event"] == "verdict" and build.same(rec):
+            if rec["event"] == Event.VERDICT and build.same(rec):
                 if build.version is None and rec.get("version"):
                     build.version = rec["version"]
                 self.project_urls = self.project_urls or rec.get("project_urls") or {}
@@ -190,7 +191,7 @@ class _Bisection:
             self.say(f"{build.label}: {v.verdict} (recorded earlier: {v.reason})")
         else:
             v = self._run(build)
-            self.j.append("verdict", **build.to_json(), verdict=v.verdict,
+            self.j.append(Event.VERDICT, **build.to_json(), verdict=v.verdict,
                           reason=v.reason, root_cause=v.root_cause.to_json() if v.root_cause else None,
                           frames=[f.to_json() for f in v.root_cause.frames] if v.root_cause else [],
                           log=v.log,
@@ -205,7 +206,7 @@ class _Bisection:
         from rewheel.smoke import run_smoke
 
         t0 = time.monotonic()
-        self.j.append("step", name="test", **build.to_json())
+        self.j.append(Event.STEP, name="test", **build.to_json())
         if build.version is None:
             assert build.index is not None
             files = nightly.index_files(build.index, self.name, self.client)
@@ -294,7 +295,7 @@ def bisect(recipe: Recipe, *, good: str, bad: str, package: str | None = None,
         shutil.rmtree(state / "envs", ignore_errors=True)
         j = RunJournal.load(state)
         if not j.records:
-            j.append("started", kind="bisect", recipe=recipe.source, package=name, good=good, bad=bad)
+            j.append(Event.STARTED, kind="bisect", recipe=recipe.source, package=name, good=good, bad=bad)
         else:
             say(f"resuming the bisection journaled in {state}")
         b = _Bisection(recipe, name, state, j, interpreter=interpreter, say=say,
@@ -310,7 +311,7 @@ def bisect(recipe: Recipe, *, good: str, bad: str, package: str | None = None,
             res.compare_url = _compare_url(b.project_urls, github, res.last_good, res.first_bad)
         if res.status == "found":
             _suspects(b, res)
-        j.append("finished", status=res.status,
+        j.append(Event.FINISHED, status=res.status,
                  first_bad=res.first_bad.to_json() if res.first_bad else None,
                  last_good=res.last_good.to_json() if res.last_good else None)
         return res
@@ -349,7 +350,7 @@ def _candidates(b: _Bisection, res: BisectResult, good: str, bad: str, *, repo: 
                 commit_base: str | None) -> tuple[list[Build], str, str | None]:
     """The builds from good to bad, oldest first; journaled once, reused on resume."""
     base = nightly.commit_index_base(b.recipe, commit_base)
-    rec = b.j.first("candidates")
+    rec = b.j.first(Event.CANDIDATES)
     if rec is not None:
         # Index URLs are not journaled (they may carry credentials): rebuilt from the base.
         if rec["mode"] == "commits" and not base:
@@ -390,7 +391,7 @@ def _candidates(b: _Bisection, res: BisectResult, good: str, bad: str, *, repo: 
             res.message = ("the index offers no builds between good and bad"
                            + ("" if base else "; for per-commit indexes name their base with "
                               "--commit-index-base and the commits with --repo or --github"))
-    b.j.append("candidates", mode=mode, source=source, builds=[
+    b.j.append(Event.CANDIDATES, mode=mode, source=source, builds=[
         {"version": x.version, "commit": x.commit} for x in builds])
     b.say(f"{len(builds)} builds from {good} to {bad} ({mode}"
           + (f", commits from {source}" if source else "") + ")")

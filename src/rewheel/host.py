@@ -1,13 +1,13 @@
 """The host's moving parts the run cycle acts through, gathered in one object.
 
-`Host` owns the seam between the cycle (`runner`) and everything that starts a process or
+`Host` owns the seam between the cycle (`commands`) and everything that starts a process or
 talks to the network: the service manager and its health check, the preflight checks, the
 installer (uv), the staged build and its pre-checks, the smoke runner, the index fetcher
-that unpacks pristine wheels, and the GPU probe. `runner.open_target` builds the real one; the unit tests hand the cycle a host
+that unpacks pristine wheels, and the GPU probe. `commands.open_target` builds the real one; the unit tests hand the cycle a host
 of in-memory fakes and test every failure path without a process.
 
 The real collaborators are imported when first called, not when this module is: every
-command imports `runner`, and `rollback` starts in a tenth of a second only because httpx,
+command imports `commands`, and `rollback` starts in a tenth of a second only because httpx,
 uv's plumbing and the service code stay unimported until they are needed.
 """
 

@@ -26,6 +26,7 @@ from typing import Any
 from rewheel import proc
 from rewheel.errors import InterruptedRun, JournalDamaged, JournalWriteError, LockHeld, PreflightError
 from rewheel.paths import fsync_dir, lock_dir
+from rewheel.statuses import Event, Finished
 
 RECLAIM_WAIT_S = 10.0  # after stopping a dead holder's children: how long the lock may take to free
 
@@ -183,7 +184,7 @@ class EnvLock:
         docs = [r["child"] for r in records if isinstance(r.get("child"), dict)]
         for j in list_runs(self.env_dir):
             if not j.finished:
-                docs += [r for r in j.records if r.get("event") == "child"]
+                docs += [r for r in j.records if r.get("event") == Event.CHILD]
         for doc in docs:
             c = proc.Child.from_json(doc)
             if c is not None:
@@ -273,7 +274,7 @@ class EnvLock:
     # -- proc watcher: the children this holder starts ---------------------------------
     def child_starting(self, name: str) -> None:
         if self.journal is not None:
-            self.journal.append("child-starting", name=name)
+            self.journal.append(Event.CHILD_STARTING, name=name)
 
     def child_started(self, child: proc.Child) -> None:
         if self.fd is not None:
@@ -281,11 +282,11 @@ class EnvLock:
             os.pwrite(self.fd, line, self._end)
             self._end += len(line)
         if self.journal is not None:
-            self.journal.append("child", **child.to_json())
+            self.journal.append(Event.CHILD, **child.to_json())
 
     def child_ended(self, child: proc.Child) -> None:
         if self.journal is not None:
-            self.journal.append("child-ended", pid=child.pid, pgid=child.pgid, name=child.name)
+            self.journal.append(Event.CHILD_ENDED, pid=child.pid, pgid=child.pgid, name=child.name)
 
 
 def new_run_id() -> str:
@@ -315,7 +316,7 @@ class RunJournal:
             run_dir.mkdir(parents=True, mode=0o700)
             fsync_dir(run_dir.parent)
             j = cls(run_dir)
-            j.append("started", kind=kind, **info)
+            j.append(Event.STARTED, kind=kind, **info)
         except (OSError, JournalWriteError) as exc:
             # A journal that could not be started (a full disk) must not be left behind: it
             # would read as an interrupted run. Nothing was changed yet.
@@ -367,7 +368,7 @@ class RunJournal:
                 j.records.append(rec)
         return j
 
-    def append(self, event: str, **data: Any) -> dict[str, Any]:
+    def append(self, event: Event, **data: Any) -> dict[str, Any]:
         """Write one record and fsync it: all of it, or nothing and a `JournalWriteError`.
 
         A short write (a full disk) is finished or, when the rest cannot be written, cut
@@ -376,7 +377,7 @@ class RunJournal:
         if self.damaged and not self._damage_noted:
             # Recorded once in the journal itself: what `load` skipped, so the history says so.
             self._damage_noted = True
-            self.append("note", damaged_lines=[n for n, _ in self.damaged],
+            self.append(Event.NOTE, damaged_lines=[n for n, _ in self.damaged],
                         damaged_text=[text for _, text in self.damaged[:5]])
         rec = {"event": event, "time": time.time(), **data}
         line = (json.dumps(rec, default=str) + "\n").encode()
@@ -413,25 +414,25 @@ class RunJournal:
         return rec
 
     # Derived state -------------------------------------------------------------------
-    def first(self, event: str) -> dict[str, Any] | None:
+    def first(self, event: Event) -> dict[str, Any] | None:
         return next((r for r in self.records if r["event"] == event), None)
 
-    def last(self, event: str) -> dict[str, Any] | None:
+    def last(self, event: Event) -> dict[str, Any] | None:
         return next((r for r in reversed(self.records) if r["event"] == event), None)
 
     @property
     def kind(self) -> str:
-        start = self.first("started")
+        start = self.first(Event.STARTED)
         return str(start.get("kind", "run")) if start else "run"
 
     @property
     def finished(self) -> bool:
-        return self.last("finished") is not None
+        return self.last(Event.FINISHED) is not None
 
     @property
     def status(self) -> str:
-        fin = self.last("finished")
-        return str(fin.get("status")) if fin else "interrupted"
+        fin = self.last(Event.FINISHED)
+        return str(fin.get("status")) if fin else Finished.INTERRUPTED
 
     @property
     def snapshot_id(self) -> str | None:
@@ -442,13 +443,13 @@ class RunJournal:
 
     @property
     def last_step(self) -> str | None:
-        steps = [r for r in self.records if r["event"] == "step"]
+        steps = [r for r in self.records if r["event"] == Event.STEP]
         return str(steps[-1]["name"]) if steps else None
 
     def summary(self) -> dict[str, Any]:
-        start = self.first("started") or {}
-        fin = self.last("finished") or {}
-        installed = self.last("installed") or {}
+        start = self.first(Event.STARTED) or {}
+        fin = self.last(Event.FINISHED) or {}
+        installed = self.last(Event.INSTALLED) or {}
         return {"id": self.id, "kind": self.kind, "status": self.status,
                 "started": start.get("time"), "finished": fin.get("time"),
                 "snapshot_id": self.snapshot_id, "last_step": self.last_step,
@@ -472,7 +473,7 @@ def _record(line: str) -> dict[str, Any] | None:
         return None
     if not isinstance(rec.get("time", 0), int | float) or isinstance(rec.get("time"), bool):
         return None  # the history orders runs by it
-    if rec["event"] == "step" and not isinstance(rec.get("name"), str):
+    if rec["event"] == Event.STEP and not isinstance(rec.get("name"), str):
         return None
     return rec
 

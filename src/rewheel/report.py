@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rewheel.errors import RewheelError
+from rewheel.statuses import UNDO_SKIPPED, RollbackStatus, RunStatus
 
 if TYPE_CHECKING:  # rich is imported by the renderers that run, not with this module
     from rich.console import Console
@@ -106,7 +107,7 @@ def _run_versions(summary: dict, names: list[str], limit: int = 2) -> str:
     return ", ".join(f"{n} {before.get(n, '-')} → {after.get(n, '-')}" for n in changed[:limit])
 
 
-def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommandResult
+def render_snapshot(console: Console, result) -> None:  # results.SnapshotCommandResult
     r = result.result
     m = r.meta
     console.print(f"[bold green]snapshot {escape(m.id)}[/] taken of {escape(m.prefix)}"
@@ -128,7 +129,7 @@ def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommand
         console.print(f"  pruned old snapshots: {', '.join(result.pruned)}")
 
 
-def render_history(console: Console, hist) -> None:  # runner.History
+def render_history(console: Console, hist) -> None:  # results.History
     """Snapshots and runs: a table when it fits the terminal whole, a stacked list when it
     does not, one line per snapshot or run when plain. Ids and versions are never cut."""
     snaps = [(s.id, s.created_iso,
@@ -180,7 +181,7 @@ def render_history(console: Console, hist) -> None:  # runner.History
         console.print(f"[yellow]{escape(running_text(hist.running))}[/]")
 
 
-def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
+def render_rollback(console: Console, result) -> None:  # results.RollbackResult
     r = result.restore
     console.print(f"[bold green]restored snapshot {escape(result.snapshot.id)}[/] "
                   f"({escape(result.snapshot.label or result.snapshot.status)}, {result.snapshot.created_iso})")
@@ -210,11 +211,11 @@ def render_check(console: Console, result) -> None:  # preflight.CheckResult
                   else f"[bold red]{len(result.failures)} check(s) failed[/]")
 
 
-def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
+def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # results.RunReport
     """The screen read before saying yes: what changes version first (upgrades, downgrades,
     additions, removals, with the builds between nightlies and a compare link), then one line
     for the packages reinstalled at the same version (`verbose` lists them)."""
-    plan = rep.plan  # runner.RunPlan
+    plan = rep.plan  # results.RunPlan
     changes = plan.changes if plan else []  # installer.PlannedChange items
     same = [c for c in changes if c.change == "reinstall"]
     real = sorted((c for c in changes if c.change != "reinstall"),
@@ -297,10 +298,10 @@ def render_changes(console: Console, changes: list, limit: int = 60, *,
         console.print(f"  … and {len(changes) - limit} more")
 
 
-def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
+def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # results.RunReport
     colour = {"upgraded": "bold green", "reinstalled": "bold green", "unchanged": "bold green",
               "reverted": "bold yellow", "planned": "bold cyan", "prepared": "bold cyan"}.get(rep.status, "bold red")
-    if rep.status == "planned":
+    if rep.status == RunStatus.PLANNED:
         console.print(f"[{colour}]dry run: nothing was changed[/]")
         return
     here = (rep.run_dir, "the run's folder") if rep.run_dir else None
@@ -308,7 +309,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
                   + (f"; its folder: {escape(show_path(console, rep.run_dir))}" if here else ""))
     served = rep.service_before == "active"
     render_prepared(console, rep.prepared, here, served=served)
-    if rep.status == "prepared":
+    if rep.status == RunStatus.PREPARED:
         console.print(f"[{colour}]prepared{': the service kept serving' if served else ''}; `rewheel run {escape(rep.recipe)} --prepared` "
                       "swaps it in[/]")
         return
@@ -319,7 +320,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     if rep.cleanup:
         console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
-    console.print("[bold]what would have changed[/]" if rep.status == "rejected" else "[bold]what changed[/]")
+    console.print("[bold]what would have changed[/]" if rep.status == RunStatus.REJECTED else "[bold]what changed[/]")
     same = {c.name: str(c.new) for c in (rep.plan.changes if rep.plan else []) if c.change == "reinstall"}
     render_changes(console, rep.changes, same_version=same, verbose=verbose)
     if rep.files:
@@ -344,7 +345,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
         console.print(f"[bold red]failed at {rep.failure.step}:[/] {escape(rep.failure.message)}")
         render_root_cause(console, rep.root_cause, base=here)
     if rep.revert:
-        rv = rep.revert  # runner.RevertRecord
+        rv = rep.revert  # results.RevertRecord
         r = rv.restore
         if r is not None:
             console.print(f"[bold]reverted[/]: snapshot {rep.snapshot_id} restored — {r.written:,} files "
@@ -378,7 +379,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     console.print(f"[{colour}]{verdict}[/]")
 
 
-def render_held_back(console: Console, plan) -> None:  # runner.RunPlan | None
+def render_held_back(console: Console, plan) -> None:  # results.RunPlan | None
     """Recipe packages the index offers newer than the plan takes, and uv's reason."""
     for h in (plan.install.held_back if plan is not None else []):
         newest = h.get("newest") or "a newer release"
@@ -408,7 +409,7 @@ def downtime_text(doc: dict | None) -> str:
     return f"{doc['seconds']:.1f}s ({parts})"
 
 
-def render_downtime(console: Console, downtime) -> None:  # runner.Downtime | None
+def render_downtime(console: Console, downtime) -> None:  # results.Downtime | None
     if downtime is not None and downtime.ongoing:
         console.print(f"  [bold red]downtime: ongoing[/] — the service has not answered healthy since its stop; "
                       f"so far {downtime_text(downtime.to_json())}")
@@ -416,13 +417,13 @@ def render_downtime(console: Console, downtime) -> None:  # runner.Downtime | No
         console.print(f"  downtime: {downtime_text(downtime.to_json())} — from the stop to the first healthy answer")
 
 
-def render_resume(console: Console, res) -> None:  # runner.ResumeResult
+def render_resume(console: Console, res) -> None:  # results.ResumeResult
     console.print(f"[bold]{res.status}[/]: {escape(res.action)}" + (f" (run {res.run_id})" if res.run_id else ""))
     if res.report and res.report.revert:
         render_run(console, res.report)
 
 
-def render_smoke(console: Console, rep) -> None:  # runner.SmokeReport
+def render_smoke(console: Console, rep) -> None:  # results.SmokeReport
     if rep.smoke is not None:
         s = rep.smoke  # smoke.SmokeResult
         state = "passed" if s.ok else ("timed out" if s.timed_out else f"failed (exit {s.returncode})")
@@ -871,14 +872,14 @@ def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
                       "has them")
 
 
-def render_rollback_more(console: Console, result) -> None:  # runner.RollbackResult
+def render_rollback_more(console: Console, result) -> None:  # results.RollbackResult
     """What a rollback adds to the restore: how to undo it, what retention pruned, and why a
     service that did not come back failed."""
     if result.undo_snapshot_id:
         console.print(f"  the state it replaced is snapshot {escape(result.undo_snapshot_id)}: "
                       f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}` "
                       "undoes this rollback")
-    elif result.undo_snapshot_error == "skipped (--no-undo)":
+    elif result.undo_snapshot_error == UNDO_SKIPPED:
         console.print("  the state it replaced was not snapshotted (--no-undo): this rollback cannot be undone")
     elif result.undo_snapshot_error:
         console.print(f"  [yellow]the state it replaced could not be snapshotted "
@@ -887,12 +888,12 @@ def render_rollback_more(console: Console, result) -> None:  # runner.RollbackRe
         console.print(f"  closed interrupted runs it superseded: {escape(', '.join(result.superseded_runs))}")
     if result.pruned:
         console.print(f"  pruned old snapshots: {escape(', '.join(result.pruned))}")
-    if result.status != "restored":
+    if result.status != RollbackStatus.RESTORED:
         console.print("[bold red]the service did not come back healthy[/]")
         render_root_cause(console, result.root_cause)
 
 
-def render_pin(console: Console, result) -> None:  # runner.PinResult
+def render_pin(console: Console, result) -> None:  # results.PinResult
     s = result.snapshot
     what = "pinned" if result.pinned else "unpinned"
     console.print(f"snapshot {escape(s.id)} ({escape(s.label or s.status)}) "
@@ -900,13 +901,13 @@ def render_pin(console: Console, result) -> None:  # runner.PinResult
                   + (": `\\[snapshots] keep` never prunes it" if result.pinned else ""))
 
 
-def render_forget(console: Console, result) -> None:  # runner.ForgetResult
+def render_forget(console: Console, result) -> None:  # results.ForgetResult
     s = result.snapshot
     console.print(f"removed snapshot {escape(s.id)} ({escape(s.label or s.status)}, {s.created_iso}); "
                   f"{human_bytes(s.bytes_copied)} of copies freed (shared files stay where they are linked)")
 
 
-def render_history_marks(console: Console, hist) -> None:  # runner.History
+def render_history_marks(console: Console, hist) -> None:  # results.History
     """Below the history's tables: which snapshots are pinned, which hold failed builds."""
     pinned = [s.id for s in hist.snapshots if s.pinned]
     failed = [s.id for s in hist.snapshots if s.failed_build]

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -433,7 +434,11 @@ def unshare(env: Environment, since_ns: int) -> tuple[int, int]:
     service keeps the inode it opened). Returns (files, bytes). Run once the service answers:
     the swap links (seconds) instead of copying (a minute for torch and the CUDA libraries),
     and this restores the independence of the environment and the cache — a patch written in
-    place later must not change the cached wheel — outside the downtime."""
+    place later, into a source or a binary (`patchelf`), must not change the cached wheel,
+    one of the sources rewheel recovers damaged snapshot bytes from — outside the downtime.
+    Every file, not only the hand-editable ones snapshots copy (`hand_editable`): a binary
+    may stay one inode with a snapshot, whose damage `verify` finds and recovery repairs from
+    uv's cache, but not with that cache itself."""
     files = size = 0
     for d in env.distributions():
         if d.install_time_ns < since_ns:
@@ -444,7 +449,7 @@ def unshare(env: Environment, since_ns: int) -> tuple[int, int]:
                 st = path.lstat()
             except OSError:
                 continue
-            if not path.is_file() or path.is_symlink() or st.st_nlink < 2:
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
                 continue
             tmp = path.with_name(f".{path.name}.rewheel-unshare")
             try:

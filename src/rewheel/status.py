@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rewheel import journal
+from rewheel.statuses import Event
 
 if TYPE_CHECKING:
     from rewheel.diff import PackageChange
-    from rewheel.runner import Target
+    from rewheel.commands.target import Target
     from rewheel.snapshot import SnapshotMeta
 
 HEALTH_TIMEOUT_S = 3.0  # one request, not a readiness wait: status must answer at once
@@ -144,7 +145,7 @@ def running_now(t: Target) -> dict[str, Any] | None:
     # finishes an interrupted run writes its own, newer).
     live = journal.interrupted_run(t.store.env_dir)
     if live is not None:
-        started = live.first("started") or {}
+        started = live.first(Event.STARTED) or {}
         doc.update(run_id=live.id, kind=live.kind, step=live.last_step or "start",
                    since=started.get("time") or doc["since"])
     return doc
@@ -192,7 +193,7 @@ def status(t: Target) -> Status:
     from packaging.utils import canonicalize_name
 
     from rewheel import diff as diffmod
-    from rewheel.runner import KEY_PACKAGES
+    from rewheel.commands.snapshots import KEY_PACKAGES
 
     dists = [d.to_json() for d in t.env.distributions()]
     live: dict[str, str] = {canonicalize_name(d["name"]): d["version"] for d in dists}

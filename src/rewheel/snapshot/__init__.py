@@ -8,9 +8,12 @@ roots with its mode, size, mtime, the inode a shared file has in common with the
 Sharing: a file whose bytes provably equal what its wheel installed (RECORD hash known,
 size equal, not modified since the install) is hard-linked into the tree (or reflinked,
 or copied when the store is on another filesystem), and its hash is taken from RECORD, so
-an 8 GB environment is captured without reading 8 GB. Every other file — hand-patched,
-unlisted, or of unknown provenance — is copied and hashed while copying, so that editing
-it in place later cannot change the snapshot.
+an 8 GB environment is captured without reading 8 GB — unless a person may edit it by
+hand (`hand_editable`: sources, configs, scripts), which is never one inode with the
+environment: reflinked, or copied (or linked to the previous snapshot's unchanged copy).
+Every other file — hand-patched, unlisted, or of unknown provenance — is copied and
+hashed while copying, so that editing it in place later cannot change the snapshot. A
+restore copies hand-editable files back for the same reason.
 
 Restore compares the live tree with the manifest folder by folder, checks every stored
 file it will use and every manifest entry it acts on, and refuses a damaged snapshot
@@ -45,14 +48,14 @@ from rewheel.snapshot.restore import (RestoreResult, discard_displaced, remove_d
 from rewheel.snapshot.store import ALIASES, SnapshotMeta, Store
 from rewheel.snapshot.integrity import (Damage, StoreVerify, VerifyResult, damaged_files, verify_snapshot,
                                         verify_store)
-from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, exclusion, hash_file, kind_of, nested_prefix,
-                                   provably_pristine, record_index, scope_of, walk)
+from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, exclusion, hand_editable, hash_file, kind_of,
+                                   nested_prefix, provably_pristine, record_index, scope_of, walk)
 
 __all__ = [
     "ALIASES", "LANES_MIN_FILES", "MANIFEST_VERSION", "STAGING_PREFIX", "SYSTEM_FOLDERS", "Entry", "Folder", "Manifest",
     "ManifestDamaged", "Progress", "RestoreError", "RestoreResult", "Root", "SnapshotDamaged", "SnapshotError",
     "SnapshotMeta", "SnapshotResult", "Store", "check_cleanup_entries", "cleanup_glob_refusal", "cleanup_matches", "cleanup_refusal", "copy_hashed",
-    "discard_displaced", "estimate_snapshot", "exclusion", "hash_file", "kind_of", "match_roots", "nested_prefix",
+    "discard_displaced", "estimate_snapshot", "exclusion", "hand_editable", "hash_file", "kind_of", "match_roots", "nested_prefix",
     "pending_cleanup", "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting",
     "restore_snapshot", "scope_of", "share_folders", "stash_cleanup", "take_snapshot", "unstash_cleanup", "verify", "walk",
     "Damage", "StoreVerify", "VerifyResult", "damaged_files", "verify_snapshot", "verify_store",

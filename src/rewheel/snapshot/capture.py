@@ -26,7 +26,7 @@ from rewheel.paths import atomic_write, fsync_dir
 from rewheel.snapshot.manifest import Folder, Manifest, ManifestDamaged
 from rewheel.snapshot.store import SnapshotMeta, Store, aliased_files
 from rewheel.snapshot.tree import (CHUNK, Progress, Root, TIE_HASH_MAX, excluded_distribution_file, exclusion,
-                                   hash_file, kind_of, provably_pristine, proven_sha, record_index, safe_rel, scope_of,
+                                   hand_editable, hash_file, kind_of, provably_pristine, proven_sha, record_index, safe_rel, scope_of,
                                    shared_paths, walk)
 
 _FICLONE = 0x40049409
@@ -75,6 +75,23 @@ class _Linker:
         self.modes.add("copy")
         return "copy"
 
+    def private(self, src: str, dst: str, st: os.stat_result) -> str:
+        """A copy of its own for a file a person may edit (`hand_editable`): a reflink where
+        the filesystem has them (the store gets its own inode at no disk cost), else a copy
+        of the bytes, with the source's mtime. Never a hard link."""
+        if self.prefer_reflink is None:
+            self.prefer_reflink = clone_file(src, dst)
+            cloned = self.prefer_reflink
+        else:
+            cloned = self.prefer_reflink and clone_file(src, dst)
+        if cloned:
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            self.modes.add("reflink")
+            return "reflink"
+        copy_plain(src, dst, st)
+        self.modes.add("copy")
+        return "copy"
+
 
 def clone_file(src: str, dst: str) -> bool:
     """Make dst a copy-on-write clone of src (FICLONE); False where the filesystem has
@@ -87,6 +104,34 @@ def clone_file(src: str, dst: str) -> bool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(dst)
         return False
+
+
+def copy_plain(src: str, dst: str, st: os.stat_result) -> None:
+    """Copy src (whose lstat is `st`) to a new file dst in the kernel (copy_file_range: no
+    byte passes through this process; where the filesystem shares extents, it may share
+    them), and give dst src's mtime. For a file whose sha256 is already known (RECORD)."""
+    fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                while os.copy_file_range(fi, fo, max(st.st_size, CHUNK)):
+                    pass
+            except OSError as exc:  # no in-kernel copy between these two (an older kernel, EXDEV)
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+                    raise
+                os.lseek(fi, 0, os.SEEK_SET)
+                os.ftruncate(fo, 0)
+                os.lseek(fo, 0, os.SEEK_SET)
+                while chunk := os.read(fi, CHUNK):
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fo, view):]
+            os.utime(fo, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(fo)
+    finally:
+        os.close(fi)
 
 
 _ZEROS = bytes(CHUNK)
@@ -157,16 +202,17 @@ class SnapshotResult:
                 "link_mode": m.link_mode, "files_linked": self.files_linked,
                 "files_copied": self.files_copied, "seconds": round(self.seconds, 3),
                 "label": m.label, "status": m.status, "nested_skipped": m.extra.get("nested_skipped", []),
-                "files_reused": m.extra.get("files_reused", 0), "bytes_reused": m.extra.get("bytes_reused", 0)}
+                "files_reused": m.extra.get("files_reused", 0), "bytes_reused": m.extra.get("bytes_reused", 0),
+                "files_private": m.extra.get("files_private", 0), "bytes_private": m.extra.get("bytes_private", 0)}
 
 
 def estimate_snapshot(env: Environment, store: Store, *, dists: list[Distribution] | None = None,
                       exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """What a snapshot of the environment would cost now, for the plan a person reads
     before saying yes: the walk `take_snapshot` makes, without linking or copying. Files no
-    RECORD proves are copied (an unchanged one the previous snapshot holds is shared with
-    it instead); the rest are shared with the environment at no disk cost (on one
-    filesystem)."""
+    RECORD proves are copied, and so are the hand-editable files it proves (`hand_editable`);
+    an unchanged one the previous snapshot holds is shared with it instead. The rest are
+    shared with the environment at no disk cost (on one filesystem)."""
     dists = dists if dists is not None else env.distributions()
     records = record_index(dists)
     _refuse_excluded_distributions(env, records, exclude)
@@ -185,8 +231,13 @@ def estimate_snapshot(env: Environment, store: Store, *, dists: list[Distributio
         # A tie with RECORD's mtime counts as a copy here (a snapshot proves a small one by
         # its bytes): the estimate errs towards more space, never less.
         if rec and rec[0] and provably_pristine(size, st.st_mtime_ns, rec[1], rec[2]):
-            continue
-        if size >= _REUSE_MIN and previous.holds(ri, rel, st):
+            if not hand_editable(rel.rpartition("/")[2], size):
+                continue
+            # Hand-editable: copied, unless the previous snapshot holds it unchanged.
+            if previous.holds(ri, rel, st):
+                bytes_reused += size
+                continue
+        elif size >= _REUSE_MIN and previous.holds(ri, rel, st):
             bytes_reused += size
             continue
         to_copy += 1
@@ -242,8 +293,9 @@ class _PreviousCopies:
     def holds(self, ri: int, rel: str, st: os.stat_result) -> bool:
         return self._find(ri, rel, st) is not None
 
-    def share(self, ri: int, rel: str, st: os.stat_result, dst: str) -> str | None:
-        """Link dst to the previous snapshot's stored copy of rel; its sha256, or None."""
+    def share(self, ri: int, rel: str, st: os.stat_result, dst: str, want: str | None = None) -> str | None:
+        """Link dst to the previous snapshot's stored copy of rel; its sha256, or None.
+        `want`: the sha256 the file is known to have (RECORD's), which that copy's must be."""
         found = self._find(ri, rel, st)
         if found is None:
             return None
@@ -253,7 +305,7 @@ class _PreviousCopies:
             stored = f"{meta.path}/tree/{ri}/{rel}"
             sst = os.lstat(stored)
             if not (stat.S_ISREG(sst.st_mode) and sst.st_size == st.st_size and sst.st_mtime_ns == st.st_mtime_ns
-                    and isinstance(sha, str)):
+                    and isinstance(sha, str) and (want is None or sha == want)):
                 return None
             os.link(stored, dst)
         except (OSError, ManifestDamaged):
@@ -316,6 +368,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     entries: list[list[Any]] = []
     bytes_total = bytes_copied = bytes_linked = 0
     n_linked = n_copied = n_reused = bytes_reused = 0
+    n_private = bytes_private = 0  # hand-editable files RECORD proves: copied (or reflinked, or reused)
     skip = {str(store.home)}
     nested: list[str] = []
     previous = _PreviousCopies(store, roots)
@@ -360,16 +413,30 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                         rec and rec[0] and st.st_mtime_ns == rec[2] and size <= TIE_HASH_MAX
                         and hash_file(src) == rec[0]):
                     assert rec is not None  # pristine, or proven by its bytes: RECORD's entry
-                    how = linker.share(src, dst)
                     sha = rec[0]
-                    if how == "link":
-                        bytes_linked += size
-                        n_linked += 1
+                    if hand_editable(rel.rpartition("/")[2], size):
+                        # Never one inode with the live file: an edit written in place into it
+                        # must not reach the snapshot. An unchanged copy the previous snapshot
+                        # stored is shared instead (store with store), else a copy of its own.
+                        n_private += 1
+                        bytes_private += size
+                        if previous.share(ri, rel, st, dst, sha) is not None:
+                            how = "copy"
+                        else:
+                            how = linker.private(src, dst, st)
+                            bytes_copied += size if how == "copy" else 0
+                            bytes_linked += size if how == "reflink" else 0
+                            n_copied += how == "copy"
                     else:
-                        bytes_copied += size if how == "copy" else 0
-                        bytes_linked += size if how == "reflink" else 0
-                        n_copied += how == "copy"
-                        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+                        how = linker.share(src, dst)
+                        if how == "link":
+                            bytes_linked += size
+                            n_linked += 1
+                        else:
+                            bytes_copied += size if how == "copy" else 0
+                            bytes_linked += size if how == "reflink" else 0
+                            n_copied += how == "copy"
+                            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
                 else:
                     how = "copy"
                     sha = previous.share(ri, rel, st, dst) if size >= _REUSE_MIN else None
@@ -400,7 +467,8 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
             bytes_copied=bytes_copied, bytes_linked=bytes_linked,
             link_mode="+".join(sorted(linker.modes)) or "none", run_id=run_id,
             extra={**({"nested_skipped": nested} if nested else {}),
-                   **({"files_reused": n_reused, "bytes_reused": bytes_reused} if n_reused else {})})
+                   **({"files_reused": n_reused, "bytes_reused": bytes_reused} if n_reused else {}),
+                   **({"files_private": n_private, "bytes_private": bytes_private} if n_private else {})})
         meta.path = tmp
         meta.save()
         os.rename(tmp, store.snapshots_dir / snap_id)

@@ -32,8 +32,8 @@ from rewheel.snapshot.lanes import LaneWork, Peer, auto_lanes
 from rewheel.snapshot.manifest import Entry, Folder, Manifest, ManifestDamaged, bad_entry, match_roots
 from rewheel.snapshot.proof import FolderProof, SameBytes
 from rewheel.snapshot.store import Found, SnapshotMeta, save_aliases
-from rewheel.snapshot.tree import (Progress, Root, STAGING_PREFIX, exclusion, kind_of, nested_prefix, safe_rel,
-                                   scope_of, walk)
+from rewheel.snapshot.tree import (Progress, Root, STAGING_PREFIX, exclusion, hand_editable, kind_of, nested_prefix,
+                                   safe_rel, scope_of, walk)
 
 # Under the store's home: what restores moved out of environments, while a detached `rm`
 # deletes it (`discard_displaced`); a folder older than this is left from one that was stopped.
@@ -59,13 +59,16 @@ class RestoreResult:
     # Files left in place: not the stored inode, but proven to hold its bytes (a reinstall
     # or an upgrade since unpacked the same bytes anew); counted in `unchanged`.
     proven_same: int = 0
+    # Hand-editable files that held the snapshot's bytes but were its stored inode (linked by
+    # a rewheel before `hand_editable`): given a copy of their own, same bytes.
+    unshared: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"snapshot_id": self.snapshot_id, "written": self.written, "deleted": self.deleted,
                 "chmodded": self.chmodded, "unchanged": self.unchanged, "verified": self.verified,
                 "seconds": round(self.seconds, 3), "cleanup_restored": self.cleanup_restored,
                 "folders_rebuilt": self.folders_rebuilt, "removal_seconds": round(self.removal_seconds, 3),
-                "lanes": self.lanes, "proven_same": self.proven_same}
+                "lanes": self.lanes, "proven_same": self.proven_same, "unshared": self.unshared}
 
 
 def _raise_if_problems(env: Environment, snap: SnapshotMeta, problems: list[str]) -> None:
@@ -95,6 +98,13 @@ def _owned_now(roots: list[Root], env: Environment) -> set[str]:
     if all(r.whole for r in roots):
         return set()
     return {e.path for d in env.distributions() for e in d.record}
+
+
+def _private(e: Entry) -> bool:
+    """A file the restore copies (or reflinks) even when the snapshot shares it by a hard
+    link (one taken before `hand_editable` was the rule): the environment's copy of a file a
+    person may edit never is the stored inode."""
+    return e.kind == "f" and hand_editable(e.path.rpartition("/")[2], e.size)
 
 
 def _same_file(e: Entry, st: os.stat_result) -> bool:
@@ -245,6 +255,7 @@ class _Restore:
         self.kill_at = int(fault.partition(":")[2]) if fault.startswith("restore-commit:") else -1
         self.excluded = exclusion(man.exclude)
         self.proven = 0
+        self.unshared = 0  # writes of the same bytes, to break an inode shared with the store (see `scan`)
         self.todo = 0
         self.dirs: list[_Dir] = []  # the folders that need anything, children first
         # What the commit puts in place, by entry: the stored inode it links (checked),
@@ -283,6 +294,7 @@ class _Restore:
         chmods: list[Entry] = []
         extras: list[tuple[str, bool]] = []
         missing: list[Entry] = []
+        unshare: list[Entry] = []  # also in writes
         prefix = f"{rel}/" if rel else ""
         skip = self.skip.get(path)
         matched = 0
@@ -309,9 +321,19 @@ class _Restore:
                     # A shared file at another inode was replaced: no stat needed to know.
                     ino = inos[i]
                     lst = None
-                    if ino is None or de.inode() == ino:
+                    # A hand-editable file is never the stored inode (see `_private`): its
+                    # size and mtime say whether it changed, as for a copy.
+                    if ino is None or de.inode() == ino or hand_editable(name, sizes[i]):
                         lst = de.stat(follow_symlinks=False)
                         if lst.st_mtime_ns == mtimes[i] and lst.st_size == sizes[i] and is_reg(lst.st_mode):
+                            if ino is not None and lst.st_ino == ino and hand_editable(name, sizes[i]):
+                                # The snapshot's bytes, but its stored inode (a snapshot taken,
+                                # or restored, before `hand_editable` was the rule): an edit in
+                                # place would reach the store. A copy of its own instead. (Links
+                                # into uv's cache are uv's: a restore in the window leaves them.)
+                                unshare.append(f.entry(ri, rel, i, sha=False))
+                                writes.append(unshare[-1])
+                                continue
                             if mode_of(lst.st_mode) != modes[i]:
                                 chmods.append(f.entry(ri, rel, i, sha=False))
                             continue
@@ -359,6 +381,7 @@ class _Restore:
                 self.add_missing(d, f, set(os.listdir(fd)) if matched else set())
             if d.touched or d.chmods or d.attrs_off:
                 self.dirs.append(d)
+        self.unshared += len(unshare)
 
     def folder_proof(self, ri: int, rel: str, path: str) -> FolderProof | Literal[False]:
         """What proves files of folder `rel` the snapshot's (see `SameBytes`), or False when
@@ -463,7 +486,7 @@ class _Restore:
     def check_links(self, d: _Dir) -> None:
         """Before the commit: every stored inode folder d's files will be linked to exists
         and still has the manifest's size and mtime (one fstatat each, in its folder)."""
-        links = [e for e in d.writes if e.kind == "f" and e.stored == "link"]
+        links = [e for e in d.writes if e.kind == "f" and e.stored == "link" and not _private(e)]
         if not links:
             return
         try:
@@ -494,7 +517,7 @@ class _Restore:
             os.symlink(e.target, dst)
         else:
             sst = self.links.get((e.root, e.path))
-            if e.stored == "link":
+            if e.stored == "link" and not _private(e):
                 if sst is None:
                     sst = self.links[(e.root, e.path)] = _check_stored(self.snap, self.tree, e)
                 try:
@@ -536,7 +559,11 @@ class _Restore:
                 return
         if e.stored == "link":
             _check_stored(self.snap, self.tree, e)
-        sha, _ = copy_hashed(src, dst)
+        try:
+            sha, _ = copy_hashed(src, dst)
+        except FileNotFoundError:
+            _check_stored(self.snap, self.tree, e)  # the stored copy is gone: raises, naming it
+            raise
         if e.sha256 and sha != e.sha256:
             raise SnapshotDamaged(
                 f"snapshot {self.snap.id}: stored file {e.path} does not match its recorded sha256 "
@@ -573,7 +600,7 @@ class _Restore:
             if self.roots[d.ri].whole:
                 self.check_links(d)
             for e in d.writes:
-                if e.kind == "f" and (e.stored != "link" or not self.roots[d.ri].whole):
+                if e.kind == "f" and (e.stored != "link" or not self.roots[d.ri].whole or _private(e)):
                     # A copy is staged (its sha256 checked on the way) and renamed in.
                     tmp = self.stage_path(d.ri)
                     self.place(e, tmp)
@@ -740,10 +767,24 @@ class _Restore:
 
     def summary(self) -> dict[str, Any]:
         """What this lane did, for the lane that reports the restore."""
-        return {"written": self.written, "deleted": sum(len(d.extras) for d in self.dirs),
+        return {"written": self.written - self.unshared, "unshared": self.unshared,
+                "deleted": sum(len(d.extras) for d in self.dirs),
                 "chmodded": sum(len(d.chmods) for d in self.dirs),
                 "folders_rebuilt": sum(len(d.missing) for d in self.dirs), "others": self.others,
-                "displaced": list(self.staging.values()), "proven": self.proven}
+                "displaced": self.displaced(), "proven": self.proven}
+
+    def displaced(self) -> list[str]:
+        """The staging folders holding what the commit moved out. One left empty (it only
+        staged copies, all renamed in) is removed here: it displaced nothing, and a restore
+        that only gave files a copy of their own must read as one that changed no byte."""
+        left = []
+        for s in self.staging.values():
+            try:
+                os.rmdir(s)
+            except OSError:  # not empty (or gone): what was moved out, for the caller to delete
+                if os.path.lexists(s):
+                    left.append(s)
+        return left
 
     def proofs(self) -> tuple[list[Any], ...]:
         """The files this lane proved hold the snapshot's bytes (`Found`'s columns)."""
@@ -889,7 +930,7 @@ def restore_snapshot(env: Environment, snap: SnapshotMeta, *, progress: Progress
             res = RestoreResult(snap.id, done["written"], done["deleted"], done["chmodded"],
                                 verified - done["written"] - done["chmodded"], verified, 0.0,
                                 folders_rebuilt=done["folders_rebuilt"], displaced=done["displaced"],
-                                phases=phases, lanes=n, proven_same=done["proven"])
+                                phases=phases, lanes=n, proven_same=done["proven"], unshared=done["unshared"])
             del r  # freed here, so the collector has none of it to walk once back on
         finally:
             if syncer.ident is not None:

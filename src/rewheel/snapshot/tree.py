@@ -4,8 +4,9 @@ Owns: an environment's roots (`Root`, `scope_of`), the walk over them (`walk`: p
 first, nested environments and staging folders left out, `[snapshots] exclude` globs via
 `exclusion`), the RECORD index (`record_index`; `shared_paths` and `proven_sha` for a path
 several distributions ship), the one rule for a file that is provably what its wheel
-installed (`provably_pristine`), entry kinds (`kind_of`), manifest path safety (`safe_rel`)
-and file hashing (`hash_file`). `diff` and `patches` read environments through these too.
+installed (`provably_pristine`), the one rule for a file a person may edit by hand
+(`hand_editable`: never shared by a hard link with the store or uv's cache), entry kinds
+(`kind_of`), manifest path safety (`safe_rel`) and file hashing (`hash_file`). `diff` and `patches` read environments through these too.
 """
 
 from __future__ import annotations
@@ -92,6 +93,53 @@ def provably_pristine(size: int, mtime_ns: int, record_size: int | None, install
     afford it proves a tie by the file's bytes instead (`take_snapshot` does, for small
     files)."""
     return size == record_size and mtime_ns < installed_ns
+
+
+# --------------------------------------------------------------------------------------
+# Hand-editable files: never one inode with the store (or uv's cache)
+# --------------------------------------------------------------------------------------
+# Text people open in an editor: sources, stubs, configs, scripts, docs, C/C++/CUDA sources
+# and headers (JIT builds read them), certificates (a CA bundle gets a corporate CA added).
+TEXT_SUFFIXES = frozenset((
+    ".py", ".pyi", ".pyx", ".pxd", ".pxi", ".pth", ".typed", ".ipynb",
+    ".json", ".jsonl", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".conf", ".env", ".properties", ".lock",
+    ".txt", ".md", ".rst", ".csv", ".tsv", ".xml", ".html", ".htm", ".css", ".js", ".mjs", ".ts",
+    ".jinja", ".jinja2", ".j2", ".tmpl", ".tpl", ".template", ".in", ".proto", ".sql",
+    ".sh", ".bash", ".zsh", ".fish", ".csh", ".nu", ".xsh", ".ps1", ".bat", ".cmd",
+    ".c", ".h", ".cc", ".cpp", ".cxx", ".hh", ".hpp", ".hxx", ".cu", ".cuh", ".inl", ".inc", ".ipp", ".tcc",
+    ".cmake", ".mk", ".m4", ".ac", ".am", ".pem", ".crt", ".cer",
+))
+# Bytes nobody edits in a text editor; Python's own caches are written by rename (a new
+# inode: `importlib`'s `_write_atomic`, `compileall`), so sharing them is safe too.
+BINARY_SUFFIXES = frozenset((
+    ".so", ".pyd", ".dll", ".dylib", ".a", ".o", ".lib", ".exe", ".bin", ".bc", ".cubin", ".fatbin", ".ptx",
+    ".pyc", ".pyo", ".whl", ".zip", ".gz", ".tgz", ".bz2", ".xz", ".zst", ".7z", ".tar", ".jar", ".egg",
+    ".npy", ".npz", ".pt", ".ckpt", ".safetensors", ".onnx", ".pkl", ".pickle", ".h5", ".hdf5", ".gguf",
+    ".msgpack", ".db", ".sqlite", ".mo", ".png", ".jpg", ".jpeg", ".gif", ".ico", ".bmp", ".webp",
+    ".woff", ".woff2", ".ttf", ".otf", ".eot", ".pdf", ".wasm",
+))
+SMALL_TEXT_MAX = 1 << 20  # a file with neither kind of suffix up to this size counts as text
+_SO_VERSIONED = re.compile(r"\.so(?:\.[0-9][0-9A-Za-z_]*)+$")  # libfoo.so.12, libbar.so.1.2.3
+
+
+def hand_editable(name: str, size: int) -> bool:
+    """Whether a file (its name, without folders, and its size) is one a person may edit by
+    hand, and so must never share its inode with a snapshot's store or uv's cache: an edit
+    written in place (vim on a file with several links, `open(..., "r+")`, truncate and
+    rewrite) would change every copy sharing it. The one home of this rule, for the
+    snapshot (capture and restore copy such files, or reflink them) and for `unshare`.
+
+    A text suffix (`TEXT_SUFFIXES`) says yes at any size, a binary one (`BINARY_SUFFIXES`,
+    `.so.N`) says no; any other file (no suffix: a shebang script, LICENSE, METADATA; an
+    unknown one) is text up to `SMALL_TEXT_MAX` bytes and a shared binary above it (a
+    compiler such as `ptxas` in a CUDA wheel). Large binaries keep their hard links: copying
+    them would cost the gigabytes the sharing saves."""
+    suffix = name[name.rfind("."):].lower() if "." in name[1:] else ""
+    if suffix in TEXT_SUFFIXES:
+        return True
+    if suffix in BINARY_SUFFIXES or (".so." in name and _SO_VERSIONED.search(name)):
+        return False
+    return size <= SMALL_TEXT_MAX
 
 
 def record_index(dists: list[Distribution]) -> dict[str, tuple[str | None, int | None, int]]:
