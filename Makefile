@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-unit demo bench bench-synthetic acceptance clean
+.PHONY: venv test test-unit typecheck demo bench bench-synthetic acceptance clean
 
 venv: $(STAMP)
 
@@ -18,8 +18,12 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m compileall -q -j 0 src/rewheel $(VENV)/lib
 	touch $(STAMP)
 
-test: venv
+# The types first (seconds): the package, and the unit layer's fakes against its Protocols.
+test: venv typecheck
 	$(BIN)/python -m pytest -n 2 --dist loadfile -q tests
+
+typecheck: venv
+	$(BIN)/python -m mypy
 
 # The unit layer alone (no process started; about 15 s).
 test-unit: venv

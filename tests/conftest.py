@@ -19,6 +19,15 @@ if str(TESTS) not in sys.path:
 
 from devtools.wheelbuild import build_wheel  # noqa: E402
 
+# A test suite started in the background of a non-interactive shell inherits SIGINT ignored,
+# and so would every rewheel it starts: the Ctrl-C tests would then test nothing. Python's
+# own handler here means a child starts with the default disposition (an exec resets a
+# handled signal, never an ignored one).
+import signal as _signal  # noqa: E402
+
+if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_process_left(tmp_path_factory: pytest.TempPathFactory):

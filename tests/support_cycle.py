@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rewheel import journal, runner
+from rewheel import commands, journal
 from rewheel.environment import Environment
 from rewheel.errors import (InstallError, ServiceError)
 from rewheel.host import Host
@@ -162,7 +162,7 @@ class World:
         return Build(True, str(out), {PKG: "2.0.0"}, dists, done + ([PrepCheck("imports", True)] if checks else []), PKG)
 
     def resolve(self, recipe: Recipe, env: Environment, *, folder: Path, on_line: Any = None,
-                say: Any = None) -> Resolution:
+                say: Any = None, guards: bool = True) -> Resolution:
         """The one resolution: toypkg 1.0.0 -> 2.0.0, its lock written into `folder`."""
         folder.mkdir(parents=True, exist_ok=True)
         lock = folder / "pylock.toml"
@@ -218,7 +218,7 @@ class NoFetcher:
 
 # -- fixtures --------------------------------------------------------------------------------------
 @pytest.fixture
-def world(tmp_path: Path) -> tuple[World, runner.Target]:
+def world(tmp_path: Path) -> tuple[World, commands.Target]:
     env = make_env(tmp_path)
     w = World(site=env.site_dirs[0])
     recipe = Recipe(name="unit", python=env.python, path=tmp_path / "unit.toml",
@@ -226,16 +226,16 @@ def world(tmp_path: Path) -> tuple[World, runner.Target]:
                     install=InstallSpec(packages=(PKG,)), smoke=SmokeSpec(command=("smoke",), gpus=1))
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
-    return w, runner.Target(recipe, env, Store(env.prefix, home), w.host())
+    return w, commands.Target(recipe, env, Store(env.prefix, home), w.host())
 
 
-def version(t: runner.Target) -> str | None:
+def version(t: commands.Target) -> str | None:
     return t.env.versions().get(PKG)
 
 
-def last_run(t: runner.Target) -> journal.RunJournal:
+def last_run(t: commands.Target) -> journal.RunJournal:
     return journal.list_runs(t.store.env_dir)[0]
 
 
-def steps(rep: runner.RunReport) -> list[tuple[str, bool]]:
+def steps(rep: commands.RunReport) -> list[tuple[str, bool]]:
     return [(s.name, s.ok) for s in rep.steps]

@@ -135,7 +135,7 @@ class Host:
     def start_service(self) -> None:
         """Start the service the way an operator's host has it running before an upgrade."""
         from rewheel.recipe import load_recipe
-        from rewheel.runner import open_target
+        from rewheel.commands import open_target
         from rewheel.service import make_manager, wait_ready
 
         t = open_target(load_recipe(self.recipe))
@@ -146,7 +146,7 @@ class Host:
 
     def stop_service(self) -> None:
         from rewheel.recipe import load_recipe
-        from rewheel.runner import open_target
+        from rewheel.commands import open_target
         from rewheel.service import make_manager
 
         t = open_target(load_recipe(self.recipe, check_interpreter=False))

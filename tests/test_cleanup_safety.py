@@ -18,7 +18,7 @@ import pytest
 from rewheel import snapshot as snapmod
 from rewheel.errors import SnapshotDamaged, UnsafeCleanupPath
 from rewheel.recipe import Recipe
-from rewheel.runner import open_target, snapshot_now
+from rewheel.commands import open_target, snapshot_now
 from rewheel.snapshot.cleanup import cleanup_glob_refusal, glob_matches
 from support_env import make_venv
 

@@ -111,7 +111,7 @@ def test_no_at_the_question_is_a_note_not_a_red_error(tmp_path: Path) -> None:
 # what every command needs; each command imports its own modules. (Times are measured in
 # `make bench`, not here.)
 HEAVY = ["httpx", "rich.table", "rich.markdown", "rich.syntax", "packaging.version", "rewheel.snapshot",
-         "rewheel.runner", "rewheel.installer", "rewheel.diagnose", "rewheel.diff", "rewheel.patches",
+         "rewheel.commands", "rewheel.installer", "rewheel.diagnose", "rewheel.diff", "rewheel.patches",
          "typer.rich_utils"]
 
 

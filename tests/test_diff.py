@@ -13,7 +13,7 @@ from support_env import make_venv, uv, uv_install
 from rewheel import diff as diffmod
 from rewheel import versions
 from rewheel.recipe import Recipe
-from rewheel.runner import open_target, snapshot_now
+from rewheel.commands import open_target, snapshot_now
 from support_diff import (DS_NEW, DS_OLD, NEW_SET, NEW_VLLM, OLD_SET, OLD_VLLM, VLLM_URLS,
                           edit_by_replace, edit_in_place, site_packages, story_wheels)
 

@@ -20,7 +20,7 @@ from rewheel.journal import EnvLock
 
 def _target(python: Path):
     from rewheel.recipe import load_target
-    from rewheel.runner import open_target
+    from rewheel.commands import open_target
 
     return open_target(load_target(None, str(python)))
 

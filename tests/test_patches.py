@@ -19,7 +19,7 @@ from rewheel import patches
 from rewheel.environment import Environment
 from devtools.localindex import serve_index
 from rewheel.recipe import Recipe
-from rewheel.runner import open_target, snapshot_now
+from rewheel.commands import open_target, snapshot_now
 from support_diff import (LOADER, edit_by_replace, edit_in_place, model_source, patchme_wheels,
                           site_packages)
 

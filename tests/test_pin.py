@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from rewheel import runner
+from rewheel import commands
+from rewheel.commands.snapshots import pruned_text
 from support_env import make_venv, uv_install
 from test_json_shapes import check as check_shape
 from support_cycle import World
 
-Pair = tuple[World, runner.Target]
+Pair = tuple[World, commands.Target]
 
 
 def rewheel(*args: str) -> subprocess.CompletedProcess:
@@ -90,19 +91,19 @@ def test_failed_builds_are_pruned_last_and_named(world: Pair) -> None:
     w, t = world
     t = dataclasses.replace(t, recipe=dataclasses.replace(t.recipe, keep=2))
     w.smoke_fails = True
-    rep = runner.run(t)
+    rep = commands.run(t)
     failed = rep.revert.failed_snapshot_id
     w.smoke_fails = False
     # Now: the failed build and its run's pre-upgrade snapshot. An upgrade adds a third.
-    up = runner.run(t)
+    up = commands.run(t)
     assert up.status == "upgraded"
     # Keep 2: the older pre-upgrade snapshot goes, not the (older still) failed build.
     assert up.pruned == [rep.snapshot_id] and up.to_json()["pruned"] == [rep.snapshot_id]
     assert {m.id for m in t.store.list()} == {failed, up.snapshot_id}
     # When only failed builds are left to prune, one goes, and the report says it was one.
-    manual = runner.snapshot_now(t)
+    manual = commands.snapshot_now(t)
     assert manual.pruned == [failed]
-    assert "a failed build" in runner.pruned_text(t.store, manual.pruned)
+    assert "a failed build" in pruned_text(t.store, manual.pruned)
 
 
 def test_a_kept_run_reports_what_it_pruned(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ from rewheel import report
 from rewheel.diff import DiffResult, PackageChange
 from rewheel.journal import RunJournal
 from rewheel.installer import InstallPlan, PlannedChange
-from rewheel.runner import History, RunPlan, RunReport
+from rewheel.commands import RunReport
+from rewheel.commands.results import History, RunPlan
 from rewheel.snapshot import SnapshotMeta
 
 OLD_VLLM, NEW_VLLM = "0.16.0rc2.dev313+g8c1b3f2a0", "0.16.0rc2.dev344+g5719a4e4e"

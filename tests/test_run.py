@@ -142,9 +142,11 @@ def test_plan_states_the_snapshot_cost_and_refuses_a_store_too_small(host_factor
         from rewheel.errors import PreflightError
         from rewheel.recipe import load_recipe
         from rewheel.installer import InstallPlan
-        from rewheel.runner import RunPlan, _Cycle, open_target
+        from rewheel.commands import open_target
+        from rewheel.commands.cycle import Cycle
+        from rewheel.commands.results import RunPlan
         h.write_recipe(snapshots={"store": str(small)})
-        cyc = _Cycle(open_target(load_recipe(h.recipe)), lock=None, say=lambda m: None,
+        cyc = Cycle(open_target(load_recipe(h.recipe)), lock=None, say=lambda m: None,
                      on_output=lambda m: None, progress=None)
         cyc.report.plan = RunPlan(InstallPlan(argv=[], changes=[]))
         with pytest.raises(PreflightError, match="would copy") as exc:
@@ -185,7 +187,7 @@ def test_bad_or_unreachable_index_exits_2_unchanged(host_factory, url: str, word
 def test_second_run_is_refused_with_4(host_factory) -> None:
     from rewheel.journal import EnvLock
     from rewheel.recipe import load_recipe
-    from rewheel.runner import open_target
+    from rewheel.commands import open_target
 
     h = host_factory("2.0.0", "good", start=False)
     t = open_target(load_recipe(h.recipe))

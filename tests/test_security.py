@@ -160,7 +160,7 @@ def test_read_only_commands_work_on_a_system_interpreter() -> None:
 
 def test_environment_system_true_allows_a_system_interpreter(tmp_path: Path) -> None:
     from rewheel.recipe import load_recipe
-    from rewheel.runner import open_target, refuse_system_interpreter
+    from rewheel.commands import open_target, refuse_system_interpreter
     from rewheel.errors import TargetError
 
     py = system_python()

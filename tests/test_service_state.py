@@ -175,7 +175,7 @@ def hosts(tmp_path: Path, pidfiles):
 
 def env_dir(h: Host) -> Path:
     from rewheel.recipe import load_recipe
-    from rewheel.runner import open_target
+    from rewheel.commands import open_target
 
     return open_target(load_recipe(h.recipe)).store.env_dir
 

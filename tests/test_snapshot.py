@@ -20,7 +20,7 @@ from rewheel.snapshot import restore as restore_mod
 from rewheel.environment import Environment
 from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.recipe import Recipe
-from rewheel.runner import open_target, rollback, snapshot_now
+from rewheel.commands import open_target, rollback, snapshot_now
 
 
 COPY = ("--link-mode", "copy")

@@ -129,7 +129,7 @@ def test_snapshots_sharing_an_inode_are_all_flagged(tmp_path: Path, wheelhouse: 
     """Two snapshots of an unchanged environment hold the same inodes: one edit damages both,
     and the check over the store (which stats a folder they share once) says so for each."""
     from rewheel.recipe import Recipe
-    from rewheel.runner import open_target, snapshot_now
+    from rewheel.commands import open_target, snapshot_now
     from rewheel.snapshot import damaged_files, verify_snapshot
 
     py = make_venv(tmp_path / "env")
@@ -159,7 +159,7 @@ def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator:
 
 def _service_pid(h) -> str:
     from rewheel.recipe import load_recipe
-    from rewheel.runner import open_target
+    from rewheel.commands import open_target
 
     return (open_target(load_recipe(h.recipe)).store.env_dir / "service.pid").read_text()
 

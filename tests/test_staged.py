@@ -162,7 +162,7 @@ def test_a_run_killed_during_prepare_changed_nothing(host_factory) -> None:
     import signal
 
     from rewheel.recipe import load_recipe
-    from rewheel.runner import open_target
+    from rewheel.commands import open_target
     from support_standins import wait_for
 
     h = host_factory("2.0.0", "good")

@@ -13,7 +13,7 @@ import pytest
 
 from rewheel.journal import EnvLock
 from rewheel.recipe import load_recipe
-from rewheel.runner import open_target
+from rewheel.commands import open_target
 from support_run import Host, make_host
 from test_json_shapes import check as check_shape
 

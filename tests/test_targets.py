@@ -103,7 +103,7 @@ def test_an_internal_error_names_its_traceback_file_and_exits_5(venv: Path, rewh
 
 
 def test_an_early_probe_answers_as_inspect_does(venv: Path, tmp_path: Path) -> None:
-    """The CLI starts the interpreter probe before it imports the runner: `inspect` then
+    """The CLI starts the interpreter probe before it imports the commands: `inspect` then
     collects that answer, with the same result, and the same error for what is no
     interpreter, as a probe it starts itself."""
     from rewheel import environment

@@ -106,7 +106,7 @@ def _recipe(stage: Stage, path: Path, port: int, staged: bool) -> None:
 def _one_run(cfg: BenchConfig, stage: Stage, staged: bool) -> dict[str, Any]:
     """Reset, start the service, `rewheel run`, stop the service: the run's report."""
     from rewheel.recipe import load_recipe
-    from rewheel.runner import open_target
+    from rewheel.commands import open_target
     from rewheel.service import make_manager, wait_ready
 
     mode = "staged" if staged else "unstaged"

@@ -137,7 +137,7 @@ def _installed_version(python: Path, dist: str) -> str:
 
 
 def play(demo: Demo) -> None:
-    from rewheel import journal, runner, service
+    from rewheel import commands, journal, service
     from devtools.localindex import start_index
     from rewheel.recipe import load_recipe
 
@@ -175,7 +175,7 @@ def play(demo: Demo) -> None:
     demo.header(3, "Start the service: `vllm serve` with tensor parallel 8",
                 "Started through rewheel's command manager, exactly as the recipe's \\[service] says.")
     recipe = load_recipe(recipe_path)
-    target = runner.open_target(recipe)
+    target = commands.open_target(recipe)
     assert recipe.service is not None
     demo.manager = service.make_manager(recipe.service, target.store.env_dir, python=recipe.python)
     started = time.time()

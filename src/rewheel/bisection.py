@@ -182,9 +182,9 @@ class _Bisection:
 
     # -- one test -----------------------------------------------------------------------------
     def test(self, build: Build) -> Verdict:
-        for v in self.steps:
-            if v.build is build or build.same(v.build):
-                return v
+        for done in self.steps:
+            if done.build is build or build.same(done.build):
+                return done
         v = self.recorded(build)
         if v is not None:
             self.say(f"{build.label}: {v.verdict} (recorded earlier: {v.reason})")

@@ -212,7 +212,7 @@ def handles_errors(fn: F) -> F:
             # bare exit 130, and keep --json one document.
             from rewheel.errors import InterruptedRun
 
-            failure = getattr(exc, "failure", None) or InterruptedRun(  # a run says exactly (runner.run)
+            failure = getattr(exc, "failure", None) or InterruptedRun(  # a run says exactly (commands.run)
                 f"interrupted ({exc.signame if isinstance(exc, Terminated) else 'Ctrl-C'})",
                 hint=None if typed is None else
                 "if this was changing an environment, its run is recorded as interrupted: "
@@ -362,14 +362,14 @@ def _main() -> None:
 
 
 # ---- commands: one function each; parse, call one core function, render. ----
-def _target(target: str | None, python: str | None):  # -> runner.Target
+def _target(target: str | None, python: str | None):  # -> commands.Target
     from rewheel import environment, recipe
 
     r = recipe.load_target(target, python)
-    environment.probe_early(r.python)  # the interpreter answers while the runner imports
-    from rewheel import runner
+    environment.probe_early(r.python)  # the interpreter answers while the commands import
+    from rewheel import commands
 
-    return runner.open_target(r)
+    return commands.open_target(r)
 
 
 def _refuse_empty_ref(name: str, ref: str | None, *, default: bool = True) -> None:
@@ -400,7 +400,14 @@ def _target_and_ref(target: str | None, ref: str | None, python: str | None, *,
     return target, ref
 
 
-def _exit_if_interrupted(t, err: Console) -> None:  # t: runner.Target
+def _target_and_snapshot(target: str | None, ref: str | None, python: str | None) -> tuple[str | None, str]:
+    """(TARGET, SNAPSHOT) for a command that has no default snapshot: one must be named."""
+    target, named = _target_and_ref(target, ref, python, required=True)
+    assert named is not None  # required: refused above when missing
+    return target, named
+
+
+def _exit_if_interrupted(t, err: Console) -> None:  # t: commands.Target
     """Read-only commands are how an operator investigates, so they report fully — then exit
     4 like every other command while an interrupted run is pending."""
     from rewheel import journal
@@ -463,12 +470,12 @@ def snapshot(target: TargetArg = None, python: PythonOpt = None,
              json_out: JsonOpt = False) -> None:
     """Take a snapshot of the environment now."""
     t = _target(target, python)
-    from rewheel import runner  # (after the probe has started: see _target)
+    from rewheel import commands  # (after the probe has started: see _target)
 
     out, err = consoles(json_out)
     cb, status = _progress(err)
     with status:
-        result = runner.snapshot_now(t, label=label, progress=cb)
+        result = commands.snapshot_now(t, label=label, progress=cb)
     show(out, json_out, result, report.render_snapshot)
 
 
@@ -478,9 +485,9 @@ def history(target: TargetArg = None, python: PythonOpt = None, json_out: JsonOp
             plain: PlainOpt = False) -> None:
     """Snapshots and runs, newest first, with status and key versions."""
     t = _target(target, python)
-    from rewheel import runner  # (after the probe has started: see _target)
+    from rewheel import commands  # (after the probe has started: see _target)
 
-    result = runner.history(t)
+    result = commands.history(t)
     out, err = consoles(json_out)
     show(out, json_out, result, report.render_history)
     if not json_out:
@@ -499,23 +506,23 @@ def rollback(target: TargetArg = None,
     """Restore a snapshot (stops and starts the service when given a recipe)."""
     target, snapshot_id = _target_and_ref(target, snapshot_id, python)
     t = _target(target, python)
-    from rewheel import runner  # (after the probe has started: see _target)
+    from rewheel import commands  # (after the probe has started: see _target)
 
-    runner.refuse_system_interpreter(t)  # before a question or a snapshot lookup
+    commands.refuse_system_interpreter(t)  # before a question or a snapshot lookup
     out, err = consoles(json_out)
-    snap = t.store.get(snapshot_id) if snapshot_id is not None else runner.default_rollback_snapshot(t.store)
-    runner.refuse_failed_build(snap, force, t.cli_ref)  # exit 2 before the question
+    snap = t.store.get(snapshot_id) if snapshot_id is not None else commands.default_rollback_snapshot(t.store)
+    commands.refuse_failed_build(snap, force, t.cli_ref)  # exit 2 before the question
     confirm(report.clean(f"Restore {t.env.prefix} to snapshot {snap.id} ({snap.label or snap.status}, "
                          f"{snap.created_iso})?", lines=False), yes)
     cb, status = _progress(err)
     with status:
-        result = runner.rollback(t, snap.id, force=force, undo=not no_undo, say=_streams(err)[0],
+        result = commands.rollback(t, snap.id, force=force, undo=not no_undo, say=_streams(err)[0],
                                  progress=cb)
     show(out, json_out, result, report.render_rollback)
     if not json_out:
         report.render_rollback_more(out, result)
     if result.error:
-        report.print_error(err, runner.rollback_error(result))
+        report.print_error(err, commands.rollback_error(result))
     raise typer.Exit(result.exit_code)
 
 
@@ -532,13 +539,13 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
         plain: PlainOpt = False) -> None:
     """The whole cycle: prepare (staged, while the service serves), stop, snapshot, install, diff, smoke, start, keep — or revert."""
     from rewheel import recipe as recipemod
-    from rewheel import runner
+    from rewheel import commands
 
     if lock is not None and not Path(lock).is_file():
         from rewheel.errors import UsageError
 
         raise UsageError(f"--lock {lock}: no such file")
-    t = runner.open_target(recipemod.load_recipe(recipe_path))
+    t = commands.open_target(recipemod.load_recipe(recipe_path))
     out, err = consoles(json_out)
     say, on_output = _streams(err, quiet)
     cb, status = _progress(err)
@@ -552,10 +559,10 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
         status.start()
 
     with status:
-        result = runner.run(t, dry_run=dry_run, lock=lock, no_revert=no_revert, prepare_only=prepare_only,
+        result = commands.run(t, dry_run=dry_run, lock=lock, no_revert=no_revert, prepare_only=prepare_only,
                             prepared=prepared, say=say, on_output=on_output, progress=cb, confirm=ask)
 
-    def render(console: Console, rep: runner.RunReport) -> None:
+    def render(console: Console, rep: commands.RunReport) -> None:
         if dry_run or rep.status == "prepared":
             report.render_plan(console, rep, verbose=verbose)
         report.render_run(console, rep, verbose=verbose)
@@ -570,15 +577,15 @@ def run(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The r
 def resume(target: TargetArg = None, python: PythonOpt = None, yes: YesOpt = False,
            json_out: JsonOpt = False) -> None:
     """Finish or undo a run that was interrupted."""
-    from rewheel import journal, runner
+    from rewheel import commands, journal
 
     t = _target(target, python)
-    runner.refuse_system_interpreter(t)  # before the question
+    commands.refuse_system_interpreter(t)  # before the question
     out, err = consoles(json_out)
     j = journal.interrupted_run(t.store.env_dir)
     if j is not None:
         confirm(f"Resume interrupted {j.kind} {j.id} on {t.env.prefix} (last step: {j.last_step})?", yes)
-    result = runner.resume(t, say=_streams(err)[0])
+    result = commands.resume(t, say=_streams(err)[0])
     show(out, json_out, result, report.render_resume)
 
 
@@ -588,12 +595,12 @@ def smoke(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The
           json_out: JsonOpt = False) -> None:
     """Run only the smoke test and the health check against the live environment."""
     from rewheel import recipe as recipemod
-    from rewheel import runner
+    from rewheel import commands
 
-    t = runner.open_target(recipemod.load_recipe(recipe_path))
+    t = commands.open_target(recipemod.load_recipe(recipe_path))
     out, err = consoles(json_out)
     say, on_output = _streams(err)
-    result = runner.smoke_only(t, on_output=on_output, say=say)
+    result = commands.smoke_only(t, on_output=on_output, say=say)
     show(out, json_out, result, report.render_smoke)
     raise typer.Exit(EXIT_OK if result.ok else EXIT_CHECK_FAILED)
 
@@ -632,11 +639,11 @@ def why(
     else:
         result = diagnose.analyse_file(logfile, package=package)
     if run_id is not None or snapshot_ref is not None:
-        from rewheel import runner
+        from rewheel import commands
 
         if run_id is not None and snapshot_ref is not None:
             raise UsageError("give either --run or --snapshot, not both")
-        runner.suspects_for(result, run_id=run_id, snapshot=snapshot_ref)
+        commands.suspects_for(result, run_id=run_id, snapshot=snapshot_ref)
     out, _err = consoles(json_out)
     show(out, json_out, result, report.render_why)
 
@@ -795,11 +802,11 @@ def unpin(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Arg
 
 def _set_pinned(target: str | None, snapshot_id: str | None, python: str | None, json_out: bool,
                 pinned: bool) -> None:
-    target, ref = _target_and_ref(target, snapshot_id, python, required=True)
+    target, ref = _target_and_snapshot(target, snapshot_id, python)
     t = _target(target, python)
-    from rewheel import runner  # (after the probe has started: see _target)
+    from rewheel import commands  # (after the probe has started: see _target)
 
-    result = runner.set_pinned(t, ref, pinned)
+    result = commands.set_pinned(t, ref, pinned)
     out, _ = consoles(json_out)
     show(out, json_out, result, report.render_pin)
 
@@ -809,14 +816,14 @@ def _set_pinned(target: str | None, snapshot_id: str | None, python: str | None,
 def forget(target: TargetArg = None, snapshot_id: Annotated[str | None, typer.Argument(metavar="SNAPSHOT", help="Snapshot id, unique prefix or exact label.", show_default=False)] = None,
            python: PythonOpt = None, yes: YesOpt = False, json_out: JsonOpt = False) -> None:
     """Remove one snapshot from the store (not a pinned one, nor one an interrupted run needs)."""
-    target, ref = _target_and_ref(target, snapshot_id, python, required=True)
+    target, ref = _target_and_snapshot(target, snapshot_id, python)
     t = _target(target, python)
-    from rewheel import runner  # (after the probe has started: see _target)
+    from rewheel import commands  # (after the probe has started: see _target)
 
-    snap = runner.forget_target(t, ref)  # refused (exit 2) before the question
+    snap = commands.forget_target(t, ref)  # refused (exit 2) before the question
     confirm(report.clean(f"Remove snapshot {snap.id} ({snap.label or snap.status}, {snap.created_iso}) "
                          f"of {t.env.prefix}? It cannot be restored afterwards", lines=False), yes)
-    result = runner.forget(t, snap.id)
+    result = commands.forget(t, snap.id)
     out, _ = consoles(json_out)
     show(out, json_out, result, report.render_forget)
 

@@ -45,7 +45,7 @@ from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotError, UsageError
 from rewheel.snapshot import Manifest, SnapshotMeta, Store
 from rewheel.snapshot.lanes import fork_child, recv_msg, send_msg
-from rewheel.snapshot.manifest import match_roots
+from rewheel.snapshot.manifest import Entry, match_roots
 from rewheel.snapshot.tree import (Progress, Root, exclusion, hash_file, kind_of, provably_pristine, record_index,
                                    scope_of, walk)
 
@@ -412,7 +412,7 @@ def _owners_from_env(dists: list[Distribution], owners: _Owners) -> None:
 
 
 def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners,
-                          entries: list[list[Any]] | None = None) -> None:
+                          entries: list[Entry] | None = None) -> None:
     """RECORD files as stored in the snapshot's tree (the environment may have moved on)."""
     import csv
 
@@ -442,7 +442,7 @@ def _root_bases(roots: list[Root]) -> list[str]:
     return [r.path if r.path.endswith("/") else r.path + "/" for r in roots]
 
 
-def _manifest_items(man: Manifest, entries: list[list[Any]] | None = None,
+def _manifest_items(man: Manifest, entries: list[Entry] | None = None,
                     mtimes: dict[str, int] | None = None) -> dict[str, _Item]:
     """Files and symlinks by absolute path; `mtimes` (when given) gets each file's mtime."""
     items: dict[str, _Item] = {}
@@ -600,7 +600,7 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
             old_man.roots = match_roots(old_snap, old_man, scope_of(env))
         except SnapshotError:
             pass  # another environment's snapshot: compared as recorded
-    stats = {"by_manifest": 0, "by_record": 0, "hashed_files": 0, "hashed_bytes": 0}
+    stats: dict[str, Any] = {"by_manifest": 0, "by_record": 0, "hashed_files": 0, "hashed_bytes": 0}
     owners = _Owners()
     old_entries = old_man.entries  # built anew on each access: once
     old_mtimes: dict[str, int] = {}
@@ -784,7 +784,7 @@ def diff_target(env: Environment, store: Store, a: str | None = None, b: str | N
     if package is not None:
         # A typo must not read as "nothing changed": the name has to exist on one side.
         wanted = canonicalize_name(package)
-        names = {canonicalize_name(str(d.get("name", ""))) for d in old.distributions}
+        names: set[str] = {canonicalize_name(str(d.get("name", ""))) for d in old.distributions}
         names |= ({canonicalize_name(str(d.get("name", ""))) for d in new.distributions} if new is not None
                   else {d.name for d in env.distributions()})
         if wanted not in names:
@@ -868,7 +868,8 @@ def env_change_texts(old_env: Environment, new_env: Environment
             if n is not None and b is not None and n.hash == b.hash:
                 continue
             change = "added" if b is None else "removed" if n is None else "changed"
-            fc = FileChange(rel, n.path if n is not None else b.path, change, d.name,
+            where = n.path if n is not None else b.path if b is not None else rel
+            fc = FileChange(rel, where, change, d.name,
                             old_sha256=b.sha256_hex if b else None, new_sha256=n.sha256_hex if n else None,
                             old_size=b.size if b else None, new_size=n.size if n else None)
             if b is not None:

@@ -250,9 +250,9 @@ def install_argv(recipe: Recipe, *, lock: Path | None = None, dry_run: bool = Fa
     else:
         argv += list(spec.packages)
         if spec.reinstall == "all" and installed:
-            already = set(names) | kept
-            for name in installed:
-                canon = canonicalize_name(name)
+            already: set[str] = set(names) | kept
+            for dist_name in installed:
+                canon = canonicalize_name(dist_name)
                 if canon not in already:
                     already.add(canon)
                     argv.append(canon)

@@ -364,6 +364,9 @@ class Fetcher(Protocol):
 
     def unpack(self, dist: Distribution) -> Path | None: ...
 
+    def close(self) -> None:
+        """Releases what it fetched (its scratch folder)."""
+
 
 @dataclass
 class UvIndexFetcher:

@@ -187,19 +187,20 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
 
         _run_check(result, "service", service_tools)
 
-    if gpus and recipe.smoke is not None and recipe.smoke.gpus > 0:
+    smoke = recipe.smoke
+    if gpus and smoke is not None and smoke.gpus > 0:
         def gpu_check() -> str:
-            found = gpu.require_gpus(recipe.smoke.gpus)
+            found = gpu.require_gpus(smoke.gpus)
             return f"{len(found)} GPU(s): {', '.join(sorted({g.name for g in found}))}"
 
         _run_check(result, "gpus", gpu_check)
 
-    if recipe.smoke is not None:
+    if smoke is not None:
         def smoke_cmd() -> str:
             from rewheel import proc
             from rewheel.errors import PreflightError
 
-            argv = recipe.expand(recipe.smoke.command)
+            argv = recipe.expand(smoke.command)
             if os.sep not in argv[0] and not proc.which(argv[0]):
                 raise PreflightError(f"smoke.command: {argv[0]!r} not found on PATH")
             if os.sep in argv[0] and not os.path.exists(argv[0]):

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from packaging.utils import canonicalize_name
 
@@ -130,7 +130,52 @@ class CiReport:
                 "summary": self.summary, "base": self.base, "exit_code": self.exit_code}
 
 
-class _StepFailed(Exception):
+class CiSteps(Protocol):
+    """What `qualify` acts through, one method per step (`UvCiSteps` is the real one: uv, the
+    smoke command, nvidia-smi). A step returns its one-line message, raises `StepFailed` for
+    the nightly's failure, and `RewheelError` for a setup problem (exit 2)."""
+
+    def require_gpus(self, count: int) -> None: ...
+    def export_target(self, recipe: Recipe, run_dir: Path, rep: CiReport) -> Path | None: ...
+    def environment(self, recipe: Recipe, env_root: Path, interpreter: str | None, rep: CiReport) -> str: ...
+    def resolve(self, scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say,
+                target: Path | None) -> str: ...
+    def install(self, scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say) -> str: ...
+    def diff(self, scoped: Recipe, baseline: Path, rep: CiReport) -> str: ...
+    def smoke(self, scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: Say,
+              target_python: str | Path | None) -> str: ...
+
+
+class UvCiSteps:
+    """The real steps: a uv virtualenv, uv's resolution and sync, the recipe's smoke command."""
+
+    def require_gpus(self, count: int) -> None:
+        from rewheel import gpu
+
+        gpu.require_gpus(count)
+
+    def export_target(self, recipe: Recipe, run_dir: Path, rep: CiReport) -> Path | None:
+        return export_target(recipe, run_dir, rep)
+
+    def environment(self, recipe: Recipe, env_root: Path, interpreter: str | None, rep: CiReport) -> str:
+        return _environment(recipe, env_root, interpreter, rep)
+
+    def resolve(self, scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say,
+                target: Path | None) -> str:
+        return _resolve(scoped, lock, run_dir, rep, on_output, target)
+
+    def install(self, scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output: Say) -> str:
+        return _install(scoped, lock, run_dir, rep, on_output)
+
+    def diff(self, scoped: Recipe, baseline: Path, rep: CiReport) -> str:
+        return _diff(scoped, baseline, rep)
+
+    def smoke(self, scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: Say,
+              target_python: str | Path | None) -> str:
+        return _smoke(scoped, name, run_dir, rep, on_output, target_python)
+
+
+class StepFailed(Exception):
     def __init__(self, message: str, output: list[str] | None = None) -> None:
         super().__init__(message)
         self.message = message
@@ -139,7 +184,8 @@ class _StepFailed(Exception):
 
 def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: bool = False,
             interpreter: str | None = None, package: str | None = None, say: Say = _quiet,
-            on_output: Say = _quiet, work_dir: Path | None = None, from_target: bool = True) -> CiReport:
+            on_output: Say = _quiet, work_dir: Path | None = None, from_target: bool = True,
+            steps: CiSteps | None = None) -> CiReport:
     """Install the newest nightly per `recipe` into a throwaway environment, smoke-test it, diff
     it against the last qualified lock in `lockfiles`, and promote it there when asked and
     everything passed. A failing nightly is a result (status "failed"), not an exception;
@@ -148,14 +194,14 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
     `from_target`: when the recipe's environment exists here, the throwaway environment
     starts from its pinned set (every distribution at the version it has, exported as
     `target-pins.txt`) and the recipe's upgrade is applied on top: the smoke test sees the
-    neighbours the host has, not only `[install] packages`."""
+    neighbours the host has, not only `[install] packages`. `steps`: what each step acts
+    through (default `UvCiSteps`)."""
+    do = steps or UvCiSteps()
     if recipe.smoke is None:
         raise UsageError(f"{recipe.source}: no [smoke] section; `rewheel ci` qualifies a nightly by "
                          "its smoke test", hint="add [smoke] command = [...] to the recipe")
     if recipe.smoke.gpus > 0:
-        from rewheel import gpu
-
-        gpu.require_gpus(recipe.smoke.gpus)
+        do.require_gpus(recipe.smoke.gpus)
     if promote:
         _check_lockfiles(lockfiles)
     name = nightly.package_name(recipe, package)
@@ -166,7 +212,7 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
     baseline = lockfiles / nightly.lock_name(recipe)
     pending = list(STEPS if promote else STEPS[:-1])
     env_root = run_dir / "env"
-    pins = export_target(recipe, run_dir, rep) if from_target else None
+    pins = do.export_target(recipe, run_dir, rep) if from_target else None
     if not from_target:
         rep.base = {"from": None, "reason": "--packages-only: the recipe's packages alone"}
     if rep.base and rep.base.get("from"):
@@ -178,26 +224,26 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
         t0 = time.monotonic()
         try:
             msg = fn() or ""
-        except _StepFailed as exc:
+        except StepFailed as exc:
             rep.steps.append(CiStep(step, "failed", time.monotonic() - t0, exc.message, exc.output))
             rep.failure = CiFailure(step, exc.message)
             raise
         rep.steps.append(CiStep(step, "passed", time.monotonic() - t0, msg))
 
     try:
-        run_step("environment", lambda: _environment(recipe, env_root, interpreter, rep))
+        run_step("environment", lambda: do.environment(recipe, env_root, interpreter, rep))
         scoped = nightly.scoped_recipe(recipe, env_root / "bin" / "python")
         lock = run_dir / "pylock.toml"
         rep.lock = str(lock)
         target = Path(recipe.python) if pins is not None else None
-        run_step("resolve", lambda: _resolve(scoped, lock, run_dir, rep, on_output, target))
-        run_step("install", lambda: _install(scoped, lock, run_dir, rep, on_output))
-        run_step("diff", lambda: _diff(scoped, baseline, rep))
-        run_step("smoke", lambda: _smoke(scoped, name, run_dir, rep, on_output, recipe.python))
+        run_step("resolve", lambda: do.resolve(scoped, lock, run_dir, rep, on_output, target))
+        run_step("install", lambda: do.install(scoped, lock, run_dir, rep, on_output))
+        run_step("diff", lambda: do.diff(scoped, baseline, rep))
+        run_step("smoke", lambda: do.smoke(scoped, name, run_dir, rep, on_output, recipe.python))
         if promote:
             run_step("promote", lambda: _promote(lock, baseline, rep))
         rep.status = "qualified"
-    except _StepFailed:
+    except StepFailed:
         rep.status = "failed"
     finally:
         shutil.rmtree(env_root, ignore_errors=True)
@@ -268,7 +314,7 @@ def _resolve(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output
             res = resolve(scoped, env, folder=run_dir / "resolution", guards=False)
         except PreflightError as exc:
             lines = exc.message.splitlines()
-            raise _StepFailed(lines[0], lines[1:]) from None
+            raise StepFailed(lines[0], lines[1:]) from None
         shutil.copyfile(res.lock, lock)
         shutil.copyfile(res.lock.parent / "resolve.log", log)
         return (f"{len(res.locked)} package(s) locked, {len(res.version_changes)} version change(s) "
@@ -276,10 +322,10 @@ def _resolve(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output
     cp = nightly.resolve_lock(scoped, lock, run_dir, log, on_output=on_output)
     lines = cp.stdout.splitlines()
     if cp.timed_out:
-        raise _StepFailed(f"uv could not resolve the nightly within {nightly.COMPILE_TIMEOUT_S:g}s",
+        raise StepFailed(f"uv could not resolve the nightly within {nightly.COMPILE_TIMEOUT_S:g}s",
                           lines[-20:])
     if cp.returncode != 0 or not lock.is_file():
-        raise _StepFailed(f"uv could not resolve {', '.join(scoped.install.packages)} "
+        raise StepFailed(f"uv could not resolve {', '.join(scoped.install.packages)} "
                           f"(exit {cp.returncode}): " + " ".join(error_lines(lines, 3)),
                           error_lines(lines))
     pkgs = nightly.read_lock(lock)
@@ -294,12 +340,12 @@ def _install(scoped: Recipe, lock: Path, run_dir: Path, rep: CiReport, on_output
     try:
         install(scoped, lock=lock, on_line=on_output, log_path=log)
     except InstallError as exc:
-        raise _StepFailed(exc.message.splitlines()[0], exc.message.splitlines()[1:]) from None
+        raise StepFailed(exc.message.splitlines()[0], exc.message.splitlines()[1:]) from None
     rep.versions = Environment.inspect(scoped.python).versions()
     locked = {canonicalize_name(p["name"]): p["version"] for p in nightly.read_lock(lock)}
     wrong = {n: (v, rep.versions.get(n)) for n, v in locked.items() if rep.versions.get(n) != v}
     if wrong:
-        raise _StepFailed("the environment does not hold the locked versions: " +
+        raise StepFailed("the environment does not hold the locked versions: " +
                           ", ".join(f"{n} {got} (locked {want})" for n, (want, got) in wrong.items()))
     return f"{rep.package} {rep.versions.get(rep.package, '?')}"
 
@@ -325,7 +371,7 @@ def _smoke(scoped: Recipe, name: str, run_dir: Path, rep: CiReport, on_output: S
         cause = f": {rep.root_cause.type}: {_first(rep.root_cause.message)}"
         if rep.root_cause.rank:
             cause += f" in {rep.root_cause.rank}"
-    raise _StepFailed(res.summary + cause, res.tail[-40:])
+    raise StepFailed(res.summary + cause, res.tail[-40:])
 
 
 def _suspects(scoped: Recipe, rep: CiReport, target_python: str | Path | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rewheel.errors import RewheelError
@@ -105,7 +106,7 @@ def _run_versions(summary: dict, names: list[str], limit: int = 2) -> str:
     return ", ".join(f"{n} {before.get(n, '-')} → {after.get(n, '-')}" for n in changed[:limit])
 
 
-def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommandResult
+def render_snapshot(console: Console, result) -> None:  # results.SnapshotCommandResult
     r = result.result
     m = r.meta
     console.print(f"[bold green]snapshot {escape(m.id)}[/] taken of {escape(m.prefix)}"
@@ -127,7 +128,7 @@ def render_snapshot(console: Console, result) -> None:  # runner.SnapshotCommand
         console.print(f"  pruned old snapshots: {', '.join(result.pruned)}")
 
 
-def render_history(console: Console, hist) -> None:  # runner.History
+def render_history(console: Console, hist) -> None:  # results.History
     """Snapshots and runs: a table when it fits the terminal whole, a stacked list when it
     does not, one line per snapshot or run when plain. Ids and versions are never cut."""
     snaps = [(s.id, s.created_iso,
@@ -168,10 +169,10 @@ def render_history(console: Console, hist) -> None:  # runner.History
         rows = [(row[0], row[1], "running" if row[0] == live else row[2], *row[3:]) for row in rows]
         styles = ["" if r.finished else "yellow" if r.id == live else "bold red" for r in hist.runs]
         if is_plain(console):
-            for rid, kind, status, sid, step, dt, vers_ in rows:
+            for rid, kind, status, sid, step, dt, run_vers in rows:
                 _plain(console, f"run {rid}  {kind}  {status}" + (f"  snapshot {sid}" if sid else "")
                        + (f"  last step {step}" if step else "") + (f"  downtime {dt}" if dt else "")
-                       + (f"  {vers_.replace(chr(10), ', ')}" if vers_ else ""))
+                       + (f"  {run_vers.replace(chr(10), ', ')}" if run_vers else ""))
         else:
             _table_or_stack(console, "runs", ("id", "kind", "status", "snapshot", "last step", "downtime", "versions"),
                             rows, head=(0, 1, 2), styles=styles, wrap=(6,))
@@ -179,7 +180,7 @@ def render_history(console: Console, hist) -> None:  # runner.History
         console.print(f"[yellow]{escape(running_text(hist.running))}[/]")
 
 
-def render_rollback(console: Console, result) -> None:  # runner.RollbackResult
+def render_rollback(console: Console, result) -> None:  # results.RollbackResult
     r = result.restore
     console.print(f"[bold green]restored snapshot {escape(result.snapshot.id)}[/] "
                   f"({escape(result.snapshot.label or result.snapshot.status)}, {result.snapshot.created_iso})")
@@ -209,11 +210,11 @@ def render_check(console: Console, result) -> None:  # preflight.CheckResult
                   else f"[bold red]{len(result.failures)} check(s) failed[/]")
 
 
-def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
+def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # results.RunReport
     """The screen read before saying yes: what changes version first (upgrades, downgrades,
     additions, removals, with the builds between nightlies and a compare link), then one line
     for the packages reinstalled at the same version (`verbose` lists them)."""
-    plan = rep.plan  # runner.RunPlan
+    plan = rep.plan  # results.RunPlan
     changes = plan.changes if plan else []  # installer.PlannedChange items
     same = [c for c in changes if c.change == "reinstall"]
     real = sorted((c for c in changes if c.change != "reinstall"),
@@ -296,7 +297,7 @@ def render_changes(console: Console, changes: list, limit: int = 60, *,
         console.print(f"  … and {len(changes) - limit} more")
 
 
-def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runner.RunReport
+def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # results.RunReport
     colour = {"upgraded": "bold green", "reinstalled": "bold green", "unchanged": "bold green",
               "reverted": "bold yellow", "planned": "bold cyan", "prepared": "bold cyan"}.get(rep.status, "bold red")
     if rep.status == "planned":
@@ -343,7 +344,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
         console.print(f"[bold red]failed at {rep.failure.step}:[/] {escape(rep.failure.message)}")
         render_root_cause(console, rep.root_cause, base=here)
     if rep.revert:
-        rv = rep.revert  # runner.RevertRecord
+        rv = rep.revert  # results.RevertRecord
         r = rv.restore
         if r is not None:
             console.print(f"[bold]reverted[/]: snapshot {rep.snapshot_id} restored — {r.written:,} files "
@@ -377,7 +378,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # runn
     console.print(f"[{colour}]{verdict}[/]")
 
 
-def render_held_back(console: Console, plan) -> None:  # runner.RunPlan | None
+def render_held_back(console: Console, plan) -> None:  # results.RunPlan | None
     """Recipe packages the index offers newer than the plan takes, and uv's reason."""
     for h in (plan.install.held_back if plan is not None else []):
         newest = h.get("newest") or "a newer release"
@@ -407,7 +408,7 @@ def downtime_text(doc: dict | None) -> str:
     return f"{doc['seconds']:.1f}s ({parts})"
 
 
-def render_downtime(console: Console, downtime) -> None:  # runner.Downtime | None
+def render_downtime(console: Console, downtime) -> None:  # results.Downtime | None
     if downtime is not None and downtime.ongoing:
         console.print(f"  [bold red]downtime: ongoing[/] — the service has not answered healthy since its stop; "
                       f"so far {downtime_text(downtime.to_json())}")
@@ -415,13 +416,13 @@ def render_downtime(console: Console, downtime) -> None:  # runner.Downtime | No
         console.print(f"  downtime: {downtime_text(downtime.to_json())} — from the stop to the first healthy answer")
 
 
-def render_resume(console: Console, res) -> None:  # runner.ResumeResult
+def render_resume(console: Console, res) -> None:  # results.ResumeResult
     console.print(f"[bold]{res.status}[/]: {escape(res.action)}" + (f" (run {res.run_id})" if res.run_id else ""))
     if res.report and res.report.revert:
         render_run(console, res.report)
 
 
-def render_smoke(console: Console, rep) -> None:  # runner.SmokeReport
+def render_smoke(console: Console, rep) -> None:  # results.SmokeReport
     if rep.smoke is not None:
         s = rep.smoke  # smoke.SmokeResult
         state = "passed" if s.ok else ("timed out" if s.timed_out else f"failed (exit {s.returncode})")
@@ -782,7 +783,7 @@ def _package_table(console: Console, packages: list) -> None:
                     head=(0, 3, 4), styles=styles, arrow=(1, 2))
 
 
-def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows: list[tuple[str, ...]],
+def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows: Sequence[tuple[str, ...]],
                     *, head: tuple[int, ...] = (0,), styles: list[str] | None = None,
                     arrow: tuple[int, int] | None = None, wrap: tuple[int, ...] = ()) -> None:
     """A table when it fits the console (no column squeezed, no cell cut or folded); else
@@ -880,7 +881,7 @@ def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
                       "has them")
 
 
-def render_rollback_more(console: Console, result) -> None:  # runner.RollbackResult
+def render_rollback_more(console: Console, result) -> None:  # results.RollbackResult
     """What a rollback adds to the restore: how to undo it, what retention pruned, and why a
     service that did not come back failed."""
     if result.undo_snapshot_id:
@@ -901,7 +902,7 @@ def render_rollback_more(console: Console, result) -> None:  # runner.RollbackRe
         render_root_cause(console, result.root_cause)
 
 
-def render_pin(console: Console, result) -> None:  # runner.PinResult
+def render_pin(console: Console, result) -> None:  # results.PinResult
     s = result.snapshot
     what = "pinned" if result.pinned else "unpinned"
     console.print(f"snapshot {escape(s.id)} ({escape(s.label or s.status)}) "
@@ -909,13 +910,13 @@ def render_pin(console: Console, result) -> None:  # runner.PinResult
                   + (": `\\[snapshots] keep` never prunes it" if result.pinned else ""))
 
 
-def render_forget(console: Console, result) -> None:  # runner.ForgetResult
+def render_forget(console: Console, result) -> None:  # results.ForgetResult
     s = result.snapshot
     console.print(f"removed snapshot {escape(s.id)} ({escape(s.label or s.status)}, {s.created_iso}); "
                   f"{human_bytes(s.bytes_copied)} of copies freed (shared files stay where they are linked)")
 
 
-def render_history_marks(console: Console, hist) -> None:  # runner.History
+def render_history_marks(console: Console, hist) -> None:  # results.History
     """Below the history's tables: which snapshots are pinned, which hold failed builds."""
     pinned = [s.id for s in hist.snapshots if s.pinned]
     failed = [s.id for s in hist.snapshots if s.failed_build]
@@ -1086,7 +1087,7 @@ def _make_console_class() -> type:
                 if i:
                     text.append(sep)
                 text.append(o if isinstance(o, Text) else self.render_str(
-                    shorten_paths(self, o), markup=markup, highlight=False, emoji=False))
+                    shorten_paths(self, str(o)), markup=markup, highlight=False, emoji=False))
             lines = [piece for line in text.split("\n", allow_blank=True)
                      for piece in fit_text(line, self.width)]
             for i, line in enumerate(lines):

@@ -163,7 +163,7 @@ def _read_proc(pid: int) -> _Proc | None:
 
 
 def _proc_table() -> list[_Proc]:
-    table = []
+    table: list[_Proc] = []
     try:
         entries = os.listdir("/proc")
     except FileNotFoundError:
@@ -603,6 +603,7 @@ class CommandManager:
             # server counts as starting until its health URL answers, within the ready timeout.
             return ServiceStatus(active=False, state="activating", sub_state="start",
                                  result="success", pids=group, exit_status=0, judged_by="health")
+        exit_status: int | None
         if rc is not None and rc < 0:
             result, exit_status = "signal", -rc
         elif rc == 0:

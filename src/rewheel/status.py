@@ -19,7 +19,7 @@ from rewheel import journal
 
 if TYPE_CHECKING:
     from rewheel.diff import PackageChange
-    from rewheel.runner import Target
+    from rewheel.commands.target import Target
     from rewheel.snapshot import SnapshotMeta
 
 HEALTH_TIMEOUT_S = 3.0  # one request, not a readiness wait: status must answer at once
@@ -195,11 +195,11 @@ def status(t: Target) -> Status:
     from packaging.utils import canonicalize_name
 
     from rewheel import diff as diffmod
-    from rewheel.runner import KEY_PACKAGES
+    from rewheel.commands.snapshots import KEY_PACKAGES
     from rewheel.snapshot.tree import scope_of, strays
 
     dists = [d.to_json() for d in t.env.distributions()]
-    live = {canonicalize_name(d["name"]): d["version"] for d in dists}
+    live: dict[str, str] = {canonicalize_name(d["name"]): d["version"] for d in dists}
     wanted = t.recipe.install.names
     names = wanted + [k for k in KEY_PACKAGES if k not in wanted]
     # The recipe's packages always (null: not installed); the usual key packages when present.

@@ -49,10 +49,15 @@ class FrameLike(Protocol):
 
 class PatchLike(Protocol):
     """A local patch the reinstall removed (`patches.Patch`, or `SavedPatch` read back)."""
-    path: str
-    abs_path: str
-    added_lines: int | None
-    removed_lines: int | None
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def abs_path(self) -> str: ...
+    @property
+    def added_lines(self) -> int | None: ...
+    @property
+    def removed_lines(self) -> int | None: ...
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from rewheel import journal, runner
+from rewheel import commands, journal
 from rewheel.errors import (EXIT_OK, EXIT_REVERTED, EXIT_UNRESTORED, RewheelError,
                             ServiceError)
 
@@ -27,9 +27,9 @@ from support_cycle import PKG, TRACEBACK, World, install_toypkg, last_run, steps
 
 
 # -- kept, planned -----------------------------------------------------------------------------------
-def test_good_upgrade_is_kept(world: tuple[World, runner.Target]) -> None:
+def test_good_upgrade_is_kept(world: tuple[World, commands.Target]) -> None:
     w, t = world
-    rep = runner.run(t)
+    rep = commands.run(t)
     assert (rep.status, rep.exit_code) == ("upgraded", EXIT_OK)
     assert version(t) == "2.0.0" and rep.before == {PKG: "1.0.0"} and rep.after == {PKG: "2.0.0"}
     assert steps(rep) == [("preflight", True), ("prepare", True), ("snapshot", True), ("stop", True),
@@ -50,9 +50,9 @@ def test_good_upgrade_is_kept(world: tuple[World, runner.Target]) -> None:
     assert [(c.name, c.old, c.new, c.change) for c in rep.changes] == [(PKG, "1.0.0", "2.0.0", "upgraded")]
 
 
-def test_dry_run_plans_and_touches_nothing(world: tuple[World, runner.Target]) -> None:
+def test_dry_run_plans_and_touches_nothing(world: tuple[World, commands.Target]) -> None:
     w, t = world
-    rep = runner.run(t, dry_run=True)
+    rep = commands.run(t, dry_run=True)
     assert (rep.status, rep.exit_code) == ("planned", EXIT_OK)
     assert rep.plan is not None and rep.plan.changes[0].new == "2.0.0"
     assert rep.plan.snapshot_estimate is not None
@@ -62,11 +62,11 @@ def test_dry_run_plans_and_touches_nothing(world: tuple[World, runner.Target]) -
 
 
 # -- a failure before the reinstall: nothing to revert, the service goes back up ---------------------
-def test_stop_fails_nothing_changed(world: tuple[World, runner.Target]) -> None:
+def test_stop_fails_nothing_changed(world: tuple[World, commands.Target]) -> None:
     w, t = world
     w.manager.fail = {"stop"}
     with pytest.raises(ServiceError, match="did not stop") as exc:
-        runner.run(t)
+        commands.run(t)
     assert exc.value.exit_code == EXIT_REVERTED
     # Staged: the snapshot was taken while the service served, before the stop failed.
     assert version(t) == "1.0.0" and [m.status for m in t.store.list()] == ["pre-upgrade"]
@@ -76,12 +76,12 @@ def test_stop_fails_nothing_changed(world: tuple[World, runner.Target]) -> None:
 
 
 @pytest.mark.parametrize("staged", [True, False])
-def test_snapshot_fails_service_restarted(world: tuple[World, runner.Target], staged: bool) -> None:
+def test_snapshot_fails_service_restarted(world: tuple[World, commands.Target], staged: bool) -> None:
     w, t = world
     t = replace(t, recipe=replace(t.recipe, install=replace(t.recipe.install, staged=staged)))
     w.fetcher_fails = True
     with pytest.raises(OSError, match="No space left"):
-        runner.run(t)
+        commands.run(t)
     assert version(t) == "1.0.0" and w.manager.up
     # Staged, the snapshot fails while the service still serves: it is never stopped.
     assert w.manager.calls == ([] if staged else ["stop", "start"])
@@ -89,7 +89,7 @@ def test_snapshot_fails_service_restarted(world: tuple[World, runner.Target], st
 
 
 # -- a failure after the reinstall began: reverted, exit 1 -------------------------------------------
-def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_step: str,
+def _assert_reverted(w: World, t: commands.Target, rep: commands.RunReport, failed_step: str,
                      failed_kept: bool = True) -> None:
     assert (rep.status, rep.exit_code) == ("reverted", EXIT_REVERTED)
     assert version(t) == "1.0.0" and rep.after == {PKG: "1.0.0"}
@@ -107,18 +107,18 @@ def _assert_reverted(w: World, t: runner.Target, rep: runner.RunReport, failed_s
         assert rep.revert.failed_snapshot_id is None and rep.revert.failed_snapshot_dropped
 
 
-def test_reinstall_fails_reverted(world: tuple[World, runner.Target]) -> None:
+def test_reinstall_fails_reverted(world: tuple[World, commands.Target]) -> None:
     w, t = world
     w.install_fails = True
-    rep = runner.run(t)
+    rep = commands.run(t)
     _assert_reverted(w, t, rep, "reinstall", failed_kept=False)  # uv wrote nothing
     assert rep.failure.error == "InstallError" and rep.failure.exit_code is not None
 
 
-def test_smoke_fails_reverted_with_root_cause(world: tuple[World, runner.Target]) -> None:
+def test_smoke_fails_reverted_with_root_cause(world: tuple[World, commands.Target]) -> None:
     w, t = world
     w.smoke_fails = True
-    rep = runner.run(t)
+    rep = commands.run(t)
     _assert_reverted(w, t, rep, "smoke")
     assert rep.attempted == {PKG: "2.0.0"}
     assert rep.root_cause is not None and "no kernel image" in rep.root_cause.message
@@ -143,12 +143,12 @@ def test_smoke_fails_reverted_with_root_cause(world: tuple[World, runner.Target]
     assert "service healthy again: GET /health: 200" in text
 
 
-def test_start_fails_reverted(world: tuple[World, runner.Target]) -> None:
+def test_start_fails_reverted(world: tuple[World, commands.Target]) -> None:
     w, t = world
     w.manager.fail = {"start"}
     rep = None
     try:
-        rep = runner.run(t)
+        rep = commands.run(t)
     except RewheelError:
         pass
     # The revert's own start fails too (same fake): the old state is restored but not
@@ -158,19 +158,19 @@ def test_start_fails_reverted(world: tuple[World, runner.Target]) -> None:
     assert rep.failure is not None and rep.failure.step == "start" and "failed to start" in rep.revert.error
 
 
-def test_health_fails_reverted_and_diagnosed(world: tuple[World, runner.Target]) -> None:
+def test_health_fails_reverted_and_diagnosed(world: tuple[World, commands.Target]) -> None:
     w, t = world
     w.unhealthy = 1  # the first health check (after the upgrade) fails, the revert's passes
-    rep = runner.run(t)
+    rep = commands.run(t)
     _assert_reverted(w, t, rep, "start")
     assert rep.diagnosis is not None and rep.diagnosis.source == "fake log"
     assert rep.root_cause is not None and rep.root_cause.type == "RuntimeError"
 
 
-def test_revert_fails_exit_3(world: tuple[World, runner.Target]) -> None:
+def test_revert_fails_exit_3(world: tuple[World, commands.Target]) -> None:
     w, t = world
     w.unhealthy = 2  # every health check fails: the upgrade's and the revert's
-    rep = runner.run(t)
+    rep = commands.run(t)
     assert (rep.status, rep.exit_code) == ("failed", EXIT_UNRESTORED)
     assert steps(rep)[-1] == ("revert", False)
     assert "revert failed" in rep.revert.error and "rewheel rollback" in rep.revert.hint
@@ -178,10 +178,10 @@ def test_revert_fails_exit_3(world: tuple[World, runner.Target]) -> None:
     assert last_run(t).status == "failed"
 
 
-def test_no_revert_keeps_the_failed_state(world: tuple[World, runner.Target]) -> None:
+def test_no_revert_keeps_the_failed_state(world: tuple[World, commands.Target]) -> None:
     w, t = world
     w.smoke_fails = True
-    rep = runner.run(t, no_revert=True)
+    rep = commands.run(t, no_revert=True)
     assert (rep.status, rep.exit_code) == ("failed", EXIT_UNRESTORED)
     assert version(t) == "2.0.0" and rep.revert is None
     assert w.manager.calls == ["stop"] and not w.manager.up
@@ -189,37 +189,37 @@ def test_no_revert_keeps_the_failed_state(world: tuple[World, runner.Target]) ->
     assert j.status == "failed" and (j.last("finished") or {}).get("kept_failed_state") is True
 
 
-def test_service_that_was_stopped_stays_stopped(world: tuple[World, runner.Target]) -> None:
+def test_service_that_was_stopped_stays_stopped(world: tuple[World, commands.Target]) -> None:
     w, t = world
     w.manager.up = False
-    rep = runner.run(t)
+    rep = commands.run(t)
     assert rep.status == "upgraded" and rep.service_before == "inactive"
     assert w.manager.calls == ["stop"] and w.health_calls == 0
 
 
 # -- resume and rollback, through the same host ------------------------------------------------------
-def test_interrupted_run_is_resumed_from_its_journal(world: tuple[World, runner.Target]) -> None:
+def test_interrupted_run_is_resumed_from_its_journal(world: tuple[World, commands.Target]) -> None:
     w, t = world
     w.interrupt_install = True
     with pytest.raises(KeyboardInterrupt) as ki:
-        runner.run(t)
+        commands.run(t)
     assert version(t) == "2.0.0" and journal.interrupted_run(t.store.env_dir) is not None
     # What the CLI prints for it: the step, the service stopped, the exact command.
     said = ki.value.failure  # type: ignore[attr-defined]
     assert said.exit_code == 4 and "at its reinstall step" in said.message and "is STOPPED" in said.message
     assert f"`rewheel resume {t.recipe.path}`" in said.hint and "starts the service again" in said.hint
-    res = runner.resume(t)
+    res = commands.resume(t)
     assert res.status == "reverted" and res.report is not None and res.report.status == "reverted"
     assert res.report.before == {PKG: "1.0.0"} and res.report.service_before == "active"
     assert version(t) == "1.0.0" and w.manager.up
     assert journal.interrupted_run(t.store.env_dir) is None
 
 
-def test_rollback_restarts_the_service(world: tuple[World, runner.Target]) -> None:
+def test_rollback_restarts_the_service(world: tuple[World, commands.Target]) -> None:
     w, t = world
-    assert runner.run(t).status == "upgraded"
+    assert commands.run(t).status == "upgraded"
     w.manager.calls.clear()
-    res = runner.rollback(t)
+    res = commands.rollback(t)
     assert version(t) == "1.0.0" and res.service is not None and res.service.ok
     assert w.manager.calls == ["stop", "start"]
     # The state it replaces is kept first, while the service serves; in the window one stat
@@ -228,9 +228,9 @@ def test_rollback_restarts_the_service(world: tuple[World, runner.Target]) -> No
     assert res.downtime is not None and set(res.downtime.parts) == {"stop", "snapshot", "restore", "start", "ready"}
 
 
-def test_the_unit_layer_is_fast(world: tuple[World, runner.Target]) -> None:
+def test_the_unit_layer_is_fast(world: tuple[World, commands.Target]) -> None:
     w, t = world
     t0 = time.monotonic()
     w.smoke_fails = True
-    runner.run(t)
+    commands.run(t)
     assert time.monotonic() - t0 < 2.0  # no process, no uv: a whole failed cycle in milliseconds

@@ -11,7 +11,7 @@ import pytest
 from rewheel.environment import read_distribution
 from rewheel.installer import fetched_lines
 from rewheel.resolution import _REASON, _explanation, _named_version, _with, installed_as_planned
-from rewheel.runner import kept_status
+from rewheel.commands.results import kept_status
 
 UV_013 = """Using Python 3.11.7 environment at: base
 error: No solution found when resolving dependencies

@@ -15,18 +15,19 @@ import dataclasses
 
 import pytest
 
-from rewheel import journal, runner
+from rewheel import commands, journal
+from rewheel.commands.rollback import PRE_ROLLBACK, is_failed_build
 from rewheel.errors import EXIT_UNRESTORED, EXIT_USAGE, RestoreError, SnapshotError
 from rewheel.journal import RunJournal
 from support_cycle import PKG, World, last_run, version
 
-Pair = tuple[World, runner.Target]
+Pair = tuple[World, commands.Target]
 
 
-def failed_build(w: World, t: runner.Target) -> str:
+def failed_build(w: World, t: commands.Target) -> str:
     """A run whose smoke test fails: reverted, the failed build kept; returns its id."""
     w.smoke_fails = True
-    rep = runner.run(t)
+    rep = commands.run(t)
     w.smoke_fails = False
     assert rep.status == "reverted" and rep.revert is not None and rep.revert.failed_snapshot_id
     return rep.revert.failed_snapshot_id
@@ -39,7 +40,7 @@ def test_a_failed_build_is_restored_only_with_force(world: Pair) -> None:
     runs_before = len(journal.list_runs(t.store.env_dir))
     w.manager.calls.clear()
     with pytest.raises(SnapshotError) as exc:
-        runner.rollback(t, bad)
+        commands.rollback(t, bad)
     assert exc.value.exit_code == EXIT_USAGE
     label = t.store.get(bad).label
     assert bad in exc.value.message and label in exc.value.message and "failed build" in exc.value.message
@@ -47,7 +48,7 @@ def test_a_failed_build_is_restored_only_with_force(world: Pair) -> None:
     # Refused before anything: no journal, no stop, the environment as it was.
     assert len(journal.list_runs(t.store.env_dir)) == runs_before and w.manager.calls == []
     assert version(t) == "1.0.0"
-    res = runner.rollback(t, bad, force=True)
+    res = commands.rollback(t, bad, force=True)
     assert res.exit_code == 0 and version(t) == "2.0.0" and w.manager.up
     assert journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id).first("started")["force"] is True
 
@@ -58,27 +59,27 @@ def test_the_default_rollback_target_is_never_a_failed_build(world: Pair) -> Non
     pre = [m for m in t.store.list() if m.status == "pre-upgrade"]
     # The reverted run's pre-upgrade snapshot is what its revert already put back: no default.
     with pytest.raises(SnapshotError, match="no upgrade is in place to undo") as undone:
-        runner.default_rollback_snapshot(t.store)
+        commands.default_rollback_snapshot(t.store)
     assert pre[0].id in undone.value.message and undone.value.exit_code == EXIT_USAGE
     # Without a pre-upgrade snapshot the newest usable one is the default, never the failed one.
     t.store.delete(pre[0].id)
-    manual = runner.snapshot_now(t, label="by hand").result.meta
+    manual = commands.snapshot_now(t, label="by hand").result.meta
     t.store.delete(manual.id)
     with pytest.raises(SnapshotError, match="every snapshot of this environment is a failed build") as exc:
-        runner.default_rollback_snapshot(t.store)
+        commands.default_rollback_snapshot(t.store)
     assert bad in exc.value.message and exc.value.exit_code == EXIT_USAGE
-    manual = runner.snapshot_now(t, label="by hand").result.meta
-    assert runner.default_rollback_snapshot(t.store).id == manual.id
+    manual = commands.snapshot_now(t, label="by hand").result.meta
+    assert commands.default_rollback_snapshot(t.store).id == manual.id
 
 
 def test_after_a_reverted_run_a_plain_rollback_undoes_the_upgrade_still_in_place(world: Pair) -> None:
     w, t = world
-    kept = runner.run(t)
+    kept = commands.run(t)
     assert kept.status == "upgraded" and version(t) == "2.0.0"
     failed_build(w, t)  # reverted: 2.0.0 is live again, put back from that run's snapshot
     assert version(t) == "2.0.0"
-    assert runner.default_rollback_snapshot(t.store).id == kept.snapshot_id
-    res = runner.rollback(t)
+    assert commands.default_rollback_snapshot(t.store).id == kept.snapshot_id
+    res = commands.rollback(t)
     assert res.snapshot.id == kept.snapshot_id and version(t) == "1.0.0"
     assert res.exit_code == 0 and w.manager.up
 
@@ -86,41 +87,41 @@ def test_after_a_reverted_run_a_plain_rollback_undoes_the_upgrade_still_in_place
 def test_the_state_a_rollback_replaces_while_a_failed_build_is_live_is_marked_failed(world: Pair) -> None:
     w, t = world
     w.smoke_fails = True
-    rep = runner.run(t, no_revert=True)  # the failed build is left live
+    rep = commands.run(t, no_revert=True)  # the failed build is left live
     assert rep.status == "failed" and version(t) == "2.0.0"
-    res = runner.rollback(t)
+    res = commands.rollback(t)
     assert version(t) == "1.0.0" and res.undo_snapshot_id
     undo = t.store.get(res.undo_snapshot_id)
-    assert undo.status == runner.PRE_ROLLBACK and runner.is_failed_build(undo)
+    assert undo.status == PRE_ROLLBACK and is_failed_build(undo)
     with pytest.raises(SnapshotError, match="failed build"):
-        runner.rollback(t, undo.id)
+        commands.rollback(t, undo.id)
 
 
 # -- roll forward -------------------------------------------------------------------------------------
 def test_a_rollback_can_be_undone_from_the_snapshot_it_took(world: Pair) -> None:
     w, t = world
-    assert runner.run(t).status == "upgraded" and version(t) == "2.0.0"
-    res = runner.rollback(t)
+    assert commands.run(t).status == "upgraded" and version(t) == "2.0.0"
+    res = commands.rollback(t)
     assert version(t) == "1.0.0" and res.undo_snapshot_id and res.undo_snapshot_error is None
     undo = t.store.get(res.undo_snapshot_id)
     assert undo.status == "pre-rollback" and undo.versions == {PKG: "2.0.0"}
     assert undo.label == f"before rollback {res.run_id} to {res.snapshot.id}"
-    assert not runner.is_failed_build(undo)  # a verified upgrade: restorable without --force
+    assert not is_failed_build(undo)  # a verified upgrade: restorable without --force
     assert res.to_json()["undo_snapshot_id"] == undo.id
     # The history shows it with its label; the default target is still the pre-upgrade one.
-    hist = runner.history(t).to_json()
+    hist = commands.history(t).to_json()
     assert any(s["id"] == undo.id and s["status"] == "pre-rollback" for s in hist["snapshots"])
-    assert runner.default_rollback_snapshot(t.store).id == res.snapshot.id
-    fwd = runner.rollback(t, undo.id)  # roll forward: no index involved
+    assert commands.default_rollback_snapshot(t.store).id == res.snapshot.id
+    fwd = commands.rollback(t, undo.id)  # roll forward: no index involved
     assert version(t) == "2.0.0" and fwd.exit_code == 0 and w.manager.up
     assert t.store.get(fwd.undo_snapshot_id).versions == {PKG: "1.0.0"}
 
 
 def test_no_undo_skips_the_snapshot_of_the_replaced_state(world: Pair) -> None:
     w, t = world
-    assert runner.run(t).status == "upgraded"
+    assert commands.run(t).status == "upgraded"
     before = {m.id for m in t.store.list()}
-    res = runner.rollback(t, undo=False)
+    res = commands.rollback(t, undo=False)
     assert version(t) == "1.0.0" and res.exit_code == 0 and w.manager.up
     assert res.undo_snapshot_id is None and res.undo_snapshot_error == "skipped (--no-undo)"
     assert {m.id for m in t.store.list()} == before  # no pre-rollback snapshot was taken
@@ -129,9 +130,9 @@ def test_no_undo_skips_the_snapshot_of_the_replaced_state(world: Pair) -> None:
 
 def test_a_rollback_that_changes_nothing_takes_no_snapshot(world: Pair) -> None:
     w, t = world
-    snap = runner.snapshot_now(t).result.meta
+    snap = commands.snapshot_now(t).result.meta
     n = len(t.store.list())
-    res = runner.rollback(t, snap.id)
+    res = commands.rollback(t, snap.id)
     assert res.undo_snapshot_id is None and len(t.store.list()) == n
     assert [s.name for s in res.steps] == ["restore", "health"]  # a no-op restore, no stop
 
@@ -139,9 +140,9 @@ def test_a_rollback_that_changes_nothing_takes_no_snapshot(world: Pair) -> None:
 def test_rollback_prunes_to_keep_and_says_what_it_removed(world: Pair) -> None:
     w, t = world
     t = dataclasses.replace(t, recipe=dataclasses.replace(t.recipe, keep=2))
-    manual = runner.snapshot_now(t, label="by hand").result.meta
-    assert runner.run(t).status == "upgraded"
-    res = runner.rollback(t)
+    manual = commands.snapshot_now(t, label="by hand").result.meta
+    assert commands.run(t).status == "upgraded"
+    res = commands.rollback(t)
     # Three snapshots for two places: the manual one goes; the target and the undo stay.
     assert res.pruned == [manual.id] and res.to_json()["pruned"] == [manual.id]
     assert {m.id for m in t.store.list()} == {res.snapshot.id, res.undo_snapshot_id}
@@ -150,9 +151,9 @@ def test_rollback_prunes_to_keep_and_says_what_it_removed(world: Pair) -> None:
 # -- a service that does not come back ----------------------------------------------------------------
 def test_a_rollback_whose_service_fails_names_the_cause_and_leaves_no_interrupted_run(world: Pair) -> None:
     w, t = world
-    assert runner.run(t).status == "upgraded"
+    assert commands.run(t).status == "upgraded"
     w.unhealthy = 1  # the rolled-back build's service does not become healthy
-    res = runner.rollback(t)
+    res = commands.rollback(t)
     assert (res.status, res.exit_code) == ("service-failed", EXIT_UNRESTORED)
     assert version(t) == "1.0.0"  # the files are restored all the same
     assert res.root_cause is not None and res.root_cause.type == "RuntimeError"
@@ -164,7 +165,7 @@ def test_a_rollback_whose_service_fails_names_the_cause_and_leaves_no_interrupte
     assert journal.interrupted_run(t.store.env_dir) is None and last_run(t).status == "failed"
     journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
     # Undo it: the service, running before the failed rollback, is started again.
-    back = runner.rollback(t, res.undo_snapshot_id)
+    back = commands.rollback(t, res.undo_snapshot_id)
     assert back.exit_code == 0 and version(t) == "2.0.0" and w.manager.up
     assert back.service is not None and back.service.ok
 
@@ -173,11 +174,11 @@ def test_a_resume_whose_service_fails_names_the_cause_and_finishes(world: Pair) 
     w, t = world
     w.interrupt_install = True
     with pytest.raises(KeyboardInterrupt):
-        runner.run(t)
+        commands.run(t)
     w.interrupt_install = False
     w.unhealthy = 1
     with pytest.raises(RestoreError) as exc:
-        runner.resume(t)
+        commands.resume(t)
     assert exc.value.exit_code == EXIT_UNRESTORED
     assert "its log says: RuntimeError: CUDA error: no kernel image" in exc.value.message
     assert journal.interrupted_run(t.store.env_dir) is None
@@ -187,7 +188,7 @@ def test_a_resume_whose_service_fails_names_the_cause_and_finishes(world: Pair) 
 
 
 # -- stale journals -----------------------------------------------------------------------------------
-def killed_rollback(t: runner.Target, snap_id: str) -> RunJournal:
+def killed_rollback(t: commands.Target, snap_id: str) -> RunJournal:
     """What `kill -9` during a rollback leaves: a journal with no `finished` record."""
     j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap_id, recipe=t.label)
     j.append("step", name="restore", snapshot_id=snap_id)
@@ -196,12 +197,12 @@ def killed_rollback(t: runner.Target, snap_id: str) -> RunJournal:
 
 def test_one_rollback_closes_a_stack_of_interrupted_ones(world: Pair) -> None:
     w, t = world
-    snap = runner.snapshot_now(t).result.meta
+    snap = commands.snapshot_now(t).result.meta
     stack = {killed_rollback(t, snap.id).id for _ in range(3)}
     # (Ids made within one second order by their random part: "newest" is any of them.)
     newest = journal.interrupted_run(t.store.env_dir)
     assert newest is not None and newest.id in stack
-    res = runner.rollback(t)
+    res = commands.rollback(t)
     assert res.snapshot.id == snap.id and res.finished_run == newest.id
     assert set(res.superseded_runs) == stack - {newest.id}
     assert journal.interrupted_run(t.store.env_dir) is None
@@ -211,9 +212,9 @@ def test_one_rollback_closes_a_stack_of_interrupted_ones(world: Pair) -> None:
 
 def test_resume_closes_older_interrupted_journals(world: Pair) -> None:
     w, t = world
-    snap = runner.snapshot_now(t).result.meta
+    snap = commands.snapshot_now(t).result.meta
     ids = {killed_rollback(t, snap.id).id for _ in range(2)}
-    res = runner.resume(t)
+    res = commands.resume(t)
     assert res.run_id in ids and journal.interrupted_run(t.store.env_dir) is None
     (older,) = ids - {res.run_id}
     assert {j.id: j.status for j in journal.list_runs(t.store.env_dir)}[older] == "superseded"
@@ -225,9 +226,9 @@ def test_the_report_says_how_to_undo_and_why_the_service_failed(world: Pair) -> 
     from rewheel import report
 
     w, t = world
-    assert runner.run(t).status == "upgraded"
+    assert commands.run(t).status == "upgraded"
     w.unhealthy = 1
-    res = runner.rollback(t)
+    res = commands.rollback(t)
     console = Console(record=True, width=200)
     report.render_rollback(console, res)
     report.render_rollback_more(console, res)
@@ -240,37 +241,37 @@ def test_a_rollback_whose_stop_fails_changes_nothing_and_finishes(world: Pair) -
     from rewheel.errors import ServiceError
 
     w, t = world
-    assert runner.run(t).status == "upgraded"
+    assert commands.run(t).status == "upgraded"
     w.manager.fail = {"stop"}
     w.manager.calls.clear()
     n = len(t.store.list())
     with pytest.raises(ServiceError, match="did not stop"):
-        runner.rollback(t)
+        commands.rollback(t)
     assert version(t) == "2.0.0" and len(t.store.list()) == n  # no file changed, no snapshot taken
     assert w.manager.up and w.manager.calls == ["stop"]  # still up: nothing to start again
     assert journal.interrupted_run(t.store.env_dir) is None and last_run(t).status == "failed"
     w.manager.fail = set()
-    assert runner.rollback(t).exit_code == 0 and version(t) == "1.0.0" and w.manager.up
+    assert commands.rollback(t).exit_code == 0 and version(t) == "1.0.0" and w.manager.up
 
 
 def test_a_second_plain_rollback_does_not_undo_the_first(world: Pair) -> None:
     w, t = world
-    manual = runner.snapshot_now(t, label="by hand").result.meta  # no pre-upgrade snapshot at all
+    manual = commands.snapshot_now(t, label="by hand").result.meta  # no pre-upgrade snapshot at all
     from support_cycle import install_toypkg
 
     install_toypkg(w.site, "2.0.0")  # upgraded by hand
-    first = runner.rollback(t)
+    first = commands.rollback(t)
     assert first.snapshot.id == manual.id and version(t) == "1.0.0" and first.undo_snapshot_id
     # The undo point is newer, but the default stays the manual snapshot (a no-op now).
-    assert runner.default_rollback_snapshot(t.store).id == manual.id
-    second = runner.rollback(t)
+    assert commands.default_rollback_snapshot(t.store).id == manual.id
+    second = commands.rollback(t)
     assert second.snapshot.id == manual.id and version(t) == "1.0.0"
 
 
 # -- the undo snapshot, taken while the service serves ----------------------------------------------
 def test_an_undo_snapshot_gone_stale_at_the_stop_is_taken_again_in_the_window(world: Pair) -> None:
     w, t = world
-    assert runner.run(t).status == "upgraded"
+    assert commands.run(t).status == "upgraded"
     cache = w.site / PKG / "__pycache__" / "__init__.cpython-312.pyc"
 
     def write_cache() -> None:  # what a service may write as it stops
@@ -279,7 +280,7 @@ def test_an_undo_snapshot_gone_stale_at_the_stop_is_taken_again_in_the_window(wo
 
     w.manager.on_stop = write_cache
     w.manager.calls.clear()
-    res = runner.rollback(t)
+    res = commands.rollback(t)
     assert res.exit_code == 0 and version(t) == "1.0.0" and not cache.exists()
     assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "snapshot", "restore", "start"]
     assert res.downtime is not None and res.downtime.parts["snapshot"] > 0
@@ -288,14 +289,14 @@ def test_an_undo_snapshot_gone_stale_at_the_stop_is_taken_again_in_the_window(wo
     assert stale != res.undo_snapshot_id and stale not in {m.id for m in t.store.list()}
     # The undo snapshot holds the state the rollback replaced, the late cache included.
     w.manager.on_stop = None
-    back = runner.rollback(t, res.undo_snapshot_id)
+    back = commands.rollback(t, res.undo_snapshot_id)
     assert back.exit_code == 0 and version(t) == "2.0.0" and cache.read_bytes() == b"compiled while stopping"
 
 
 def test_an_undo_snapshot_still_current_costs_one_walk_in_the_window(world: Pair) -> None:
     w, t = world
-    assert runner.run(t).status == "upgraded"
-    res = runner.rollback(t)
+    assert commands.run(t).status == "upgraded"
+    res = commands.rollback(t)
     assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "restore", "start"]
     j = journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id)
     snap_step = next(r for r in j.records if r["event"] == "step" and r.get("name") == "snapshot")
@@ -305,5 +306,5 @@ def test_an_undo_snapshot_still_current_costs_one_walk_in_the_window(world: Pair
     assert res.downtime is not None and res.downtime.seconds >= sum(res.downtime.parts.values()) - 0.005  # steps rounded to 1 ms
     # A service that was not running: nothing to serve, no downtime, the snapshot in place.
     w.manager.up = False
-    res = runner.rollback(t, res.undo_snapshot_id)
+    res = commands.rollback(t, res.undo_snapshot_id)
     assert res.downtime is None and [s.name for s in res.steps][:1] == ["stop"]

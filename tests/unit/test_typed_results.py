@@ -17,7 +17,7 @@ from rich.console import Console
 from rewheel import diagnose, report
 from rewheel.diagnose import RootCause
 from rewheel.errors import InstallError
-from rewheel.runner import DiagnosisRecord, Failure, SmokeReport
+from rewheel.commands.results import DiagnosisRecord, Failure, SmokeReport
 from rewheel.service import HealthResult
 from rewheel.smoke import SmokeResult
 

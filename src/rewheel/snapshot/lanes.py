@@ -49,7 +49,7 @@ LANES_MIN_FILES = 4000  # below this, a second lane costs more (a fork) than it 
 
 def restore_lanes_setting() -> int | None:
     """`REWHEEL_RESTORE_LANES` (1 or 2), or None when unset. Commands check it before they
-    act (`runner.open_target`), so a bad value changes nothing."""
+    act (`commands.open_target`), so a bad value changes nothing."""
     # Exactly "1" or "2": " 2" or "2\n" is refused rather than read one way here and another
     # by whatever else reads the variable; empty is unset.
     forced = os.environ.get("REWHEEL_RESTORE_LANES", "")

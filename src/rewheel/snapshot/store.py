@@ -8,6 +8,7 @@ files proven to hold a snapshot's bytes, so a later restore need not prove them 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -16,7 +17,7 @@ import stat
 import sys
 import time
 from array import array
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,7 +152,7 @@ class Store:
                     continue
         return sorted(metas, key=lambda m: m.created, reverse=True)
 
-    def damaged(self) -> list[str]:
+    def damaged(self) -> builtins.list[str]:
         """Snapshot folders that `list` leaves out because their metadata cannot be read."""
         bad = []
         for d in sorted(self.snapshots_dir.iterdir()):
@@ -196,7 +197,7 @@ class Store:
         os.rename(path, trash)  # atomic: a half-deleted snapshot is never listed
         shutil.rmtree(trash, ignore_errors=True)
 
-    def prune(self, keep: int, protect: set[str] = frozenset()) -> list[str]:
+    def prune(self, keep: int, protect: Set[str] = frozenset()) -> builtins.list[str]:
         """Keep the newest `keep` snapshots; never delete a protected or a pinned one
         (pinned ones do not count towards `keep` either). Oldest go first, and failed builds
         (kept to be inspected) only once no other snapshot can go. Returns the ids removed,
@@ -250,8 +251,11 @@ class Found:
         return self.keys, self.inos, self.mtimes, self.sizes, self.shas
 
     def extend(self, other: Found) -> None:
-        for mine, theirs in zip(self.columns(), other.columns(), strict=True):
-            mine.extend(theirs)  # type: ignore[arg-type]
+        self.keys += other.keys
+        self.inos += other.inos
+        self.mtimes += other.mtimes
+        self.sizes += other.sizes
+        self.shas += other.shas
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -350,7 +354,8 @@ class Aliases(Mapping[str, list[Any]]):
         keys = blob.decode("utf-8", "surrogateescape").split("\0") if n else []
         if len(shas) != 32 * n or len(keys) != n or len(blob) != head["keys_bytes"]:
             raise ValueError("a short file")
-        return cls(roots, keys, *cols, shas)
+        inos, mtimes, sizes = cols
+        return cls(roots, keys, inos, mtimes, sizes, shas)
 
 
 def _sha_hex(sha: Any) -> str:

@@ -1,0 +1,167 @@
+"""The revert (`Reverting`, a part of `cycle.Cycle`): stop, keep the failed build as a
+snapshot, restore the pre-upgrade snapshot, move cleanup paths back, start and verify; the
+pruning after it; and what a signal in the middle of the swap leaves, said exactly."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from rewheel.commands.results import RevertRecord, RunReport, StepRecord
+from rewheel.commands.service_steps import ServiceSteps, cause_text, service_root_cause
+from rewheel.commands.snapshots import protected_snapshots, pruned_text, restore_changed
+from rewheel.commands.target import Say, Target
+from rewheel.errors import ServiceError, SnapshotError
+from rewheel.journal import RunJournal
+from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, discard_displaced, restore_snapshot,
+                              take_snapshot, unstash_cleanup)
+
+
+class Reverting:
+    """Undo a failed upgrade (or finish an interrupted revert, for `resume`)."""
+
+    # The cycle's state these steps read and set (`Cycle.__init__` sets it up).
+    t: Target
+    j: RunJournal
+    report: RunReport
+    say: Say
+    progress: Progress | None
+    svc: ServiceSteps | None
+    snap: SnapshotMeta | None
+    was_active: bool
+    down_t0: float | None
+    revert_t0: float | None
+
+    if TYPE_CHECKING:
+        def package(self) -> str | None: ...
+
+    def _keep_failed_state(self, revert: RevertRecord) -> None:
+        """Snapshot the failed build before restoring, so it can be diffed and inspected later
+        (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
+        this costs little; if it fails, the restore goes ahead anyway."""
+        restoring = any(r["event"] == "step" and r.get("name") == "restore" for r in self.j.records)
+        if self.j.kind != "run" or self.j.first("failed-snapshot") is not None or restoring:
+            # Only a failed upgrade is worth keeping, and only once; never a half-restored one
+            # (a revert interrupted in its restore, finished by `resume`).
+            return
+        try:
+            res = take_snapshot(self.t.env, self.t.store, label=f"failed upgrade of run {self.j.id}",
+                                status="failed-upgrade", run_id=self.j.id, progress=self.progress,
+                                exclude=self.t.recipe.snapshot_exclude)
+            self.j.append("failed-snapshot", failed_snapshot_id=res.meta.id)
+            revert.failed_snapshot_id = res.meta.id
+            self.say(f"kept the failed state as snapshot {res.meta.id} for inspection")
+        except Exception as exc:
+            revert.failed_snapshot_error = str(exc)
+
+    def interrupted_error(self, exc: BaseException) -> Exception:
+        """What a signal in the middle of the swap leaves, said exactly (InterruptedRun, exit 4):
+        the step, whether the service is stopped (nothing serves until a resume), and the
+        command that finishes it, with the recipe path as the user gave it."""
+        from rewheel.errors import InterruptedRun
+
+        how = getattr(exc, "signame", None) or "Ctrl-C"
+        ref = self.t.cli_ref
+        stopped = any(r.get("event") == "step" and r.get("name") == "stop" for r in self.j.records)
+        msg = f"run {self.j.id} was interrupted ({how}) at its {self.j.last_step or 'start'} step"
+        if self.svc is not None and self.down_t0 is not None and (
+                self.svc.healthy_at is None or self.svc.healthy_at <= self.down_t0):
+            msg += (f"; the service ({self.svc.manager.describe()}) is STOPPED: it was running before the run, "
+                    "and nothing serves until the run is resumed")
+        elif self.svc is not None and stopped and not self.was_active:
+            msg += "; the service was not running before the run and stays stopped"
+        elif self.t.recipe.service is not None and not stopped:
+            msg += "; the service was not stopped"
+        undo = (f" (undoing it restores snapshot {self.snap.id}"
+                + (" and starts the service again)" if self.was_active and self.svc is not None else ")")
+                if self.snap is not None else "")
+        return InterruptedRun(msg, hint=f"`rewheel resume {ref}` finishes or undoes it{undo}; "
+                                        f"`rewheel status {ref}` shows where it stands")
+
+    def prune_after_revert(self) -> None:
+        """`[snapshots] keep` after a revert, as after a kept upgrade: reverted runs leave two
+        snapshots each (before, and the failed build). Once the journal is finished, so that
+        what a plain rollback needs now is what `protected_snapshots` protects; never the
+        pinned ones, this run's pre-upgrade snapshot or the failed build it just kept."""
+        if self.report.status != "reverted" or self.snap is None:
+            return
+        rv = self.report.revert
+        keep = protected_snapshots(self.t.store) | {self.snap.id}
+        if rv is not None and rv.failed_snapshot_id:
+            keep.add(rv.failed_snapshot_id)
+        try:
+            self.report.pruned = self.t.store.prune(self.t.recipe.keep, keep)
+        except (OSError, SnapshotError) as exc:  # the revert is done: retention tries again next time
+            self.say(f"(old snapshots not pruned: {exc})")
+            return
+        if self.report.pruned:
+            self.say("pruned old snapshots ([snapshots] keep): " + pruned_text(self.t.store, self.report.pruned))
+
+    def _drop_identical_failed_state(self, revert: RevertRecord, res: RestoreResult) -> None:
+        """A restore that changed no byte proves the "failed build" kept before it is the good
+        state itself (interrupted before the reinstall wrote anything, or it rewrote the same
+        bytes): it is removed, not kept as a failed build that no `diff` would show a change in."""
+        fid = revert.failed_snapshot_id
+        if fid is None or restore_changed(res):
+            return
+        try:
+            self.t.store.delete(fid)
+        except (OSError, SnapshotError):
+            return  # kept: retention removes it later
+        self.j.append("note", failed_snapshot_dropped=fid)
+        revert.failed_snapshot_id = None
+        revert.failed_snapshot_dropped = fid
+        self.say(f"the failed state was the restored state, byte for byte: snapshot {fid} removed")
+
+    def revert(self, reason: str) -> None:
+        """Stop, restore the snapshot, move cleanup paths back, start, verify."""
+        from rewheel.errors import RestoreError, RewheelError
+
+        t0 = time.monotonic()
+        self.revert_t0 = t0
+        self.j.append("step", name="revert", reason=reason)
+        self.say(f"── revert: {reason}")
+        revert = RevertRecord(reason)
+        self.report.revert = revert
+        try:
+            if self.svc is not None:
+                self.svc.stop()
+            assert self.snap is not None
+            self._keep_failed_state(revert)
+            self.j.append("step", name="restore", snapshot_id=self.snap.id)
+            res = restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=True)
+            res.cleanup_restored = unstash_cleanup(self.snap, self.t.recipe.cleanup_paths)
+            revert.restore = res
+            self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
+                     f"{res.deleted:,} removed, {res.verified:,} verified"
+                     + (f" ({res.proven_same:,} proven identical, left in place)" if res.proven_same else ""))
+            self._drop_identical_failed_state(revert, res)
+            self.report.after = self.t.env.versions()
+            try:
+                if self.svc is not None and self.was_active:
+                    try:
+                        revert.service = self.svc.start_and_verify()
+                    except ServiceError:
+                        # Name the cause from the service's log, as for a failed upgrade; a
+                        # resume has no upgrade cause of its own, so this is the report's.
+                        revert.root_cause, diag = service_root_cause(self.svc, self.package())
+                        if self.report.root_cause is None:
+                            self.report.root_cause, self.report.diagnosis = revert.root_cause, diag
+                        raise
+                    self.say("the old service is healthy again")
+                elif self.svc is not None:
+                    revert.service_skipped = "the service was not running before the run: left stopped"
+                    self.say(revert.service_skipped)
+            finally:
+                discard_displaced(res, self.t.store.home)  # the failed build's folders, into the trash
+        except RewheelError as exc:
+            revert.error = str(exc)
+            self.report.steps.append(StepRecord.since("revert", False, t0))
+            self.report.status = "failed"
+            cause = f"; its log says{cause_text(revert.root_cause)}" if revert.root_cause else ""
+            raise RestoreError(f"revert failed: {exc.message}{cause}",
+                               hint=(exc.hint or "") + f"\nthe pre-upgrade snapshot is {self.snap.id if self.snap else '?'}; "
+                               f"run `rewheel rollback {self.t.cli_ref} {self.snap.id if self.snap else ''} --yes` "
+                               "once the cause is fixed") from exc
+        self.report.steps.append(StepRecord.since("revert", True, t0))
+        self.report.status = "reverted"

@@ -1,0 +1,39 @@
+"""`smoke`: only the smoke test and the health check, against the live environment; nothing
+is changed."""
+
+from __future__ import annotations
+
+import time
+
+from rewheel import journal
+from rewheel.commands.results import SmokeReport
+from rewheel.commands.target import Say, Target, quiet
+
+
+def smoke_only(t: Target, *, on_output: Say = quiet, say: Say = quiet) -> SmokeReport:
+    from rewheel import diagnose
+    from rewheel.errors import ServiceError
+
+    journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
+    rep = SmokeReport(ok=True)
+    package = t.env.import_name(t.recipe.install.names)
+    if t.recipe.smoke is not None:
+        logs = t.store.env_dir / "smoke"
+        logs.mkdir(exist_ok=True)
+        log = logs / (time.strftime("%Y%m%d-%H%M%S") + ".log")
+        res = t.host.smoke(t.recipe, log_path=log, on_line=on_output)
+        rep.smoke = res
+        if not res.ok:
+            rep.ok = False
+            rep.root_cause = diagnose.analyse_file(log, package=package).root
+    if t.recipe.service is not None:
+        mgr = t.host.manager(t.recipe.service, t.store.env_dir, t.recipe.python)
+        try:
+            rep.health = t.host.wait_ready(mgr, t.recipe.service, client=t.host.client,
+                                           started_at=time.time(), on_progress=say)
+        except ServiceError as exc:
+            rep.ok = False
+            rep.error = str(exc)
+            result = getattr(exc, "result", None)  # HealthCheckFailed carries what it saw
+            rep.health = result
+    return rep

@@ -1,0 +1,82 @@
+"""What every command acts on: a `Target` (a recipe, or a bare `--python` interpreter, with
+its environment, its snapshot store and the host the commands act through), and the
+refusals a command that changes the environment makes before it touches anything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rewheel.environment import Environment
+from rewheel.host import Host
+from rewheel.paths import state_home
+from rewheel.recipe import Recipe
+from rewheel.snapshot import Store, restore_lanes_setting
+
+
+Say = Callable[[str], None]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+@dataclass
+class Target:
+    recipe: Recipe
+    env: Environment
+    store: Store
+    # What the commands act through (service manager, uv, smoke runner, fetcher, GPU probe).
+    host: Host = field(default_factory=Host.real)
+
+    @property
+    def label(self) -> str:
+        return self.recipe.source
+
+    @property
+    def cli_ref(self) -> str:
+        return str(self.recipe.path) if self.recipe.path else f"--python {self.recipe.python}"
+
+
+def open_target(recipe: Recipe, host: Host | None = None) -> Target:
+    """The recipe's environment, its store, and the host the commands act through (the
+    real one unless a caller hands another)."""
+    restore_lanes_setting()  # a bad value is refused before any command acts
+    env = Environment.inspect(recipe.python)
+    return Target(recipe, env, Store(env.prefix, _checked_home(recipe, env.prefix)), host or Host.real())
+
+
+def _checked_home(recipe: Recipe, prefix: Path) -> Path:
+    """The store's folder, refused (exit 2, naming where it came from) when it is a file,
+    on a pseudo-filesystem (/proc, /sys), or a world-writable folder without the
+    sticky bit; created private (0700) when it does not exist."""
+    import os
+
+    from rewheel.paths import ensure_private_dir, refuse_home_inside
+
+    if recipe.store is not None:
+        home, what = recipe.store, f"{recipe.source}: snapshots.store"
+    else:
+        home = state_home()
+        what = "REWHEEL_HOME" if os.environ.get("REWHEEL_HOME") else "the state folder"
+    refuse_home_inside(home, prefix, what=what)
+    return ensure_private_dir(home, what=what)
+
+
+def refuse_system_interpreter(t: Target) -> None:
+    """run, rollback and resume change the environment: a system interpreter's (not a venv,
+    not a conda env) only when the recipe says `[environment] system = true`. Exit 2 before
+    anything is touched; read-only commands are not asked."""
+    refused = t.env.system_refusal(t.recipe)
+    if refused is not None:
+        raise refused
+
+
+def refuse_broken_tls(t: Target) -> None:
+    """A service's health check needs an HTTP client, and httpx cannot make one while
+    SSL_CERT_FILE names nothing: refused (exit 2, naming it) before anything is stopped."""
+    if t.recipe.service is not None and t.recipe.service.health_url:
+        from rewheel.httpclient import check_tls_env
+
+        check_tls_env()
