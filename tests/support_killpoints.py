@@ -33,10 +33,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rewheel.journal import list_runs
+from support_env import cmdlines
 from support_run import SERVER, Host, make_host
 
 TRACED = ("rename", "renameat", "renameat2", "link", "linkat", "unlink", "unlinkat", "write", "fsync", "fdatasync")
@@ -60,6 +63,18 @@ class Scenario:
     def exit_code(self) -> int:
         """What the command exits with when nothing interrupts it (a reverted run: 1)."""
         return 1 if self.command == "run" and self.variant != "good" else 0
+
+
+# The commands the suite interrupts, each from its own starting state.
+SCENARIOS = {s.name: s for s in [
+    Scenario("run-staged-kept", "run", "good", staged=True),
+    Scenario("run-staged-reverted", "run", "service-fails", staged=True),  # the new build's start fails
+    Scenario("run-unstaged-kept", "run", "good", staged=False),
+    Scenario("run-unstaged-reverted", "run", "smoke-fails", staged=False),
+    Scenario("rollback", "rollback", "good", staged=True),  # of a kept upgrade, the service running
+    # of a run killed after its smoke test began: a failed-build snapshot, the restore, the start
+    Scenario("resume", "resume", "smoke-fails", staged=False, interrupted_at="step:smoke"),
+]}
 
 
 @dataclass(frozen=True)
@@ -165,19 +180,9 @@ class Bench:
             self.h.start_service()
 
     def host_processes(self) -> list[tuple[int, str]]:
-        mine = {os.getpid()}
-        out = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) in mine:
-                continue
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if str(self.tmp) + "/" in cmd or f"--port {self.h.port}" in cmd:
-                out.append((int(entry), cmd))
-        return out
+        """This host's processes: anything started from its folder, and its service."""
+        return [(p, c) for p, c in cmdlines(skip={os.getpid()})
+                if str(self.tmp) + "/" in c or f"--port {self.h.port}" in c]
 
     def kill_host_processes(self) -> None:
         for _ in range(100):
@@ -320,9 +325,9 @@ class Bench:
         servers = [p for p, c in self.host_processes() if str(SERVER) in c]
         if len(servers) > 1:
             problems.append(f"{len(servers)} service processes: {servers}")
-        hist = h.rewheel("history", str(h.recipe))
-        if hist.returncode != 0:
-            problems.append(f"history rc={hist.returncode} after resume: {hist.stderr.strip()[-600:]}")
+        open_runs = [j.id for d in self.home.glob("envs/*") for j in list_runs(d) if not j.finished and j.records]
+        if open_runs:
+            problems.append(f"interrupted runs left after resume: {open_runs}")
         return problems
 
     def linked_into_uv_cache(self) -> list[str]:
@@ -374,3 +379,19 @@ def record(name: str, outcomes: list[Outcome]) -> None:
         f.write(json.dumps({"scenario": name, "mode": mode(), "tried": len(outcomes),
                             "exact": len(outcomes) - len(bad),
                             "left": [{"point": o.point, "problems": o.problems} for o in bad]}) + "\n")
+
+
+def prove_scenario(tmp: Path, scenario: Scenario, name: str,
+                   trials: Callable[[Bench], list[Outcome]]) -> list[Outcome]:
+    """One scenario's bench (whose uninterrupted command must pass the proof itself), its
+    trials, their counts recorded; every trial recovered exactly, or the summary of those
+    that did not."""
+    b = Bench(tmp, scenario)
+    try:
+        assert not b.reference_problems, b.reference_problems
+        outcomes = trials(b)
+        record(name, outcomes)
+        assert not [o for o in outcomes if not o.exact], summary(name, outcomes)
+        return outcomes
+    finally:
+        b.close()

@@ -18,36 +18,23 @@ from pathlib import Path
 
 import pytest
 
-from support_killpoints import Bench, Scenario, record, sample, summary
+from support_killpoints import SCENARIOS, Bench, Outcome, Scenario, prove_scenario, sample
 
 pytestmark = [pytest.mark.slow, pytest.mark.killpoints,
               pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")]
 
 LIMIT = 24
 
-SCENARIOS = [
-    Scenario("run-staged-kept", "run", "good", staged=True),
-    Scenario("run-staged-reverted", "run", "service-fails", staged=True),
-    Scenario("run-unstaged-kept", "run", "good", staged=False),
-    Scenario("run-unstaged-reverted", "run", "smoke-fails", staged=False),
-    Scenario("rollback", "rollback", "good", staged=True),
-    Scenario("resume", "resume", "smoke-fails", staged=False, interrupted_at="step:smoke"),
-]
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", SCENARIOS.values(), ids=lambda s: s.name)
 def test_sigkill_at_every_kill_point_then_resume(tmp_path: Path, scenario: Scenario) -> None:
-    b = Bench(tmp_path, scenario)
-    try:
-        assert not b.reference_problems, b.reference_problems
+    def trials(b: Bench) -> list[Outcome]:
         points = b.points()
         assert points, "the counting run saw no call"
-        outcomes = [b.kill_at(p) for p in sample(points, LIMIT)]
-        record(scenario.name, outcomes)
-        bad = [o for o in outcomes if not o.exact]
-        assert not bad, summary(scenario.name, outcomes)
-        # Every trial was a real kill: the command ended by SIGKILL (a point past the end of a
-        # run that made fewer calls this time would prove nothing).
-        assert sum(o.rc == -9 for o in outcomes) >= len(outcomes) * 0.9, [(o.point, o.rc) for o in outcomes]
-    finally:
-        b.close()
+        return [b.kill_at(p) for p in sample(points, LIMIT)]
+
+    outcomes = prove_scenario(tmp_path, scenario, scenario.name, trials)
+    # Every trial was a real kill: the command ended by SIGKILL (a point past the end of a run
+    # that made fewer calls this time would prove nothing).
+    assert sum(o.rc == -9 for o in outcomes) >= len(outcomes) * 0.9, [(o.point, o.rc) for o in outcomes]

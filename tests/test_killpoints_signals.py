@@ -13,29 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from support_killpoints import SIGNALS, Bench, Scenario, mode, record, summary
+from support_killpoints import SCENARIOS, SIGNALS, Bench, Outcome, mode, prove_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.killpoints]
 
-SCENARIOS = [
-    Scenario("revert-unstaged", "run", "smoke-fails", staged=False),
-    Scenario("revert-staged", "run", "service-fails", staged=True),
-    Scenario("rollback", "rollback", "good", staged=True),
-    Scenario("resume", "resume", "smoke-fails", staged=False, interrupted_at="step:smoke"),
-]
+# A revert (staged and not), a rollback, a resume: every boundary of the whole command.
+SIGNALLED = ["run-unstaged-reverted", "run-staged-reverted", "rollback", "resume"]
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
-def test_signal_at_every_journal_boundary_then_resume(tmp_path: Path, scenario: Scenario) -> None:
-    b = Bench(tmp_path, scenario)
-    try:
-        assert not b.reference_problems, b.reference_problems
+@pytest.mark.parametrize("name", SIGNALLED)
+def test_signal_at_every_journal_boundary_then_resume(tmp_path: Path, name: str) -> None:
+    def trials(b: Bench) -> list[Outcome]:
         boundaries = b.boundaries()
         assert boundaries
-        trials = [(at, sig) for i, at in enumerate(boundaries)
-                  for sig in (SIGNALS if mode() == "all" else (SIGNALS[i % len(SIGNALS)],))]
-        outcomes = [b.signal_at(at, sig) for at, sig in trials]
-        record(f"signals-{scenario.name}", outcomes)
-        assert not [o for o in outcomes if not o.exact], summary(scenario.name, outcomes)
-    finally:
-        b.close()
+        return [b.signal_at(at, sig) for i, at in enumerate(boundaries)
+                for sig in (SIGNALS if mode() == "all" else (SIGNALS[i % len(SIGNALS)],))]
+
+    prove_scenario(tmp_path, SCENARIOS[name], f"signals-{name}", trials)
