@@ -38,19 +38,13 @@ def _no_process_left(tmp_path_factory: pytest.TempPathFactory):
     import os
     import signal
 
+    from support_env import cmdlines
+
     base = str(tmp_path_factory.getbasetemp()) + "/"  # not pytest-12 for pytest-1
-    mine = {os.getpid(), os.getppid()}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in mine:
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
+    for pid, cmdline in cmdlines(skip={os.getpid(), os.getppid()}):
         if base in cmdline:
             try:
-                os.kill(int(entry), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
 

@@ -54,3 +54,17 @@ def tree_state(root: Path) -> dict[str, tuple]:
             else:
                 state[rel] = ("f", stat.S_IMODE(st.st_mode), hashlib.sha256(p.read_bytes()).hexdigest())
     return state
+
+
+def cmdlines(skip: set[int] | frozenset[int] = frozenset()) -> list[tuple[int, str]]:
+    """Every process this user can see, as (pid, command line with spaces), but those in `skip`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in skip:
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                out.append((int(entry), f.read().replace(b"\0", b" ").decode(errors="replace")))
+        except OSError:
+            continue
+    return out

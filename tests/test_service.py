@@ -119,6 +119,37 @@ def test_a_later_rewheel_process_can_stop_the_recorded_service(managed, tmp_path
     assert json.loads((tmp_path / "svc" / "service.json").read_text())["stopped"] is True
 
 
+def test_a_service_started_by_a_rewheel_killed_before_it_recorded_the_pid(managed, tmp_path: Path) -> None:
+    """What a kill between the start and the pid's record leaves: service.json holds only the
+    intent (its token), no pid file. The next rewheel finds the service by the token its
+    environment carries — its own, stoppable without a `[service] stop` — where it used to
+    refuse it as started outside rewheel."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/health"
+    first = CommandManager(http_service_argv(port), [], tmp_path / "svc", health_url=url)
+    first.start()
+    pid = first.status().main_pid
+    wait_for(first._answers)
+    info = json.loads(first.info_file.read_text())
+    assert info["starting"] and info["pid"] == pid
+    first.info_file.write_text(json.dumps({**info, "pid": None, "start_ticks": None}))
+    first.pid_file.unlink()
+
+    second = managed(http_service_argv(port), state_dir=tmp_path / "svc")
+    second.health_url = url
+    st = second.status()
+    assert (st.active, st.judged_by, st.main_pid) == (True, "pid", pid)
+    second.check_stoppable(st)  # not refused
+    second.stop(10)
+    assert not pid_alive(pid) and not second._answers()
+    assert json.loads(second.info_file.read_text())["stopped"] is True
+
+    # An intent whose start never happened (killed before it): nothing runs, nothing to stop.
+    second.info_file.write_text(json.dumps({**info, "pid": None, "starting": "0" * 16}))
+    assert not second.status().active
+    second.stop(5)
+
+
 def test_command_service_that_crashes_at_start_fails_fast(managed) -> None:
     port = free_port()
     m = managed(http_service_argv(port, crash=True))

@@ -778,7 +778,7 @@ def verify(target: TargetArg = None,
     t = _target(target, python)
     out, err = consoles(json_out)
     with err.status("checking stored files…"):
-        result = verify_store(t.store, snapshot_id, full=full, target=t.cli_ref)
+        result = verify_store(t.store, snapshot_id, full=full, target=t.cli_ref, env=t.env)
     show(out, json_out, result, report.render_verify)
     if not result.ok:
         raise typer.Exit(EXIT_UNRESTORED)

@@ -478,15 +478,24 @@ def _record(line: str) -> dict[str, Any] | None:
     return rec
 
 
+_fault_seen: dict[str, int] = {}
+
+
 def _maybe_fault(event: str, data: dict[str, Any]) -> None:
     """Testing hook for crash safety: `REWHEEL_FAULT_AT=step:reinstall` (or `snapshot`,
     `finished`, ...) makes this process kill itself with SIGKILL right after that record
-    is durable — exactly what a power cut or an OOM kill at that boundary does."""
+    is durable — exactly what a power cut or an OOM kill at that boundary does.
+    `KEY#N`: at the Nth record of that key this process writes (default the first; only
+    once, so a polite signal's own clean-up records are not signalled again)."""
     want = os.environ.get("REWHEEL_FAULT_AT")
     if not want:
         return
     key = f"{event}:{data.get('name')}" if event == "step" else event
-    if want == key:
+    name, _, nth = want.partition("#")
+    if name != key:
+        return
+    _fault_seen[key] = _fault_seen.get(key, 0) + 1
+    if _fault_seen[key] == (int(nth) if nth.isdigit() else 1):
         os.kill(os.getpid(), fault_signal())
 
 

@@ -844,6 +844,10 @@ def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows
 
 
 # ---- verify (rewheel.snapshot.integrity) ----
+STRAYS_HINT = ("`rewheel resume TARGET` finishes an interrupted run (and removes them); with no run to "
+               "resume, delete them: nothing else uses them")
+
+
 def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
     how = "every stored file hashed" if res.full else "size and mtime of every stored file"
     if not res.results:
@@ -866,7 +870,13 @@ def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
             console.print(f"  {escape(r.display(d))}: {escape(why)}{shared}")
         if len(r.damaged) > 20:
             console.print(f"  … and {len(r.damaged) - 20} more (`--json` lists them all)")
-    if not res.ok:
+    if res.strays:
+        console.print(f"[bold red]{len(res.strays)} file(s) a killed rewheel left inside the environment[/] "
+                      "(a restore's staging folder, an unshare's or a patch's copy): not the environment's own")
+        for p in res.strays:
+            console.print(f"  {escape(p)}")
+        console.print(STRAYS_HINT)
+    if any(not r.ok for r in res.results):
         console.print("a rollback to a damaged snapshot recovers the files' bytes from the environment, uv's "
                       "cache or the recipe's index before it stops anything, and refuses (exit 3) when none "
                       "has them")
@@ -979,6 +989,10 @@ def render_status(console: Console, st) -> None:  # status.Status
                   + (f"; failed builds: {escape(', '.join(st.failed_builds))}" if st.failed_builds else ""))
     if st.damaged:
         console.print(f"  [bold red]damaged snapshots: {escape(', '.join(st.damaged))}[/]")
+    if st.strays:
+        console.print(f"  [bold red]{len(st.strays)} file(s) a killed rewheel left inside the environment[/]: "
+                      f"{escape(', '.join(st.strays[:5]))}" + (" …" if len(st.strays) > 5 else ""))
+        console.print(f"  {STRAYS_HINT}")
 
 
 def render_ci_base(console: Console, rep) -> None:  # qualify.CiReport

@@ -6,8 +6,9 @@ Two managers share one protocol (`ServiceManager`):
   machine forms (`systemctl show`'s `Key=Value` lines, `journalctl -o json`).
 - `CommandManager(start, stop, state_dir)` runs the recipe's own argv lists: it starts the
   service detached in its own session, appends its output to `state_dir/service.log`, and
-  records its pid durably in `state_dir/service.pid` so a later rewheel process (resume,
-  rollback) can still stop it. A service it did not start (or whose start command
+  records its pid durably in `state_dir/service.json` so a later rewheel process (resume,
+  rollback) can still stop it — and, before the start, the token the service's environment
+  carries (`REWHEEL_SERVICE_TOKEN`), by which it is found when rewheel died in between. A service it did not start (or whose start command
   daemonized) is judged by its health URL answering, and stopped through the recipe's `stop`.
 
 "Stopped" means inactive and every process of the service gone (a vLLM server's worker
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -42,6 +44,8 @@ SHOW_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "NRestarts
                    "ExecMainStatus", "ControlGroup")
 # States in which a started service is gone (as opposed to up or on its way up).
 DOWN_STATES = ("inactive", "failed", "deactivating")
+# Set in the environment of a service the command manager starts: its start's token.
+TOKEN_VAR = "REWHEEL_SERVICE_TOKEN"
 
 
 @dataclass
@@ -448,13 +452,42 @@ class CommandManager:
 
     def _info(self) -> dict | None:
         try:
-            return json.loads(self.info_file.read_text())
+            info = json.loads(self.info_file.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             pass
+        else:
+            if not isinstance(info, dict):
+                return None
+            if info.get("pid") is None:
+                # A start rewheel was killed in before it recorded the pid (see `start`): the
+                # process is found by the token it was started with, or never started.
+                return self._started_by_token(info)
+            return info
         try:  # a bare pid file (the info file lost): still enough to find the service
             return {"pid": int(self.pid_file.read_text().split()[0]), "start_ticks": None}
         except (FileNotFoundError, ValueError, IndexError):
             return None
+
+    @staticmethod
+    def _started_by_token(info: dict) -> dict | None:
+        """The intent `start` recorded, completed with the pid of the process group leader
+        whose environment carries its token; None when no such process runs (the start never
+        happened, or what it started has ended: nothing of it to stop)."""
+        token = info.get("starting")
+        if not isinstance(token, str) or not token:
+            return None
+        needle = f"{TOKEN_VAR}={token}".encode()
+        for p in _proc_table():
+            if p.pid != p.pgid or p.state == "Z":
+                continue
+            try:
+                with open(f"/proc/{p.pid}/environ", "rb") as f:
+                    environ = f.read().split(b"\0")
+            except OSError:
+                continue
+            if needle in environ:
+                return {**info, "pid": p.pid, "start_ticks": p.start_ticks}
+        return None
 
     def _save(self, info: dict) -> None:
         atomic_write(self.info_file, json.dumps(info, indent=1) + "\n")
@@ -591,14 +624,20 @@ class CommandManager:
             log.write(f"[rewheel] {stamp} starting: {' '.join(self.start_argv)}\n")
         offset = self.log_path.stat().st_size
         started_at = time.time()
-        child = proc.spawn_detached(self.start_argv, log_path=self.log_path, env=self.env,
-                                    cwd=self.cwd)
+        # The intent first, with a token the service's environment carries: a rewheel killed
+        # between the start and the record of its pid leaves a service the next command still
+        # recognises as its own (found by the token) and can stop.
+        token = secrets.token_hex(8)
+        intent = {"pid": None, "starting": token, "argv": self.start_argv, "started_at": started_at,
+                  "log_offset": offset, "stopped": False}
+        self._save(intent)
+        env = dict(self.env) if self.env is not None else dict(os.environ)
+        env[TOKEN_VAR] = token
+        child = proc.spawn_detached(self.start_argv, log_path=self.log_path, env=env, cwd=self.cwd)
         self._popen = child
         me = _read_proc(child.pid)
-        atomic_write(self.pid_file, f"{child.pid}\n")
-        self._save({"pid": child.pid, "start_ticks": me.start_ticks if me else None,
-                    "argv": self.start_argv, "started_at": started_at, "log_offset": offset,
-                    "stopped": False})
+        self._save({**intent, "pid": child.pid, "start_ticks": me.start_ticks if me else None})
+        atomic_write(self.pid_file, f"{child.pid}\n")  # for people and scripts; service.json rules
 
     def _signal_group(self, pgid: int, sig: int) -> None:
         try:

@@ -23,6 +23,7 @@ Nothing here writes into the live environment.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from rewheel import proc
 from rewheel.errors import InstallError, PreparedStale, RewheelError
+from rewheel.snapshot.tree import UNSHARE_SUFFIX
 
 if TYPE_CHECKING:
     from rewheel.environment import Environment
@@ -449,9 +451,14 @@ def unshare(env: Environment, since_ns: int) -> tuple[int, int]:
                 st = path.lstat()
             except OSError:
                 continue
+            tmp = path.with_name(f".{path.name}{UNSHARE_SUFFIX}")
+            if os.path.lexists(tmp):
+                # Left by an unshare that was killed (or failed) between its copy and rename:
+                # never a file of the environment's own.
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
                 continue
-            tmp = path.with_name(f".{path.name}.rewheel-unshare")
             try:
                 shutil.copy2(path, tmp)
                 os.replace(tmp, path)

@@ -57,6 +57,8 @@ class Status:
     # Snapshots with the live versions whose files differ: {"id", "label", "failed_build", "differs"}
     # (the first difference; None: not walked, beyond MAX_WALKS).
     same_versions: list[dict[str, Any]] = field(default_factory=list)
+    # Files a killed rewheel left inside the environment (snapshot.tree.strays).
+    strays: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "prefix": self.prefix, "python": self.python,
@@ -65,7 +67,8 @@ class Status:
                 "differs_from_newest": [c.to_json() for c in self.differs_from_newest],
                 "running": self.running, "interrupted": self.interrupted, "last_run": self.last_run,
                 "service": self.service, "pinned": self.pinned, "failed_builds": self.failed_builds,
-                "damaged": self.damaged, "snapshots": self.snapshots, "same_versions": self.same_versions}
+                "damaged": self.damaged, "snapshots": self.snapshots, "same_versions": self.same_versions,
+                **({"strays": self.strays} if self.strays else {})}
 
 
 def damaged_snapshots(t: Target, snaps: list[SnapshotMeta]) -> list[str]:
@@ -194,6 +197,7 @@ def status(t: Target) -> Status:
 
     from rewheel import diff as diffmod
     from rewheel.commands.snapshots import KEY_PACKAGES
+    from rewheel.snapshot.tree import scope_of, strays
 
     dists = [d.to_json() for d in t.env.distributions()]
     live: dict[str, str] = {canonicalize_name(d["name"]): d["version"] for d in dists}
@@ -219,4 +223,5 @@ def status(t: Target) -> Status:
         interrupted=interrupted.summary() if interrupted else None,
         last_run=last.summary() if last else None, service=_service(t),
         pinned=[m.id for m in snaps if m.pinned], failed_builds=[m.id for m in snaps if m.failed_build],
-        damaged=damaged_snapshots(t, snaps), snapshots=len(snaps), same_versions=same_versions)
+        damaged=damaged_snapshots(t, snaps), snapshots=len(snaps), same_versions=same_versions,
+        strays=strays(scope_of(t.env)))

@@ -336,7 +336,9 @@ class Cycle(Staging, Reverting):
         with _Step(self, "diff"):
             self.report.after = self.t.env.versions()
             self.report.attempted = dict(self.report.after)
-            self.j.append(Event.INSTALLED, versions=self.report.after)
+            # When the install began: the distributions an `unshare` handles (a resume finishing
+            # a kept run reads it here).
+            self.j.append(Event.INSTALLED, versions=self.report.after, install_ns=self.install_ns)
             self._check_planned()
             assert self.snap is not None
             reapply = self.t.recipe.patch_policy == "reapply" and bool(self.scan.patches)
@@ -402,6 +404,8 @@ class Cycle(Staging, Reverting):
         if self.install_ns is None or any(a.split("=", 1)[0] == "--link-mode" for a in self.t.recipe.install.uv_args):
             return
         t0 = time.monotonic()
+        # Announced, so that a kill in the middle leaves a run `resume` finishes the unshare of.
+        self.j.append(Event.STEP, name="unshare", install_ns=self.install_ns)
         try:
             files, size = staging.unshare(self.t.env, self.install_ns)
         except Exception as exc:  # noqa: BLE001 - the upgrade is kept; the report says what was left

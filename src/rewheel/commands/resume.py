@@ -7,7 +7,7 @@ from __future__ import annotations
 from rewheel import journal
 from rewheel.commands.cycle import Cycle
 from rewheel.commands.results import ResumeResult, json_value
-from rewheel.commands.rollback import close_superseded
+from rewheel.commands.rollback import close_superseded, left_service_down, noted_active
 from rewheel.commands.service_steps import cause_text, service_root_cause
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
 from rewheel.errors import RewheelError, ServiceError
@@ -31,6 +31,7 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
                                 stopped_processes=lk.stopped)
         steps_seen = [r.get("name") for r in j.records if r["event"] == Event.STEP]
         cyc = Cycle.from_journal(t, j, say=say, progress=progress)
+        _record_service_state(t, j, cyc)
 
         if j.kind == "run" and "keep" in steps_seen and "revert" not in steps_seen:
             assert cyc.snap is not None
@@ -39,6 +40,11 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
             cyc.snap.extra["upgraded_to"] = cyc.report.after
             cyc.snap.save()
             cyc.report.status = kept_status(cyc.report.before, cyc.report.after, True)
+            # The unshare a kill may have cut short, done again (it leaves no file of its own
+            # behind and copies only what still shares an inode with uv's cache).
+            installed = j.last(Event.INSTALLED) or {}
+            cyc.install_ns = installed.get("install_ns") if isinstance(installed.get("install_ns"), int) else None
+            cyc.unshare()
             j.append(Event.FINISHED, status=cyc.report.status, resumed=True, after=cyc.report.after)
             close_superseded(t.store.env_dir, j)
             return ResumeResult(ResumeStatus.UPGRADED, j.id, "finished recording a verified upgrade", cyc.report,
@@ -85,3 +91,24 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
         cyc.prune_after_revert()
         return ResumeResult(ResumeStatus.REVERTED, j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report,
                             stopped_processes=lk.stopped)
+
+
+def _record_service_state(t: Target, j: journal.RunJournal, cyc: Cycle) -> None:
+    """A command killed before it recorded whether the service ran (its first note, written
+    before anything is stopped) had not stopped it: the state now is the state before — or,
+    for a rollback, whatever the older command it was finishing had noted and left stopped
+    (as the rollback itself would have judged). Recorded in the journal before anything is
+    touched, so that a resume killed in turn leaves the same answer to the next one."""
+    svc = cyc.svc
+    if svc is None or any(r["event"] == Event.NOTE and "service_was_active" in r for r in j.records):
+        return
+    st = svc.status()
+    was = bool(st.up)
+    if not was and j.kind == "rollback":
+        others = [r for r in journal.list_runs(t.store.env_dir) if r.id != j.id]
+        unfinished = next((r for r in others if not r.finished and r.records), None)
+        earlier = next((r for r in others[:1] if left_service_down(r)), unfinished)
+        was = noted_active(earlier)
+    j.append(Event.NOTE, service_was_active=was, service_judged_by=st.judged_by, resumed=True)
+    cyc.was_active = was
+    cyc.report.service_before = "active" if was else "inactive"

@@ -87,7 +87,7 @@ def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     return usable[0]
 
 
-def _noted_active(j: RunJournal | None) -> bool:
+def noted_active(j: RunJournal | None) -> bool:
     """Whether a journal recorded the service as running before its run began."""
     if j is None:
         return False
@@ -95,7 +95,7 @@ def _noted_active(j: RunJournal | None) -> bool:
     return bool(notes and notes[0]["service_was_active"])
 
 
-def _left_down(j: RunJournal) -> bool:
+def left_service_down(j: RunJournal) -> bool:
     """Whether a command may have left the service stopped although it was running before."""
     if not j.finished:
         return True
@@ -134,7 +134,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         # The last command, if it left the service stopped: interrupted, or failed without
         # putting things back (`--no-revert`, a revert that could not verify, a restart
         # after an aborted run that failed).
-        left_down = next((r for r in runs[:1] if _left_down(r)), interrupted)
+        left_down = next((r for r in runs[:1] if left_service_down(r)), interrupted)
         replaces_failed = _live_is_failed_build(t, runs, interrupted)
         # With a service: before it is stopped. Without one the restore itself checks every
         # stored file it needs before it changes anything, at no extra cost (see below).
@@ -169,7 +169,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         if svc is not None and st is not None:
             up_now = st.up
             # Up now, or up before the run that stopped it and left it so.
-            was_up = up_now or _noted_active(left_down)
+            was_up = up_now or noted_active(left_down)
             j.append(Event.NOTE, service_was_active=was_up, service_judged_by=st.judged_by,
                      environment_unchanged=unchanged)
             if unchanged:
@@ -263,7 +263,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             assert svc is not None
             _service_failed_after_restore(t, svc, result, failed)
             # Finished, not left interrupted: the files are restored and verified; what is
-            # wrong is the service, which the result names (no "error" key: see _left_down).
+            # wrong is the service, which the result names (no "error" key: see left_service_down).
             j.append(Event.FINISHED, status=Finished.FAILED, snapshot_id=snap.id, service_error=result.error,
                      root_cause=json_value(result.root_cause), downtime=json_value(result.downtime))
             return result

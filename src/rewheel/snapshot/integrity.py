@@ -25,13 +25,16 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rewheel.errors import SnapshotDamaged
 from rewheel.paths import atomic_write
 from rewheel.snapshot.manifest import Manifest, ManifestDamaged
 from rewheel.snapshot.store import SnapshotMeta
-from rewheel.snapshot.tree import CHUNK, safe_rel
+from rewheel.snapshot.tree import CHUNK, safe_rel, scope_of, strays
+
+if TYPE_CHECKING:
+    from rewheel.environment import Environment
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _HOW = {"L": "link", "R": "reflink", "C": "copy"}
@@ -303,20 +306,25 @@ class StoreVerify:
     full: bool
     results: list[VerifyResult]
     seconds: float = 0.0
+    # Files a killed rewheel left inside the environment (`tree.strays`): not the environment's.
+    strays: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.results)
+        return all(r.ok for r in self.results) and not self.strays
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "full": self.full, "ok": self.ok, "seconds": round(self.seconds, 3),
-                "snapshots": [r.to_json() for r in self.results]}
+                "snapshots": [r.to_json() for r in self.results],
+                **({"strays": self.strays} if self.strays else {})}
 
 
-def verify_store(store: Any, ref: str | None, *, full: bool = False, target: str = "") -> StoreVerify:
+def verify_store(store: Any, ref: str | None, *, full: bool = False, target: str = "",
+                 env: Environment | None = None) -> StoreVerify:
     """Check one snapshot (`ref`: an id, a unique prefix or a label) or, without `ref`,
     every snapshot of the store (`store`: a `Store`), newest first. Snapshots whose
-    `meta.json` cannot be read are reported too, as damaged."""
+    `meta.json` cannot be read are reported too, as damaged. With `env`, the environment is
+    walked once for what a killed rewheel left inside it (`strays`: not ok either)."""
     t0 = time.perf_counter()
     memo: SharedInodes = {}
     if ref is not None:
@@ -324,4 +332,5 @@ def verify_store(store: Any, ref: str | None, *, full: bool = False, target: str
     else:
         results = [verify_snapshot(m, full, shared_inodes=memo) for m in store.list()]
         results += [verify_snapshot(store.snapshots_dir / bad, full) for bad in store.damaged()]
-    return StoreVerify(target, full, results, time.perf_counter() - t0)
+    left = strays(scope_of(env)) if env is not None else []
+    return StoreVerify(target, full, results, time.perf_counter() - t0, strays=left)

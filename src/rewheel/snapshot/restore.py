@@ -337,7 +337,10 @@ class _Restore:
                             if mode_of(lst.st_mode) != modes[i]:
                                 chmods.append(f.entry(ri, rel, i, sha=False))
                             continue
-                    if self.same is not None and proof is not False:
+                    # Only an inode the environment alone holds is left in place: one a staged
+                    # swap linked from uv's cache (or any other link) is relinked to the stored
+                    # inode, so no restore leaves the environment sharing bytes with uv's cache.
+                    if self.same is not None and proof is not False and de.stat(follow_symlinks=False).st_nlink == 1:
                         if proof is None:  # the folder's proof, once, at its first such file
                             proof = self.folder_proof(ri, rel, path)
                         if proof is not False and self.same is not None and self.same.same(

@@ -25,6 +25,11 @@ from rewheel.environment import Distribution, Environment
 CHUNK = 1 << 20
 TIE_HASH_MAX = 1 << 20  # files up to this size with RECORD's mtime are checked by hash
 STAGING_PREFIX = ".rewheel-restore-"
+# Names rewheel gives files inside an environment for a moment only: a restore's staging
+# folder (at a root), the copy `staging.unshare` renames over a file (`.NAME.rewheel-unshare`),
+# a carried patch's new bytes (`NAME.rewheel-PID`). Left only by a process that was killed.
+UNSHARE_SUFFIX = ".rewheel-unshare"
+_STRAY = re.compile(r"^\.rewheel-restore-|\.rewheel-unshare$|\.rewheel-\d+$")
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
@@ -276,3 +281,24 @@ def hash_file(path: str) -> str:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def strays(roots: list[Root], limit: int = 20) -> list[str]:
+    """Up to `limit` paths under `roots` with a name only rewheel gives, for a moment, to a
+    file inside an environment (`_STRAY`): what a killed restore, unshare or patch left. One
+    walk of the environment (no stat beyond what scandir returns)."""
+    found: list[str] = []
+    stack = [r.path for r in roots if r.whole]
+    while stack and len(found) < limit:
+        folder = stack.pop()
+        try:
+            it = os.scandir(folder)
+        except OSError:
+            continue
+        with it:
+            for de in it:
+                if _STRAY.search(de.name):
+                    found.append(de.path)
+                elif de.is_dir(follow_symlinks=False):
+                    stack.append(de.path)
+    return sorted(found)[:limit]
