@@ -10,7 +10,7 @@ from rewheel.commands.results import ResumeResult, json_value, kept_status
 from rewheel.commands.rollback import close_superseded
 from rewheel.commands.service_steps import cause_text, service_root_cause
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
-from rewheel.errors import RewheelError, ServiceError, out_of_space
+from rewheel.errors import RestoreError, RewheelError, ServiceError, out_of_space
 from rewheel.journal import EnvLock
 from rewheel.snapshot import Progress
 
@@ -52,8 +52,9 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
                 if cyc.svc is not None and cyc.was_active and not cyc.svc.was_active():
                     cyc.report.service = cyc.svc.start_and_verify()
             except ServiceError as exc:
-                if out_of_space(exc):
-                    raise  # not started for want of space: still open, for a resume once there is room
+                if out_of_space(exc):  # not started for want of space: still open, for a resume once there is room
+                    raise RestoreError(exc.message, hint=f"free disk there, then `rewheel resume {t.cli_ref}` "
+                                                         "starts it (nothing had been changed)") from exc
                 # Finished all the same (nothing had been changed): a stale record would
                 # block every later command with exit 4. The cause comes from its log.
                 cyc.report.root_cause, cyc.report.diagnosis = service_root_cause(cyc.svc, cyc.package())
