@@ -7,6 +7,7 @@ goes to stdout and any human text to stderr; without it the human report goes to
 from __future__ import annotations
 
 import copy
+import errno
 import functools
 import gc
 import json
@@ -204,6 +205,11 @@ def handles_errors(fn: F) -> F:
             failure = exc
         except (typer.Exit, typer.Abort, click.exceptions.ClickException):
             raise  # typer's own ways out (an exit code, a prompt's abort, a usage error)
+        except OSError as exc:
+            # A full disk is the host's state, not a bug: said, with what to do (exit 3).
+            from rewheel.errors import DiskFull
+
+            failure = DiskFull(exc) if exc.errno in (errno.ENOSPC, errno.EDQUOT) else internal_error(exc)
         except Exception as exc:  # noqa: BLE001 - a bug: no traceback on the terminal
             failure = internal_error(exc)
         except KeyboardInterrupt as exc:

@@ -173,6 +173,37 @@ class JournalWriteError(RewheelError):
                          hint="free disk there, then `rewheel resume TARGET` finishes or undoes the run")
         self.path = str(path)
         self.reason = exc.strerror or str(exc)
+        self.errno = exc.errno
+
+
+class DiskFull(RewheelError):
+    """A write failed for want of space (ENOSPC, a quota) where no step has a sentence of its
+    own for it: exit 3, naming the file. The journal says where the command stopped; once the
+    disk is freed, `resume` finishes or undoes it."""
+
+    exit_code = EXIT_UNRESTORED
+
+    def __init__(self, exc: OSError) -> None:
+        self.errno = exc.errno
+        where = f" writing {exc.filename}" if exc.filename else ""
+        super().__init__(f"{exc.strerror or exc}{where}; the command stopped there",
+                         hint="free disk there, then `rewheel resume TARGET` finishes or undoes what was "
+                              "under way (`rewheel status TARGET` shows it)")
+
+
+def out_of_space(exc: BaseException | None) -> bool:
+    """Whether a failure comes from a full disk (ENOSPC, a quota): the exception itself or any
+    it was raised from. Such a failure is the host's passing state, not a verdict: the command
+    it cut off stays open in its journal, for `resume` to finish once there is space."""
+    import errno
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class InterruptedRun(RewheelError):

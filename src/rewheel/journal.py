@@ -501,7 +501,8 @@ def _maybe_fault(event: str, data: dict[str, Any]) -> None:
 
 def fault_signal() -> int:
     """The signal the testing hooks send: SIGKILL, or `REWHEEL_FAULT_SIGNAL` (TERM, INT, HUP:
-    an operator's Ctrl-C, a service manager's stop, a closed terminal at that very point)."""
+    an operator's Ctrl-C, a service manager's stop, a closed terminal at that very point; STOP: a
+    pause there, for a test to change the host — fill the disk — before it goes on)."""
     import signal
 
     name = os.environ.get("REWHEEL_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")

@@ -11,6 +11,7 @@ but machine-wide, keyed by the prefix's device and inode (`lock_dir`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -149,12 +150,18 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o600, durable: b
     raw = data.encode() if isinstance(data, str) else data
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        write_all(fd, raw)
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            write_all(fd, raw)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        # A full disk: the old content stays, and no half-written temporary file is left.
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     if durable:
         fsync_dir(path.parent)
 

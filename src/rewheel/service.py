@@ -635,9 +635,16 @@ class CommandManager:
         env[TOKEN_VAR] = token
         child = proc.spawn_detached(self.start_argv, log_path=self.log_path, env=env, cwd=self.cwd)
         self._popen = child
-        me = _read_proc(child.pid)
-        self._save({**intent, "pid": child.pid, "start_ticks": me.start_ticks if me else None})
-        atomic_write(self.pid_file, f"{child.pid}\n")  # for people and scripts; service.json rules
+        try:
+            me = _read_proc(child.pid)
+            self._save({**intent, "pid": child.pid, "start_ticks": me.start_ticks if me else None})
+            atomic_write(self.pid_file, f"{child.pid}\n")  # for people and scripts; service.json rules
+        except OSError:
+            # Not recorded (a full disk): no later command could find it to stop it, so the
+            # start is undone now and fails.
+            self._signal_group(child.pid, signal.SIGKILL)
+            child.wait()
+            raise
 
     def _signal_group(self, pgid: int, sig: int) -> None:
         try:
@@ -656,8 +663,14 @@ class CommandManager:
         if info is None:
             return
         rc = self._poll_child(int(info["pid"]))
-        self._save({**info, "stopped": True,
-                    "returncode": rc if rc is not None else info.get("returncode")})
+        try:
+            self._save({**info, "stopped": True,
+                        "returncode": rc if rc is not None else info.get("returncode")})
+        except OSError:
+            # A full disk: the record of a process that is gone goes instead (an unlink needs
+            # no space), which reads as stopped too; only its exit status is lost.
+            for f in (self.info_file, self.pid_file):
+                f.unlink(missing_ok=True)
 
     def stop(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -11,7 +11,7 @@ from rewheel.commands.results import RevertRecord, RunReport, StepRecord
 from rewheel.commands.service_steps import ServiceSteps, cause_text, service_root_cause
 from rewheel.commands.snapshots import protected_snapshots, pruned_text, restore_changed
 from rewheel.commands.target import Say, Target
-from rewheel.errors import RestoreError, RewheelError, ServiceError, SnapshotError
+from rewheel.errors import RestoreError, RewheelError, ServiceError, SnapshotError, out_of_space
 from rewheel.journal import RunJournal
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, check_cleanup_entries, discard_displaced,
                               restore_snapshot, take_snapshot, unstash_cleanup)
@@ -177,9 +177,15 @@ class Reverting:
             self.report.steps.append(StepRecord.since("revert", False, t0))
             self.report.status = RunStatus.FAILED
             cause = f"; its log says{cause_text(revert.root_cause)}" if revert.root_cause else ""
-            raise RestoreError(f"revert failed: {exc.message}{cause}",
-                               hint=(exc.hint or "") + f"\nthe pre-upgrade snapshot is {self.snap.id if self.snap else '?'}; "
-                               f"run `rewheel rollback {self.t.cli_ref} {self.snap.id if self.snap else ''} --yes` "
-                               "once the cause is fixed") from exc
+            snap_id = self.snap.id if self.snap else "?"
+            if out_of_space(exc):
+                # Cut off by a full disk, not refused: the journal stays open (see `run`, `resume`).
+                hint = (f"free disk there, then `rewheel resume {self.t.cli_ref}` finishes the revert (restores "
+                        f"snapshot {snap_id} and starts the service as it was)")
+            else:
+                hint = (exc.hint or "") + (f"\nthe pre-upgrade snapshot is {snap_id}; run `rewheel rollback "
+                                           f"{self.t.cli_ref} {self.snap.id if self.snap else ''} --yes` once the "
+                                           "cause is fixed")
+            raise RestoreError(f"revert failed: {exc.message}{cause}", hint=hint) from exc
         self.report.steps.append(StepRecord.since("revert", True, t0))
         self.report.status = RunStatus.REVERTED

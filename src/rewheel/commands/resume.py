@@ -10,7 +10,7 @@ from rewheel.commands.results import ResumeResult, json_value
 from rewheel.commands.rollback import close_superseded, left_service_down, noted_active
 from rewheel.commands.service_steps import cause_text, service_root_cause
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
-from rewheel.errors import RewheelError, ServiceError
+from rewheel.errors import RestoreError, RewheelError, ServiceError, out_of_space
 from rewheel.journal import EnvLock
 from rewheel.snapshot import Progress
 from rewheel.statuses import Event, Finished, ResumeStatus, RunStatus, kept_status
@@ -60,6 +60,9 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
                 if svc is not None and cyc.was_active and not svc.was_active():
                     cyc.report.service = svc.start_and_verify()
             except ServiceError as exc:
+                if out_of_space(exc):  # not started for want of space: still open, for a resume once there is room
+                    raise RestoreError(exc.message, hint=f"free disk there, then `rewheel resume {t.cli_ref}` "
+                                                         "starts it (nothing had been changed)") from exc
                 # Finished all the same (nothing had been changed): a stale record would
                 # block every later command with exit 4. The cause comes from its log.
                 assert svc is not None  # only a start raises it
@@ -84,8 +87,9 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
         # Interrupted again (a signal, a kill): the run stays open for the next `resume`.
         try:
             cyc.revert(f"resuming interrupted {j.kind} {j.id} (last step: {j.last_step})")
-        except RewheelError:
-            close()
+        except RewheelError as exc:
+            if not out_of_space(exc):  # a full disk: still open, for a resume once there is space
+                close()
             raise
         close()
         cyc.prune_after_revert()

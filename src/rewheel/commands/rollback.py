@@ -17,7 +17,7 @@ from rewheel.commands.service_steps import ServiceSteps, cause_text, service_roo
 from rewheel.commands.snapshots import (env_matches, protected_snapshots, pruned_text, restore_changed,
                                         reverted_snapshots, upgrades_in_place)
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
-from rewheel.errors import RewheelError, ServiceError, SnapshotDamaged, SnapshotError
+from rewheel.errors import RewheelError, ServiceError, SnapshotDamaged, SnapshotError, out_of_space
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, Store, check_cleanup_entries, discard_displaced,
                               restore_snapshot, take_snapshot, unstash_cleanup)
@@ -262,6 +262,11 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         if failed is not None:
             assert svc is not None
             _service_failed_after_restore(t, svc, result, failed)
+            if out_of_space(failed):
+                # Not started for want of space: the rollback stays open in its journal, and
+                # `resume` starts the service once there is room (the files are restored).
+                result.hint = f"free disk there, then `rewheel resume {t.cli_ref}` starts it"
+                return result
             # Finished, not left interrupted: the files are restored and verified; what is
             # wrong is the service, which the result names (no "error" key: see left_service_down).
             j.append(Event.FINISHED, status=Finished.FAILED, snapshot_id=snap.id, service_error=result.error,

@@ -88,7 +88,7 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
 def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
     """Stop, snapshot, install, diff, smoke, start, keep — or revert: the part of the cycle
     the service is down for."""
-    from rewheel.errors import RewheelError
+    from rewheel.errors import RestoreError, RewheelError, out_of_space
 
     t = cyc.t
     try:
@@ -104,8 +104,14 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
     except Exception as exc:
         # Nothing was installed yet: put the service back as it was and stop here.
         cyc.record_failure(exc)
-        _restart_after_abort(cyc)
+        again = _restart_after_abort(cyc)
         cyc.report.downtime = cyc.downtime()
+        if out_of_space(again):
+            # Not started again for want of space: the run stays open in its journal, and
+            # `resume` starts the service once there is room.
+            raise RestoreError(f"{cyc.j.last_step} failed: {getattr(exc, 'message', exc)}; nothing was installed, "
+                               f"but the service could not be started again: {getattr(again, 'message', again)}",
+                               hint=f"free disk there, then `rewheel resume {t.cli_ref}` starts it") from exc
         cyc.j.append(Event.FINISHED, status=Finished.FAILED, error=str(exc), downtime=json_value(cyc.report.downtime))
         raise
     try:
@@ -136,6 +142,11 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
             cyc.report.status = RunStatus.FAILED
             cyc.report.revert = cyc.report.revert or RevertRecord(reason)
             cyc.report.revert.error, cyc.report.revert.hint = rexc.message, rexc.hint
+            if out_of_space(rexc):
+                # Cut off by a full disk, not refused: the run stays open in its journal, and
+                # `resume` finishes the revert once there is space (restores are idempotent).
+                cyc.report.downtime = cyc.downtime()
+                return cyc.report
         cyc.report.downtime = cyc.downtime()
         cyc.j.append(Event.FINISHED, status=cyc.report.status, reason=reason,
                      before=cyc.report.before, after=cyc.report.after,
@@ -150,7 +161,8 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
     return cyc.report
 
 
-def _restart_after_abort(cyc: Cycle) -> None:
+def _restart_after_abort(cyc: Cycle) -> Exception | None:
+    """Put the service back as it was; the failure to, if any (recorded in the journal)."""
     if cyc.svc is not None and cyc.was_active:
         try:
             if cyc.snap is not None:
@@ -158,3 +170,5 @@ def _restart_after_abort(cyc: Cycle) -> None:
             cyc.svc.start_and_verify()
         except Exception as exc:  # report the original failure; this one goes in the journal
             cyc.j.append(Event.NOTE, restart_after_abort_failed=str(exc))
+            return exc
+    return None

@@ -96,8 +96,14 @@ class ServiceSteps:
         self.started_at = time.time()
         try:
             self.manager.start()
-        except BaseException:
+        except BaseException as exc:
             self.starts.append((t0, time.monotonic() - t0, 0.0))
+            if isinstance(exc, OSError):
+                # Its log or pid record could not be written (a full disk): not started.
+                raise service.ServiceError(
+                    f"could not start {self.manager.describe()}: {exc.strerror or exc} (writing its log or "
+                    f"pid record under {exc.filename or self.t.store.env_dir})",
+                    hint="free disk there, then `rewheel resume TARGET`") from None
             raise
         t1 = time.monotonic()
         try:
