@@ -138,7 +138,9 @@ def _paused_run(h: Host, args: list[str], at: str, disk: Path, room: int, nth: i
     return Outcome(p.returncode, out.read_text(), err.read_text(), paused)
 
 
-def _service_pids() -> list[int]:
+def _service_pids(h: Host) -> list[int]:
+    """This test's model servers (its environment's python lies under the test's tmp path):
+    the other workers' servers are theirs to count and to kill."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -147,7 +149,8 @@ def _service_pids() -> list[int]:
                     argv = f.read().split(b"\0")
             except OSError:
                 continue
-            if str(SERVER).encode() in argv and _state(int(entry)) not in ("Z", "X"):
+            mine = any(a.startswith(str(h.tmp).encode()) for a in argv)
+            if mine and str(SERVER).encode() in argv and _state(int(entry)) not in ("Z", "X"):
                 pids.append(int(entry))
     return pids
 
@@ -204,7 +207,7 @@ def _check_after(h: Host, before: dict, new_version: str) -> str:
         assert all("toypkg" in k or k.startswith("bin/") for k in changed), sorted(changed)[:20]
         which, want = "new", new_version
     assert h.served_version() == want
-    assert len(_service_pids()) == 1, _service_pids()
+    assert len(_service_pids(h)) == 1, _service_pids(h)
     assert _stray(h) == []
     assert _leftover_processes(h) == []
     return which
@@ -258,7 +261,7 @@ def _host(tmp_path: Path, disk: Path, layout: str, variant: str, monkeypatch: py
 
 def _teardown(h: Host) -> None:
     h._index.stop()  # type: ignore[attr-defined]
-    for pid in _service_pids():
+    for pid in _service_pids(h):
         os.kill(pid, signal.SIGKILL)
 
 

@@ -259,24 +259,30 @@ def test_a_patched_packages_clean_wheel_is_fetched_before_the_stop(tmp_path: Pat
 # -- recovery from uv's default index ---------------------------------------------------------------
 def test_an_edit_in_place_is_recovered_from_uvs_default_index_when_the_recipe_names_none(
         tmp_path: Path, index: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The snapshot shares six.py's inode with the environment; an editor writes into it in
-    place, damaging the snapshot too, and uv's cache does not have the wheel. The recipe names no
-    index: the rollback fetches six 1.16.0 from uv's default index, as the recipe's installs
-    would, checks it against RECORD, and restores byte for byte."""
+    """The snapshot shares a binary's inode with the environment (setuptools' `cli-64.exe`:
+    sources are copied, never shared, but binaries keep their links); a write in place through
+    it damages the snapshot too, and uv's cache does not have the wheel. The recipe names no
+    index: the rollback fetches setuptools 69.5.1 from uv's default index, as the recipe's
+    installs would, checks it against RECORD, and restores byte for byte."""
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
-    python = venv(tmp_path, index, "six==1.16.0")
+    python = venv(tmp_path, index, "setuptools==69.5.1")
     site = next((tmp_path / "env" / "lib").glob("python3*/site-packages"))
-    before = tree_state(tmp_path / "env")
+    exe = site / "setuptools" / "cli-64.exe"
     r = tmp_path / "plain.toml"
     r.write_text(tomli_w.dumps({"name": "plain", "environment": {"python": str(python)},
-                                "install": {"packages": ["six"]}}))
+                                "install": {"packages": ["setuptools"]}}))
     rc, snap, err = cli("snapshot", str(r))
     assert rc == 0, err
-    with open(site / "six.py", "r+b") as f:  # in place: through the link into the snapshot
+    # After the snapshot: setuptools' .pth runs `_distutils_hack` in every interpreter that
+    # starts, and the first one wrote its byte-code (which the snapshot holds).
+    before = tree_state(tmp_path / "env")
+    assert exe.stat().st_nlink >= 2  # shared with the snapshot: what makes the write reach it
+    with open(exe, "r+b") as f:  # in place: through the link into the snapshot
         f.seek(0)
         f.write(b"#")
     uv("cache", "clean")
     rc, doc, err = cli("rollback", str(r), snap["id"], "--yes")
     assert rc == 0, err
-    assert [(x["path"].rsplit("/", 1)[1], x["source"]) for x in doc["recovered"]["recovered"]] == [("six.py", "index")]
+    assert [(x["path"].rsplit("/", 1)[1], x["source"]) for x in doc["recovered"]["recovered"]] == [
+        ("cli-64.exe", "index")]
     assert tree_state(tmp_path / "env") == before
