@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -58,10 +59,13 @@ def test_same_version_files_are_proven_not_rewritten(setup, wheelhouse: Path, la
     before = tree_state(env.prefix)
     snap = take_snapshot(env, store, label="pre", status="pre-upgrade").meta
     old_inodes = inodes(site(py))
-    reinstall_all(py, wheelhouse)
+    core = "toypkg/core.py"
+    # Held open: its inode (the snapshot has a copy, not a link) cannot be freed and reused
+    # for the new file, which would fake the premise below.
+    with open(site(py) / core):
+        reinstall_all(py, wheelhouse)
     # The premise: every package file is a new inode after the force-reinstall.
     fresh = inodes(site(py))
-    core = "toypkg/core.py"
     assert fresh[core] != old_inodes[core]
 
     res = restore_snapshot(env, snap)
@@ -200,8 +204,13 @@ def test_patches_after_a_proven_rollback_trusts_the_proof(setup, wheelhouse: Pat
     clean = patches.scan(env, store=store, uv_cache=None)
     assert clean.patches == []
     assert clean.stats["files_hashed"] == 0  # every proven file taken on the restore's word
-    without = patches.scan(env, store=None, uv_cache=None)  # no proof to go by: hashed, pristine
-    assert without.patches == [] and without.stats["files_hashed"] >= res.proven_same - 6
+    # No proof to go by: the proven sources are back at the snapshot's mtime (older than the
+    # RECORD put back: pristine by their stat alone); the proven binaries keep the reinstall's
+    # mtime, newer than that RECORD, and are hashed — and found pristine.
+    binaries = [s for s in site(py).rglob("*.so")]
+    assert len(binaries) == 2
+    without = patches.scan(env, store=None, uv_cache=None)
+    assert without.patches == [] and without.stats["files_hashed"] == len(binaries)
 
     core = site(py) / "toypkg/core.py"
     with open(core, "a") as fh:  # an edit in place: same inode, new mtime
@@ -250,10 +259,11 @@ def test_a_torn_alias_file_costs_relinks_not_a_wrong_restore(setup, wheelhouse: 
     restore_snapshot(env, snap)
     raw = (snap.path / ALIASES).read_bytes()
     (snap.path / ALIASES).write_bytes(raw[: len(raw) // 2])
-    core = site(py) / "toypkg" / "core.py"
-    proven_inode = core.lstat().st_ino
+    # A proven binary (a proven source has its mtime put back, and needs no alias).
+    ops = site(py) / "toypkg" / "_ops.so"
+    proven_inode = ops.lstat().st_ino
     again = restore_snapshot(env, snap)
-    assert again.written >= 1 and core.lstat().st_ino != proven_inode  # relinked: no longer proven
+    assert again.written >= 1 and ops.lstat().st_ino != proven_inode  # relinked: no longer proven
     assert tree_state(env.prefix) == before
     assert verify(env, snap) > 0
 
@@ -280,3 +290,47 @@ def test_an_alias_file_from_an_earlier_rewheel_is_read_and_replaced(setup, wheel
     restore_snapshot(env, snap)
     assert (snap.path / ALIASES).exists() and not (snap.path / "aliases.json").exists()
     assert tree_state(env.prefix) == before
+
+
+def _stale_bytecode(site_dir: Path) -> list[str]:
+    """Every .pyc whose header (PEP 552, timestamp-based) does not match its source's mtime
+    and size: what the interpreter would recompile at the next import."""
+    stale = []
+    for pyc in site_dir.rglob("__pycache__/*.pyc"):
+        source = pyc.parent.parent / (pyc.name.split(".", 1)[0] + ".py")
+        if not source.exists():
+            continue
+        head = pyc.read_bytes()[:16]
+        flags, mtime, size = (int.from_bytes(head[i:i + 4], "little") for i in (4, 8, 12))
+        st = source.stat()
+        if flags == 0 and (mtime != int(st.st_mtime) & 0xFFFFFFFF or size != st.st_size & 0xFFFFFFFF):
+            stale.append(str(pyc.relative_to(site_dir)))
+    return stale
+
+
+def test_proven_sources_get_the_snapshots_mtime_so_their_bytecode_is_current(
+        tmp_path: Path, wheelhouse: Path, lanes: int) -> None:
+    """A proven source keeps its bytes and inode but not the reinstall's mtime: the restored
+    byte-code records the snapshot's mtime, and a source left at another would read as stale
+    (the restarted service recompiles it inside the downtime, and rewrites the snapshot's
+    byte-code). Its mtime is put back; every .pyc is current after the rollback."""
+    py = make_venv(tmp_path / "env")
+    bytecode = ("--compile-bytecode", *COPY)
+    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=bytecode)
+    env = Environment.inspect(py)
+    assert _stale_bytecode(site(py)) == [] and list(site(py).rglob("core.*.pyc"))
+    core = site(py) / "toypkg" / "core.py"
+    snapped = core.stat().st_mtime_ns
+    snap = take_snapshot(env, Store(env.prefix), label="pre", status="pre-upgrade").meta
+    before = tree_state(env.prefix)
+    time.sleep(1.1)  # byte-code records whole seconds: the reinstall is a second later
+    uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse,
+               extra=("--reinstall", *bytecode))
+    inode = core.stat().st_ino
+    assert core.stat().st_mtime_ns != snapped
+    res = restore_snapshot(env, snap)
+    assert res.proven_same >= 2 and core.stat().st_ino == inode  # proven, left in place
+    assert core.stat().st_mtime_ns == snapped
+    assert tree_state(env.prefix) == before
+    assert _stale_bytecode(site(py)) == []
+    assert verify(env, snap) > 0  # and a plain stat walk finds the environment the snapshot's

@@ -208,6 +208,8 @@ class _Dir:
     st: os.stat_result | None  # its lstat (None for a root)
     writes: list[Entry] = field(default_factory=list)  # files and symlinks to (re)place
     chmods: list[Entry] = field(default_factory=list)
+    # Proven files whose mode and mtime are set to the manifest's (see `scan`).
+    retimes: list[Entry] = field(default_factory=list)
     extras: list[tuple[str, bool]] = field(default_factory=list)  # (path, is a folder)
     missing: list[Entry] = field(default_factory=list)  # folders to build whole
 
@@ -255,6 +257,7 @@ class _Restore:
         self.kill_at = int(fault.partition(":")[2]) if fault.startswith("restore-commit:") else -1
         self.excluded = exclusion(man.exclude)
         self.proven = 0
+        self.remoded = 0  # proven files of `retimes` whose mode is put back too
         self.unshared = 0  # writes of the same bytes, to break an inode shared with the store (see `scan`)
         self.todo = 0
         self.dirs: list[_Dir] = []  # the folders that need anything, children first
@@ -292,6 +295,7 @@ class _Restore:
         is_reg, mode_of = stat.S_ISREG, stat.S_IMODE
         writes: list[Entry] = []
         chmods: list[Entry] = []
+        retimes: list[Entry] = []
         extras: list[tuple[str, bool]] = []
         missing: list[Entry] = []
         unshare: list[Entry] = []  # also in writes
@@ -347,7 +351,16 @@ class _Restore:
                                 proof, name, sizes[i], lambda i=i: f.sha(i), lst, de):  # type: ignore[misc]
                             self.proven += 1
                             pst = de.stat(follow_symlinks=False)  # (cached by the DirEntry)
-                            if mode_of(pst.st_mode) != modes[i]:
+                            if pst.st_mtime_ns != mtimes[i] and hand_editable(name, sizes[i]):
+                                # The snapshot's bytes with the upgrade's mtime: a source whose
+                                # restored byte-code records the snapshot's mtime would read as
+                                # stale, and the restarted service recompile it in the downtime.
+                                # The inode is the environment's alone (one link): its mode and
+                                # mtime are put back, and it compares by size and mtime again.
+                                retimes.append(f.entry(ri, rel, i, sha=False))
+                                self.remoded += mode_of(pst.st_mode) != modes[i]
+                                self.same.found.retimed(proof.key + name, mtimes[i])
+                            elif mode_of(pst.st_mode) != modes[i]:
                                 # Its mtime is the reinstall's, not the manifest's: the check
                                 # after the commit compares the mode only.
                                 chmods.append(f.entry(ri, rel, i, sha=False)._replace(mtime_ns=pst.st_mtime_ns))
@@ -377,12 +390,12 @@ class _Restore:
                 writes.append(f.entry(ri, rel, i, sha=False))
         attrs_off = own is not None and st is not None and (
             mode_of(st.st_mode) != own[0].modes[own[2]] or st.st_mtime_ns != own[0].mtimes[own[2]])
-        if matched < len(f.names) or writes or chmods or extras or missing or attrs_off:
+        if matched < len(f.names) or writes or chmods or retimes or extras or missing or attrs_off:
             d = _Dir(ri, rel, path, own[0].entry(ri, own[1], own[2]) if own is not None else None, st,
-                     writes, chmods, extras, missing)
+                     writes, chmods, retimes, extras, missing)
             if matched < len(f.names):
                 self.add_missing(d, f, set(os.listdir(fd)) if matched else set())
-            if d.touched or d.chmods or d.attrs_off:
+            if d.touched or d.chmods or d.retimes or d.attrs_off:
                 self.dirs.append(d)
         self.unshared += len(unshare)
 
@@ -596,7 +609,7 @@ class _Restore:
         for d in self.dirs:
             for e in d.writes:
                 _check_fields(self.snap, e)
-            for e in d.chmods:
+            for e in d.chmods + d.retimes:
                 _check_fields(self.snap, e)
             if d.entry is not None:
                 _check_fields(self.snap, d.entry)
@@ -688,6 +701,9 @@ class _Restore:
                 self.count_written()
             for k in d.chmods:
                 os.chmod(k.path.rpartition("/")[2], k.mode, dir_fd=fd)
+            for k in d.retimes:
+                os.chmod(k.path.rpartition("/")[2], k.mode, dir_fd=fd)
+                os.utime(k.path.rpartition("/")[2], ns=(k.mtime_ns, k.mtime_ns), dir_fd=fd)
             # The folder itself last: every change above altered its mtime.
             if e is not None and d.st is not None:
                 if stat.S_IMODE(d.st.st_mode) != e.mode:
@@ -726,6 +742,9 @@ class _Restore:
                 os.replace(tmp, p)
         for e in d.chmods:
             os.chmod(self.path_of(d, e), e.mode)
+        for e in d.retimes:
+            os.chmod(self.path_of(d, e), e.mode)
+            os.utime(self.path_of(d, e), ns=(e.mtime_ns, e.mtime_ns))
 
     # Verify ----------------------------------------------------------------------------
     def verify(self) -> list[str]:
@@ -737,7 +756,7 @@ class _Restore:
         sha256 checked while it was made."""
         problems: list[str] = []
         for d in self.dirs:
-            for e in d.writes + d.chmods:
+            for e in d.writes + d.chmods + d.retimes:
                 if (e.root, e.path) in self.links and self.roots[d.ri].whole:
                     continue
                 p = self.path_of(d, e)
@@ -772,7 +791,7 @@ class _Restore:
         """What this lane did, for the lane that reports the restore."""
         return {"written": self.written - self.unshared, "unshared": self.unshared,
                 "deleted": sum(len(d.extras) for d in self.dirs),
-                "chmodded": sum(len(d.chmods) for d in self.dirs),
+                "chmodded": sum(len(d.chmods) for d in self.dirs) + self.remoded,
                 "folders_rebuilt": sum(len(d.missing) for d in self.dirs), "others": self.others,
                 "displaced": self.displaced(), "proven": self.proven}
 

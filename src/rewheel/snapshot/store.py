@@ -247,6 +247,11 @@ class Found:
         self.sizes.append(size)
         self.shas.append(sha)
 
+    def retimed(self, key: str, mtime_ns: int) -> None:
+        """The file just added under `key` had its mtime set (to the manifest's)."""
+        if self.keys and self.keys[-1] == key:
+            self.mtimes[-1] = mtime_ns
+
     def columns(self) -> tuple[list[str], list[int], list[int], list[int], list[str]]:
         return self.keys, self.inos, self.mtimes, self.sizes, self.shas
 
