@@ -8,13 +8,13 @@ import time
 from typing import TYPE_CHECKING
 
 from rewheel.commands.results import RevertRecord, RunReport, StepRecord
-from rewheel.commands.service_steps import ServiceSteps, cause_text, service_root_cause
+from rewheel.commands.service_steps import ServiceSteps, cause_text
+from rewheel.commands.transaction import Transaction
 from rewheel.commands.snapshots import protected_snapshots, pruned_text, restore_changed
 from rewheel.commands.target import Say, Target
-from rewheel.errors import RestoreError, RewheelError, ServiceError, SnapshotError, out_of_space
+from rewheel.errors import RestoreError, RewheelError, SnapshotError, out_of_space
 from rewheel.journal import RunJournal
-from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, check_cleanup_entries, discard_displaced,
-                              restore_snapshot, take_snapshot, unstash_cleanup)
+from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, check_cleanup_entries, take_snapshot)
 from rewheel.statuses import Event, RunStatus
 
 
@@ -139,35 +139,35 @@ class Reverting:
             # stay live for want of a stray file), then the revert fails on them (exit 3),
             # with nothing moved back.
             refused = self._refused_cleanup()
+            txn = Transaction(self.t, self.j, self.snap, self.svc, say=self.say, progress=self.progress,
+                              package=self.package)
             if self.svc is not None:
+                txn.recover()  # damaged stored bytes: recovered, or refused, while the service is as it is
                 self.svc.stop()
             self._keep_failed_state(revert)
-            self.j.append(Event.STEP, name="restore", snapshot_id=self.snap.id)
-            res = restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=True)
-            res.cleanup_restored = 0 if refused else unstash_cleanup(self.snap, self.t.recipe.cleanup_paths)
+            res = txn.restore(defer_removal=True)
+            txn.move_back(res, refused=refused is not None)
             revert.restore = res
+            revert.recovered = txn.recovery
             self.say(f"restored snapshot {self.snap.id}: {res.written:,} files written, "
                      f"{res.deleted:,} removed, {res.verified:,} verified"
                      + (f" ({res.proven_same:,} proven identical, left in place)" if res.proven_same else ""))
             self._drop_identical_failed_state(revert, res)
             self.report.after = self.t.env.versions()
-            try:
-                if self.svc is not None and self.was_active:
-                    try:
-                        revert.service = self.svc.start_and_verify()
-                    except ServiceError:
-                        # Name the cause from the service's log, as for a failed upgrade; a
-                        # resume has no upgrade cause of its own, so this is the report's.
-                        revert.root_cause, diag = service_root_cause(self.svc, self.package())
-                        if self.report.root_cause is None:
-                            self.report.root_cause, self.report.diagnosis = revert.root_cause, diag
-                        raise
-                    self.say("the old service is healthy again")
-                elif self.svc is not None:
-                    revert.service_skipped = "the service was not running before the run: left stopped"
-                    self.say(revert.service_skipped)
-            finally:
-                discard_displaced(res, self.t.store.home)  # the failed build's folders, into the trash
+            back = txn.service_back(res, was_up=self.was_active, up_now=False, stopped=True)
+            if back.error is not None:
+                # Named from the service's log, as for a failed upgrade; a resume has no
+                # upgrade cause of its own, so this is the report's.
+                revert.root_cause = back.root_cause
+                if self.report.root_cause is None:
+                    self.report.root_cause, self.report.diagnosis = back.root_cause, back.diagnosis
+                raise back.error
+            if back.left_stopped:
+                revert.service_skipped = "the service was not running before the run: left stopped"
+                self.say(revert.service_skipped)
+            elif self.svc is not None:
+                revert.service = back.health
+                self.say("the old service is healthy again")
             if refused is not None:
                 raise type(refused)(f"{refused.message}; the environment's files were restored"
                                     + (" and the service restarted" if revert.service is not None else "")

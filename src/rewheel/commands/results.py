@@ -153,6 +153,8 @@ class RevertRecord:
     # The failed state's snapshot, removed because the restore changed no byte (it was the
     # good state itself).
     failed_snapshot_dropped: str | None = None
+    # Stored files an edit in place had damaged, recovered before the stop (as a rollback's).
+    recovered: Any = None  # recovery.Recovery
 
     def to_json(self) -> dict[str, Any]:
         # Not asdict: it would deep-copy the restore result (with its displaced folders).

@@ -9,18 +9,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from collections.abc import Set as AbstractSet
-from typing import Any
 
 from rewheel import journal
 from rewheel.commands.results import Downtime, RollbackResult, StepRecord, json_value
-from rewheel.commands.service_steps import ServiceSteps, cause_text, service_root_cause
-from rewheel.commands.snapshots import (env_matches, protected_snapshots, pruned_text, restore_changed,
-                                        reverted_snapshots, upgrades_in_place)
+from rewheel.commands.service_steps import ServiceSteps, cause_text
+from rewheel.commands.transaction import ServiceBack, Transaction, recover_stored_bytes
+from rewheel.commands.snapshots import (env_matches, protected_snapshots, pruned_text, reverted_snapshots,
+                                        upgrades_in_place)
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
-from rewheel.errors import RewheelError, ServiceError, SnapshotDamaged, SnapshotError, out_of_space
+from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, out_of_space
 from rewheel.journal import EnvLock, RunJournal
-from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, Store, check_cleanup_entries, discard_displaced,
-                              restore_snapshot, take_snapshot, unstash_cleanup)
+from rewheel.snapshot import (Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
 from rewheel.statuses import UNDO_SKIPPED, Event, Finished, RollbackStatus
 
 
@@ -138,11 +137,14 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         replaces_failed = _live_is_failed_build(t, runs, interrupted)
         # With a service: before it is stopped. Without one the restore itself checks every
         # stored file it needs before it changes anything, at no extra cost (see below).
-        recovery = _recover_stored_bytes(t, snap, say) if t.recipe.service is not None else None
+        recovery = recover_stored_bytes(t, snap, say) if t.recipe.service is not None else None
         j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label,
                               force=force)
         steps: list[StepRecord] = []
         svc = ServiceSteps(t, j, steps, say) if t.recipe.service is not None else None
+        txn = Transaction(t, j, snap, svc, say=say, progress=progress,
+                          package=lambda: t.env.import_name(t.recipe.install.names),
+                          checked=t.recipe.service is not None, recovery=recovery)
         was_up = up_now = unchanged = stopped = suspect = False
         try:
             st = svc.status() if svc else None
@@ -209,14 +211,13 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         elif not unchanged and not suspect and undo_id is None and undo_error is None:
             undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
                                                            say=say, progress=progress)
-        j.append(Event.STEP, name="restore", snapshot_id=snap.id)
         say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
         t0 = time.monotonic()
         try:
             # What the restore moved out (a failed build's new folders) is deleted once the
             # service is back up: the environment is restored and synced already. Without a
             # service, both lanes delete their own at once, inside the restore.
-            res, recovery = _restore_recovering(t, snap, say, recovery, progress, svc is not None)
+            res = txn.restore(defer_removal=svc is not None)
         except (SnapshotError, SnapshotDamaged):
             # Refused before anything changed (wrong environment, damaged store): this
             # rollback is over — leaving it unfinished would block every later command with
@@ -227,42 +228,26 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             finally:
                 j.append(Event.FINISHED, status=Finished.REFUSED, snapshot_id=snap.id)
             raise
-        res.cleanup_restored = unstash_cleanup(snap, t.recipe.cleanup_paths)
+        txn.move_back(res)
         steps.append(StepRecord.since("restore", True, t0))
-        service_state = None
-        failed: Exception | None = None
-        try:
-            if svc:
-                if not stopped and restore_changed(res):
-                    # Judged unchanged, yet the restore changed files: the service (if any
-                    # runs) must not keep running the bytes it loaded before.
-                    j.append(Event.NOTE, unchanged_but_restored=True)
-                    stopped = True
-                    down_t0 = time.monotonic() if up_now else None
-                    svc.stop()
-                try:
-                    if not was_up:
-                        svc.skip_start("the service was not running before: it stays stopped")
-                    elif not stopped and up_now:
-                        service_state = svc.verify_running("no byte changed: the service was not restarted")
-                    else:
-                        service_state = svc.start_and_verify()
-                except ServiceError as exc:
-                    failed = exc
-        finally:
-            discard_displaced(res, t.store.home)  # the store's trash: deleted once this has exited
+        back = txn.service_back(res, was_up=was_up, up_now=up_now, stopped=stopped)
+        if back.stopped_at is not None and up_now:
+            down_t0 = back.stopped_at
+        if back.left_stopped:
+            assert svc is not None
+            svc.skip_start("the service was not running before: it stays stopped")
         if interrupted is not None:
             # The files are the snapshot's now, whether or not the service came back.
             interrupted.append(Event.FINISHED, status=Finished.ROLLED_BACK, by_run=j.id)
         superseded = close_superseded(t.store.env_dir, j, skip={interrupted.id} if interrupted else set())
-        result = RollbackResult(snap, res, j.id, service_state, interrupted.id if interrupted else None, steps,
+        result = RollbackResult(snap, res, j.id, back.health, interrupted.id if interrupted else None, steps,
                                 lk.stopped, undo_snapshot_id=undo_id, undo_snapshot_error=undo_error,
-                                superseded_runs=superseded, target=t.cli_ref, recovered=recovery,
+                                superseded_runs=superseded, target=t.cli_ref, recovered=txn.recovery,
                                 downtime=_rollback_downtime(down_t0, steps, svc))
-        if failed is not None:
+        if back.error is not None:
             assert svc is not None
-            _service_failed_after_restore(t, svc, result, failed)
-            if out_of_space(failed):
+            _service_failed_after_restore(t, svc, result, back)
+            if out_of_space(back.error):
                 # Not started for want of space: the rollback stays open in its journal, and
                 # `resume` starts the service once there is room (the files are restored).
                 result.hint = f"free disk there, then `rewheel resume {t.cli_ref}` starts it"
@@ -278,37 +263,6 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         if result.pruned:
             say("pruned old snapshots ([snapshots] keep): " + pruned_text(t.store, result.pruned))
         return result
-
-
-def _restore_recovering(t: Target, snap: SnapshotMeta, say: Say, recovery: Any, progress: Progress | None,
-                        defer_removal: bool) -> tuple[RestoreResult, Any]:
-    """`restore_snapshot`; when it refuses a stored file an edit damaged (it checks each it
-    needs before changing anything) and no check ran before (no service to stop first), the
-    bytes are recovered and the restore runs again. A rollback of an intact snapshot pays
-    nothing for it."""
-    try:
-        return restore_snapshot(t.env, snap, progress=progress, defer_removal=defer_removal), recovery
-    except SnapshotDamaged:
-        if recovery is not None or t.recipe.service is not None:
-            raise
-        again = _recover_stored_bytes(t, snap, say)  # raises the refusal when no source has the bytes
-        if again is None or not again.recovered:
-            raise
-    return restore_snapshot(t.env, snap, progress=progress, defer_removal=defer_removal), again
-
-
-def _recover_stored_bytes(t: Target, snap: SnapshotMeta, say: Say) -> Any:  # recovery.Recovery | None
-    """Stored files an edit in place damaged (one stat each): their bytes found in the
-    environment, uv's cache or the recipe's index and put back into the snapshot, or the
-    rollback refused (exit 3) — before the service is stopped or a file changes."""
-    from rewheel.recovery import recover_before_restore
-
-    inst = t.recipe.install
-    # A recipe's indexes — uv's default index when it names none, as its installs use; a bare
-    # `--python` rollback reaches for the network only where the environment says nothing.
-    indexed = t.recipe.path is not None or bool(inst.index_url or inst.extra_index_urls or inst.find_links)
-    return recover_before_restore(t.env, snap, cli_ref=t.cli_ref,
-                                  fetcher=(lambda: t.host.fetcher(t.recipe)) if indexed else None, say=say)
 
 
 def _live_is_failed_build(t: Target, runs: list[RunJournal], interrupted: RunJournal | None) -> bool:
@@ -415,13 +369,14 @@ def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, ste
     return res.meta.id, None
 
 
-def _service_failed_after_restore(t: Target, svc: ServiceSteps, result: RollbackResult, exc: Exception) -> None:
+def _service_failed_after_restore(t: Target, svc: ServiceSteps, result: RollbackResult, back: ServiceBack) -> None:
     """Fill a rollback's result for a service that did not come back healthy: the root cause
     from its log, what failed, and what a person can do (exit 3)."""
-    rc, diag = service_root_cause(svc, t.env.import_name(t.recipe.install.names))
+    assert back.error is not None and back.diagnosis is not None
+    rc, diag = back.root_cause, back.diagnosis
     result.status = RollbackStatus.SERVICE_FAILED
     result.root_cause, result.diagnosis = rc, diag
-    msg = getattr(exc, "message", None) or str(exc)
+    msg = back.error.message
     result.error = (f"restored snapshot {result.snapshot.id} into {t.env.prefix} (verified), but "
                     f"{svc.manager.describe()} did not come back healthy: {msg}"
                     + (f"; its log says{cause_text(rc)}" if rc else ""))
