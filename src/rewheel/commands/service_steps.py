@@ -99,11 +99,14 @@ class ServiceSteps:
         except BaseException as exc:
             self.starts.append((t0, time.monotonic() - t0, 0.0))
             if isinstance(exc, OSError):
-                # Its log or pid record could not be written (a full disk): not started.
+                # Its log or pid record could not be written (a full disk): not started. The
+                # OSError is its explicit cause: `out_of_space` reads it there even after the
+                # error is raised again elsewhere (a re-raise inside another `except` replaces
+                # the implicit context, never the cause).
                 raise service.ServiceError(
                     f"could not start {self.manager.describe()}: {exc.strerror or exc} (writing its log or "
                     f"pid record under {exc.filename or self.t.store.env_dir})",
-                    hint="free disk there, then `rewheel resume TARGET`") from None
+                    hint="free disk there, then `rewheel resume TARGET`") from exc
             raise
         t1 = time.monotonic()
         try:
