@@ -17,6 +17,8 @@ import pytest
 
 from rewheel.errors import JournalDamaged, JournalWriteError
 from rewheel.journal import RunJournal, interrupted_run, list_runs
+from rewheel.records import Finish, Note, Started, Step
+from rewheel.statuses import Finished, StepName
 from support_env import make_venv
 from support_run import make_host
 
@@ -36,15 +38,15 @@ def test_a_torn_last_line_is_skipped_and_the_next_record_gets_a_line_of_its_own(
     run = _journal(tmp_path, [_rec("started", 1.0, kind="run"), _rec("step", 2.0, name="smoke"),
                               '{"event": "step", "time": 3.0, "na'])  # torn: no newline
     j = RunJournal.load(run)
-    assert [r["event"] for r in j.records] == ["started", "step"]
+    assert [r.event for r in j.records] == ["started", "step"]
     assert j.damaged and j.damaged[0][0] == 3
     assert interrupted_run(tmp_path) is not None
-    j.append("finished", status="reverted")
+    j.append(Finish(status=Finished.REVERTED))
     again = RunJournal.load(run)
     # Closed: the record did not glue onto the torn line, and the damage is noted in the journal.
     assert again.finished and again.status == "reverted"
-    note = again.last("note")
-    assert note is not None and note["damaged_lines"] == [3]
+    note = again.last(Note)
+    assert note is not None and note.damaged_lines == [3]
     assert interrupted_run(tmp_path) is None
     assert again.summary()["damaged_lines"] == [3]
 
@@ -56,7 +58,7 @@ def test_garbage_mid_file_does_not_hide_the_records_after_it(tmp_path: Path) -> 
                               '{"event": "step", "time": 4.0}\n',
                               _rec("step", 5.0, name="keep"), _rec("finished", 6.0, status="upgraded")])
     j = RunJournal.load(run)
-    assert [r["event"] for r in j.records] == ["started", "step", "finished"]
+    assert [r.event for r in j.records] == ["started", "step", "finished"]
     assert [n for n, _ in j.damaged] == [2, 3, 4, 5, 6]
     assert j.finished and j.status == "upgraded"
     assert [r.id for r in list_runs(tmp_path)] == [run.name]
@@ -108,21 +110,21 @@ def test_an_append_on_a_full_disk_keeps_no_half_record_and_fails_loudly(small_fs
     run = small_fs / "runs" / "r1"
     run.mkdir(parents=True)
     j = RunJournal(run)
-    j.append("started", kind="run")
+    j.append(Started(kind="run"))
     filler = _fill(small_fs)
     before = (run / "journal.jsonl").read_bytes()
     # A record bigger than what is left of the journal's last page: a short write, then ENOSPC.
     with pytest.raises(JournalWriteError) as err:
-        j.append("step", name="reinstall", detail="x" * 8000)
+        j.append(Step(name=StepName.REINSTALL, reason="x" * 8000))
     assert "No space left" in err.value.message and str(run / "journal.jsonl") in err.value.message
     assert "resume" in (err.value.hint or "")
     assert (run / "journal.jsonl").read_bytes() == before  # nothing of it kept
-    assert [r["event"] for r in j.records] == ["started"]
+    assert [r.event for r in j.records] == ["started"]
 
     filler.unlink()  # the disk freed: the journal goes on, every line a record
-    j.append("finished", status="failed")
+    j.append(Finish(status=Finished.FAILED))
     again = RunJournal.load(run)
-    assert not again.damaged and [r["event"] for r in again.records] == ["started", "finished"]
+    assert not again.damaged and [r.event for r in again.records] == ["started", "finished"]
 
 
 def test_resume_closes_a_run_whose_journal_was_torn(tmp_path: Path) -> None:

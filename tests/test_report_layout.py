@@ -19,6 +19,8 @@ from rich.console import Console
 from rewheel import report
 from rewheel.diff import DiffResult, PackageChange
 from rewheel.journal import RunJournal
+from rewheel.records import Finish, Installed, SnapshotTaken, Started, Step
+from rewheel.statuses import Finished, StepName
 from rewheel.installer import InstallPlan, PlannedChange
 from rewheel.commands import RunReport
 from rewheel.commands.results import History, RunPlan
@@ -157,11 +159,9 @@ def history(tmp_path: Path) -> History:
     snaps = [snap(SNAP_FAILED, "failed-upgrade", f"failed upgrade of run {RUN_ID}", new, 1_770_000_100.0),
              snap(SNAP_PRE, "pre-upgrade", f"before run {RUN_ID}", old, 1_770_000_000.0)]
     run = RunJournal(tmp_path / "runs" / RUN_ID, [
-        {"event": "started", "kind": "run", "time": 1.0},
-        {"event": "snapshot", "snapshot_id": SNAP_PRE, "time": 2.0},
-        {"event": "installed", "versions": new, "time": 3.0},
-        {"event": "step", "name": "start", "time": 4.0},
-        {"event": "finished", "status": "reverted", "before": old, "after": old, "time": 5.0}])
+        Started(kind="run", time=1.0), SnapshotTaken(snapshot_id=SNAP_PRE, time=2.0),
+        Installed(versions=new, time=3.0), Step(name=StepName.START, time=4.0),
+        Finish(status=Finished.REVERTED, before=old, after=old, time=5.0)])
     return History("/etc/rewheel/vllm.toml", snaps, [run], ["vllm", "torch", "flashinfer-python"])
 
 

@@ -36,6 +36,7 @@ from devtools.demo import stage as st
 from devtools.demo import toyvllm as toy
 from rewheel import proc
 from rewheel.diagnose import short_path
+from rewheel.records import FailedSnapshot, Finish, Note, Record, Started, Step
 from rewheel.report import fitted_console
 
 
@@ -211,9 +212,8 @@ def play(demo: Demo) -> None:
     demo.header(5, "rewheel history", "Snapshots and runs, newest first.")
     demo.rewheel("history", str(recipe_path))
 
-    fin = (run.last("finished") or {}) if run else {}
-    failed_snap = next((r.get("failed_snapshot_id") for r in (run.records if run else [])
-                        if r.get("failed_snapshot_id")), None)
+    kept = run.first(FailedSnapshot) if run else None
+    failed_snap = kept.failed_snapshot_id if kept else None
     pre_snap = run.snapshot_id if run else None
     demo.header(6, "rewheel diff",
                 "What the failed nightly changed: the pre-upgrade snapshot against the failed build, "
@@ -227,17 +227,19 @@ def play(demo: Demo) -> None:
     demo.header(7, "Did the story play out as designed?")
 
     def run_fetched(j) -> list:  # journal.RunJournal | None: what uv downloaded after the stop
-        return [x for r in (j.records if j else []) if r.get("event") == "note"
-                for x in r.get("fetched_after_stop") or []]
+        return [x for n in (j.all(Note) if j else []) for x in n.fetched_after_stop or []]
 
-    fin = (run.last("finished") or {}) if run else {}
+    def doc(rec: Record | None) -> dict[str, Any]:  # a journal record as its JSON line
+        return rec.to_json() if rec else {}
+
+    fin = doc(run.last(Finish) if run else None)
     demo.check("`rewheel run` exited 1: verification failed, environment restored", rc == 1, f"exit status {rc}")
     demo.check("the run is recorded as reverted", fin.get("status") == "reverted",
                f"status {fin.get('status')!r}, run {run.id if run else '?'}")
     text = "\n".join(demo.run_output)
     demo.check("the run showed dev313 -> dev344", "dev313" in text and "dev344" in text)
-    steps = [r.get("name") for r in (run.records if run else []) if r.get("event") == "step"]
-    start = (run.first("started") or {}) if run else {}
+    steps = [str(s.name) for s in (run.all(Step) if run else [])]
+    start = doc(run.first(Started) if run else None)
     # The story's patch was written in place through uv's hard links: its clean wheel is
     # fetched again while the service serves (`rewarm`), so the swap stays offline.
     demo.check("the run was staged: prepared, pre-checked and snapshotted while the service served, "

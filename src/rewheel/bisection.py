@@ -40,7 +40,8 @@ from rewheel.installer import redact
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.paths import ensure_private_dir, state_home
 from rewheel.recipe import Recipe
-from rewheel.statuses import Event
+from rewheel.records import Candidates, Finish, Started, Step, BuildVerdict
+from rewheel.statuses import BisectStatus, StepName
 
 if TYPE_CHECKING:
     from rewheel.diagnose import RootCause
@@ -69,10 +70,9 @@ class Build:
     def sha(self) -> str | None:
         return self.commit or (vers.parse(self.version).sha if self.version else None)
 
-    def same(self, other: Build | dict[str, Any]) -> bool:
-        """Whether another build, or a journaled build record, is this build."""
-        commit, version = ((other.commit, other.version) if isinstance(other, Build)
-                           else (other.get("commit"), other.get("version")))
+    def same(self, other: Build | BuildVerdict) -> bool:
+        """Whether another build, or a journaled verdict's build, is this build."""
+        commit, version = other.commit, other.version
         if self.commit and commit:
             return bool(self.commit == commit)
         return bool(self.version and version and Version(self.version) == Version(str(version)))
@@ -102,9 +102,7 @@ class Verdict:
 
 @dataclass
 class BisectResult:
-    # "found" | "ambiguous" (skipped builds next to the first bad one) | "good-is-bad" |
-    # "bad-is-good" | "untestable" (good or bad could not be installed)
-    status: str
+    status: BisectStatus
     recipe: str
     package: str
     good: str
@@ -123,7 +121,7 @@ class BisectResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT_OK if self.status == "found" else EXIT_REVERTED
+        return EXIT_OK if self.status == BisectStatus.FOUND else EXIT_REVERTED
 
     @property
     def first_bad_verdict(self) -> Verdict | None:
@@ -166,19 +164,18 @@ class _Bisection:
 
     # -- the journal --------------------------------------------------------------------------
     def recorded(self, build: Build) -> Verdict | None:
-        for rec in self.j.records:
-            if rec["event"] == Event.VERDICT and build.same(rec):
-                if build.version is None and rec.get("version"):
-                    build.version = rec["version"]
-                self.project_urls = self.project_urls or rec.get("project_urls") or {}
+        for rec in self.j.all(BuildVerdict):
+            if build.same(rec):
+                if build.version is None and rec.version:
+                    build.version = rec.version
+                self.project_urls = self.project_urls or rec.project_urls
                 from rewheel.diagnose import Frame, RootCause
 
-                rc = rec.get("root_cause")  # as the verdict's to_json wrote it
+                rc = rec.root_cause  # as the verdict's to_json wrote it
                 root = RootCause.from_json(rc) if rc else None
                 if root is not None:  # the frames the suspects are found by, kept beside it
-                    root.frames = [Frame.from_json(f) for f in rec.get("frames") or [] if isinstance(f, dict)]
-                return Verdict(build, rec["verdict"], rec.get("reason", ""), root, rec.get("log"),
-                               rec.get("seconds", 0.0), True, rec.get("project_urls") or {})
+                    root.frames = [Frame.from_json(f) for f in rec.frames if isinstance(f, dict)]
+                return Verdict(build, rec.verdict, rec.reason, root, rec.log, rec.seconds, True, rec.project_urls)
         return None
 
     # -- one test -----------------------------------------------------------------------------
@@ -191,11 +188,10 @@ class _Bisection:
             self.say(f"{build.label}: {v.verdict} (recorded earlier: {v.reason})")
         else:
             v = self._run(build)
-            self.j.append(Event.VERDICT, **build.to_json(), verdict=v.verdict,
-                          reason=v.reason, root_cause=v.root_cause.to_json() if v.root_cause else None,
-                          frames=[f.to_json() for f in v.root_cause.frames] if v.root_cause else [],
-                          log=v.log,
-                          seconds=round(v.seconds, 3), project_urls=v.project_urls)
+            self.j.append(BuildVerdict(**build.to_json(), verdict=v.verdict,
+                                       reason=v.reason, root_cause=v.root_cause.to_json() if v.root_cause else None,
+                                       frames=[f.to_json() for f in v.root_cause.frames] if v.root_cause else [],
+                                       log=v.log, seconds=round(v.seconds, 3), project_urls=v.project_urls))
             self.say(f"{build.label}: {v.verdict.upper()} — {v.reason}")
         self.steps.append(v)
         return v
@@ -206,7 +202,7 @@ class _Bisection:
         from rewheel.smoke import run_smoke
 
         t0 = time.monotonic()
-        self.j.append(Event.STEP, name="test", **build.to_json())
+        self.j.append(Step(name=StepName.TEST, **build.to_json()))
         if build.version is None:
             assert build.index is not None
             files = nightly.index_files(build.index, self.name, self.client)
@@ -295,12 +291,12 @@ def bisect(recipe: Recipe, *, good: str, bad: str, package: str | None = None,
         shutil.rmtree(state / "envs", ignore_errors=True)
         j = RunJournal.load(state)
         if not j.records:
-            j.append(Event.STARTED, kind="bisect", recipe=recipe.source, package=name, good=good, bad=bad)
+            j.append(Started(kind="bisect", recipe=recipe.source, package=name, good=good, bad=bad))
         else:
             say(f"resuming the bisection journaled in {state}")
         b = _Bisection(recipe, name, state, j, interpreter=interpreter, say=say,
                        on_output=on_output, client=client)
-        res = BisectResult(status="untestable", recipe=recipe.source, package=name, good=good,
+        res = BisectResult(status=BisectStatus.UNTESTABLE, recipe=recipe.source, package=name, good=good,
                            bad=bad, mode="versions", state_dir=str(state))
         builds, mode, source = _candidates(b, res, good, bad, repo=repo, github=github,
                                            github_api=github_api, commit_base=commit_base)
@@ -309,11 +305,10 @@ def bisect(recipe: Recipe, *, good: str, bad: str, package: str | None = None,
         res.steps, res.smoke_runs = b.steps, b.smoke_runs
         if res.first_bad is not None and res.last_good is not None:
             res.compare_url = _compare_url(b.project_urls, github, res.last_good, res.first_bad)
-        if res.status == "found":
+        if res.status == BisectStatus.FOUND:
             _suspects(b, res)
-        j.append(Event.FINISHED, status=res.status,
-                 first_bad=res.first_bad.to_json() if res.first_bad else None,
-                 last_good=res.last_good.to_json() if res.last_good else None)
+        j.append(Finish(status=res.status, first_bad=res.first_bad.to_json() if res.first_bad else None,
+                        last_good=res.last_good.to_json() if res.last_good else None))
         return res
 
 
@@ -350,15 +345,15 @@ def _candidates(b: _Bisection, res: BisectResult, good: str, bad: str, *, repo: 
                 commit_base: str | None) -> tuple[list[Build], str, str | None]:
     """The builds from good to bad, oldest first; journaled once, reused on resume."""
     base = nightly.commit_index_base(b.recipe, commit_base)
-    rec = b.j.first(Event.CANDIDATES)
+    rec = b.j.first(Candidates)
     if rec is not None:
         # Index URLs are not journaled (they may carry credentials): rebuilt from the base.
-        if rec["mode"] == "commits" and not base:
+        if rec.mode == "commits" and not base:
             raise UsageError("this bisection was journaled with per-commit indexes, but no "
                              "per-commit base is known now", hint="pass the same --commit-index-base")
         return [Build(x.get("version"), x.get("commit"),
                       nightly.commit_index(base, x["commit"]) if base and x.get("commit") else None)
-                for x in rec["builds"]], rec["mode"], rec.get("source")
+                for x in rec.builds], rec.mode or "versions", rec.source
     gi, bi = vers.parse(good), vers.parse(bad)
     listed_by, offered = nightly.offered_versions(b.recipe, b.name, b.client)
     builds: list[Build] | None = None
@@ -391,8 +386,8 @@ def _candidates(b: _Bisection, res: BisectResult, good: str, bad: str, *, repo: 
             res.message = ("the index offers no builds between good and bad"
                            + ("" if base else "; for per-commit indexes name their base with "
                               "--commit-index-base and the commits with --repo or --github"))
-    b.j.append(Event.CANDIDATES, mode=mode, source=source, builds=[
-        {"version": x.version, "commit": x.commit} for x in builds])
+    b.j.append(Candidates(mode=mode, source=source,
+                          builds=[{"version": x.version, "commit": x.commit} for x in builds]))
     b.say(f"{len(builds)} builds from {good} to {bad} ({mode}"
           + (f", commits from {source}" if source else "") + ")")
     return builds, mode, source
@@ -468,14 +463,14 @@ def search(b: Tester, res: BisectResult, builds: list[Build]) -> None:
     lo, hi = 0, len(builds) - 1
     end = b.test(builds[hi])
     if end.verdict != "bad":
-        res.status = "bad-is-good" if end.verdict == "good" else "untestable"
+        res.status = BisectStatus.BAD_IS_GOOD if end.verdict == "good" else BisectStatus.UNTESTABLE
         res.message = (f"the bad build {builds[hi].label} passes the smoke test: nothing to bisect"
                        if end.verdict == "good" else
                        f"the bad build {builds[hi].label} cannot be tested: {end.reason}")
         return
     start = b.test(builds[lo])
     if start.verdict != "good":
-        res.status = "good-is-bad" if start.verdict == "bad" else "untestable"
+        res.status = BisectStatus.GOOD_IS_BAD if start.verdict == "bad" else BisectStatus.UNTESTABLE
         res.message = (f"the good build {builds[lo].label} fails the smoke test too: {start.reason}"
                        if start.verdict == "bad" else
                        f"the good build {builds[lo].label} cannot be tested: {start.reason}")
@@ -497,12 +492,12 @@ def search(b: Tester, res: BisectResult, builds: list[Build]) -> None:
     res.last_good, res.first_bad = builds[lo], builds[hi]
     between = [builds[i] for i in range(lo + 1, hi)]
     if between:
-        res.status = "ambiguous"
+        res.status = BisectStatus.AMBIGUOUS
         res.suspects = [*between, builds[hi]]
         res.message = (f"the first bad build is one of {', '.join(x.label for x in res.suspects)}: "
                        f"{len(between)} build(s) between could not be installed")
     else:
-        res.status = "found"
+        res.status = BisectStatus.FOUND
         res.message = f"first bad build: {builds[hi].label}; last good build: {builds[lo].label}"
 
 

@@ -19,14 +19,16 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rewheel import proc
+from rewheel import proc, records
 from rewheel.errors import InterruptedRun, JournalDamaged, JournalWriteError, LockHeld, PreflightError
 from rewheel.paths import fsync_dir, lock_dir
-from rewheel.statuses import Event, Finished
+from rewheel.records import (AnyRecord, ChildEnded, ChildStarted, ChildStarting, Finish, Installed, Note, R,
+                             SnapshotTaken, Started, Step)
+from rewheel.statuses import Finished, StepName
 
 RECLAIM_WAIT_S = 10.0  # after stopping a dead holder's children: how long the lock may take to free
 
@@ -184,7 +186,7 @@ class EnvLock:
         docs = [r["child"] for r in records if isinstance(r.get("child"), dict)]
         for j in list_runs(self.env_dir):
             if not j.finished:
-                docs += [r for r in j.records if r.get("event") == Event.CHILD]
+                docs += [r.to_json() for r in j.all(ChildStarted)]
         for doc in docs:
             c = proc.Child.from_json(doc)
             if c is not None:
@@ -274,7 +276,7 @@ class EnvLock:
     # -- proc watcher: the children this holder starts ---------------------------------
     def child_starting(self, name: str) -> None:
         if self.journal is not None:
-            self.journal.append(Event.CHILD_STARTING, name=name)
+            self.journal.append(ChildStarting(name=name))
 
     def child_started(self, child: proc.Child) -> None:
         if self.fd is not None:
@@ -282,11 +284,11 @@ class EnvLock:
             os.pwrite(self.fd, line, self._end)
             self._end += len(line)
         if self.journal is not None:
-            self.journal.append(Event.CHILD, **child.to_json())
+            self.journal.append(ChildStarted(**child.to_json()))
 
     def child_ended(self, child: proc.Child) -> None:
         if self.journal is not None:
-            self.journal.append(Event.CHILD_ENDED, pid=child.pid, pgid=child.pgid, name=child.name)
+            self.journal.append(ChildEnded(pid=child.pid, pgid=child.pgid, name=child.name))
 
 
 def new_run_id() -> str:
@@ -300,7 +302,7 @@ class RunJournal:
     """The append-only record of one run: `<envdir>/runs/<id>/journal.jsonl`."""
 
     dir: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[AnyRecord] = field(default_factory=list)
     # Lines `load` skipped (line number, their first characters): torn or not rewheel's.
     damaged: list[tuple[int, str]] = field(default_factory=list)
     _damage_noted: bool = field(default=False, repr=False)
@@ -310,13 +312,13 @@ class RunJournal:
         return self.dir.name
 
     @classmethod
-    def create(cls, env_dir: Path, kind: str, **info: Any) -> RunJournal:
+    def create(cls, env_dir: Path, started: Started) -> RunJournal:
         run_dir = env_dir / "runs" / new_run_id()
         try:
             run_dir.mkdir(parents=True, mode=0o700)
             fsync_dir(run_dir.parent)
             j = cls(run_dir)
-            j.append(Event.STARTED, kind=kind, **info)
+            j.append(started)
         except (OSError, JournalWriteError) as exc:
             # A journal that could not be started (a full disk) must not be left behind: it
             # would read as an interrupted run. Nothing was changed yet.
@@ -368,7 +370,7 @@ class RunJournal:
                 j.records.append(rec)
         return j
 
-    def append(self, event: Event, **data: Any) -> dict[str, Any]:
+    def append(self, rec: R) -> R:
         """Write one record and fsync it: all of it, or nothing and a `JournalWriteError`.
 
         A short write (a full disk) is finished or, when the rest cannot be written, cut
@@ -377,10 +379,11 @@ class RunJournal:
         if self.damaged and not self._damage_noted:
             # Recorded once in the journal itself: what `load` skipped, so the history says so.
             self._damage_noted = True
-            self.append(Event.NOTE, damaged_lines=[n for n, _ in self.damaged],
-                        damaged_text=[text for _, text in self.damaged[:5]])
-        rec = {"event": event, "time": time.time(), **data}
-        line = (json.dumps(rec, default=str) + "\n").encode()
+            self.append(Note(damaged_lines=[n for n, _ in self.damaged],
+                             damaged_text=[text for _, text in self.damaged[:5]]))
+        rec = replace(rec, time=time.time())
+        event = rec.event
+        line = (json.dumps(rec.to_json(), default=str) + "\n").encode()
         path = self.dir / "journal.jsonl"
         try:
             fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -410,78 +413,83 @@ class RunJournal:
         finally:
             os.close(fd)
         self.records.append(rec)
-        _maybe_fault(event, data)
+        _maybe_fault(rec)
         return rec
 
     # Derived state -------------------------------------------------------------------
-    def first(self, event: Event) -> dict[str, Any] | None:
-        return next((r for r in self.records if r["event"] == event), None)
+    def all(self, kind: type[R]) -> list[R]:
+        """The records of one type, oldest first."""
+        return [r for r in self.records if isinstance(r, kind)]
 
-    def last(self, event: Event) -> dict[str, Any] | None:
-        return next((r for r in reversed(self.records) if r["event"] == event), None)
+    def first(self, kind: type[R]) -> R | None:
+        return next((r for r in self.records if isinstance(r, kind)), None)
+
+    def last(self, kind: type[R]) -> R | None:
+        return next((r for r in reversed(self.records) if isinstance(r, kind)), None)
+
+    def stepped(self, name: StepName) -> bool:
+        """Whether that step began (its record is written before it acts)."""
+        return any(s.name == name for s in self.all(Step))
 
     @property
     def kind(self) -> str:
-        start = self.first(Event.STARTED)
-        return str(start.get("kind", "run")) if start else "run"
+        start = self.first(Started)
+        return start.kind if start else "run"
 
     @property
     def finished(self) -> bool:
-        return self.last(Event.FINISHED) is not None
+        return self.last(Finish) is not None
 
     @property
     def status(self) -> str:
-        fin = self.last(Event.FINISHED)
-        return str(fin.get("status")) if fin else Finished.INTERRUPTED
+        fin = self.last(Finish)
+        return str(fin.status) if fin else Finished.INTERRUPTED
 
     @property
     def snapshot_id(self) -> str | None:
+        """The snapshot this command restores (a rollback's target, a run's pre-upgrade one):
+        the first record that names one."""
         for r in self.records:
-            if r.get("snapshot_id"):
-                return str(r["snapshot_id"])
+            sid = r.snapshot_id if isinstance(r, Started | Step | SnapshotTaken | Finish) else None
+            if sid:
+                return sid
         return None
 
     @property
     def last_step(self) -> str | None:
-        steps = [r for r in self.records if r["event"] == Event.STEP]
-        return str(steps[-1]["name"]) if steps else None
+        steps = self.all(Step)
+        return str(steps[-1].name) if steps else None
 
     def summary(self) -> dict[str, Any]:
-        start = self.first(Event.STARTED) or {}
-        fin = self.last(Event.FINISHED) or {}
-        installed = self.last(Event.INSTALLED) or {}
+        start = self.first(Started) or Started()
+        fin = self.last(Finish)
+        installed = self.last(Installed)
         return {"id": self.id, "kind": self.kind, "status": self.status,
-                "started": start.get("time"), "finished": fin.get("time"),
+                "started": start.time if self.first(Started) else None,
+                "finished": fin.time if fin else None,
                 "snapshot_id": self.snapshot_id, "last_step": self.last_step,
-                "recipe": start.get("recipe"), "before": fin.get("before") or start.get("before"),
-                "after": fin.get("after"),
+                "recipe": start.recipe, "before": (fin.before if fin else None) or start.before,
+                "after": fin.after if fin else None,
                 # What the upgrade installed, also when it was reverted afterwards.
-                "attempted": installed.get("versions") or fin.get("attempted"),
+                "attempted": (installed.versions if installed else None) or (fin.attempted if fin else None),
                 # From the stop to the first healthy answer (None: the service was not stopped).
-                "downtime": fin.get("downtime"),
+                "downtime": fin.downtime if fin else None,
                 # Lines that were not records (torn by a crash or a full disk), skipped.
                 **({"damaged_lines": [n for n, _ in self.damaged]} if self.damaged else {})}
 
 
-def _record(line: str) -> dict[str, Any] | None:
+def _record(line: str) -> AnyRecord | None:
     """One journal line as the record rewheel wrote, or None when it is not one."""
     try:
-        rec = json.loads(line)
+        return records.from_json(json.loads(line))
     except (ValueError, RecursionError):
         return None
-    if not isinstance(rec, dict) or not isinstance(rec.get("event"), str):
-        return None
-    if not isinstance(rec.get("time", 0), int | float) or isinstance(rec.get("time"), bool):
-        return None  # the history orders runs by it
-    if rec["event"] == Event.STEP and not isinstance(rec.get("name"), str):
-        return None
-    return rec
 
 
 _fault_seen: dict[str, int] = {}
 
 
-def _maybe_fault(event: str, data: dict[str, Any]) -> None:
+def _maybe_fault(rec: AnyRecord) -> None:
     """Testing hook for crash safety: `REWHEEL_FAULT_AT=step:reinstall` (or `snapshot`,
     `finished`, ...) makes this process kill itself with SIGKILL right after that record
     is durable — exactly what a power cut or an OOM kill at that boundary does.
@@ -490,7 +498,7 @@ def _maybe_fault(event: str, data: dict[str, Any]) -> None:
     want = os.environ.get("REWHEEL_FAULT_AT")
     if not want:
         return
-    key = f"{event}:{data.get('name')}" if event == "step" else event
+    key = f"{rec.event}:{rec.name}" if isinstance(rec, Step) else rec.event
     name, _, nth = want.partition("#")
     if name != key:
         return
@@ -516,7 +524,7 @@ def list_runs(env_dir: Path) -> list[RunJournal]:
     runs = [RunJournal.load(d) for d in runs_dir.iterdir() if d.is_dir()]
     # Newest first by when each started: ids made within one second differ only in their
     # random part, so their names alone do not order them.
-    return sorted(runs, key=lambda j: ((j.records[0].get("time") or 0) if j.records else 0, j.id), reverse=True)
+    return sorted(runs, key=lambda j: (j.records[0].time if j.records else 0, j.id), reverse=True)
 
 
 def interrupted_run(env_dir: Path) -> RunJournal | None:

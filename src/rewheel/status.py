@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rewheel import journal
-from rewheel.statuses import Event
+from rewheel.records import Started
 
 if TYPE_CHECKING:
     from rewheel.diff import PackageChange
@@ -148,9 +148,9 @@ def running_now(t: Target) -> dict[str, Any] | None:
     # finishes an interrupted run writes its own, newer).
     live = journal.interrupted_run(t.store.env_dir)
     if live is not None:
-        started = live.first(Event.STARTED) or {}
+        started = live.first(Started)
         doc.update(run_id=live.id, kind=live.kind, step=live.last_step or "start",
-                   since=started.get("time") or doc["since"])
+                   since=(started.time if started else None) or doc["since"])
     return doc
 
 

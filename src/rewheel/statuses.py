@@ -64,6 +64,48 @@ class Finished(StrEnum):
     SUPERSEDED = "superseded"    # an interrupted journal a later command settled
     INTERRUPTED = "interrupted"
 
+    @classmethod
+    def of(cls, status: RunStatus) -> Finished:
+        """How a run that ended with `status` is journaled."""
+        match status:
+            case RunStatus.UPGRADED | RunStatus.REINSTALLED | RunStatus.UNCHANGED | RunStatus.PREPARED \
+                    | RunStatus.REJECTED | RunStatus.REVERTED | RunStatus.FAILED:
+                return cls(status.value)
+            case RunStatus.PLANNED:  # a dry run starts no journal
+                raise ValueError("a planned run is not journaled")
+            case _:
+                assert_never(status)
+
+
+class BisectStatus(StrEnum):
+    """How `rewheel bisect` ended (`BisectResult.status`, its journal's `finished` record)."""
+
+    FOUND = "found"              # the first bad build, next to the last good one
+    AMBIGUOUS = "ambiguous"      # builds that could not be installed sit next to the first bad one
+    GOOD_IS_BAD = "good-is-bad"  # the build named good fails too
+    BAD_IS_GOOD = "bad-is-good"  # the build named bad passes
+    UNTESTABLE = "untestable"    # the good or the bad build could not be installed
+
+
+class StepName(StrEnum):
+    """A journal's `step` records: what began (`records.Step.name`)."""
+
+    PREPARE = "prepare"                # a staged run's build in a throwaway environment
+    STOP = "stop"
+    SNAPSHOT = "snapshot"
+    SNAPSHOT_CHECK = "snapshot-check"  # a snapshot taken while it served: unchanged since?
+    REWARM = "rewarm"                  # clean wheels into uv's cache before the stop
+    REINSTALL = "reinstall"
+    DIFF = "diff"
+    SMOKE = "smoke"
+    START = "start"
+    KEEP = "keep"
+    UNSHARE = "unshare"                # a kept run's files unlinked from uv's cache
+    REVERT = "revert"
+    RESTORE = "restore"
+    ABORT = "abort"                    # `resume` of a run interrupted before it changed anything
+    TEST = "test"                      # a bisection: one build tested
+
 
 class Event(StrEnum):
     """The kinds of journal record (`RunJournal.append`)."""

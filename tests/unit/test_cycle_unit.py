@@ -20,6 +20,7 @@ import time
 import pytest
 
 from rewheel import commands, journal
+from rewheel.records import Finish
 from rewheel.errors import (EXIT_OK, EXIT_REVERTED, EXIT_UNRESTORED, RewheelError,
                             ServiceError)
 
@@ -72,7 +73,8 @@ def test_stop_fails_nothing_changed(world: tuple[World, commands.Target]) -> Non
     assert version(t) == "1.0.0" and [m.status for m in t.store.list()] == ["pre-upgrade"]
     assert w.manager.calls == ["stop", "start"] and w.health_calls == 1  # put back as it was
     j = last_run(t)
-    assert j.status == "failed" and "did not stop" in (j.last("finished") or {})["error"]
+    fin = j.last(Finish)
+    assert j.status == "failed" and fin is not None and "did not stop" in (fin.error or "")
 
 
 @pytest.mark.parametrize("staged", [True, False])
@@ -186,7 +188,8 @@ def test_no_revert_keeps_the_failed_state(world: tuple[World, commands.Target]) 
     assert version(t) == "2.0.0" and rep.revert is None
     assert w.manager.calls == ["stop"] and not w.manager.up
     j = last_run(t)
-    assert j.status == "failed" and (j.last("finished") or {}).get("kept_failed_state") is True
+    fin = j.last(Finish)
+    assert j.status == "failed" and fin is not None and fin.kept_failed_state is True
 
 
 def test_service_that_was_stopped_stays_stopped(world: tuple[World, commands.Target]) -> None:

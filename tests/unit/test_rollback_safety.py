@@ -19,6 +19,8 @@ from rewheel import commands, journal
 from rewheel.commands.rollback import PRE_ROLLBACK, is_failed_build
 from rewheel.errors import EXIT_UNRESTORED, EXIT_USAGE, RestoreError, SnapshotError
 from rewheel.journal import RunJournal
+from rewheel.records import Finish, Note, Started, Step
+from rewheel.statuses import StepName
 from support_cycle import PKG, World, last_run, version
 
 Pair = tuple[World, commands.Target]
@@ -50,7 +52,7 @@ def test_a_failed_build_is_restored_only_with_force(world: Pair) -> None:
     assert version(t) == "1.0.0"
     res = commands.rollback(t, bad, force=True)
     assert res.exit_code == 0 and version(t) == "2.0.0" and w.manager.up
-    assert journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id).first("started")["force"] is True
+    assert journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id).first(Started).force is True
 
 
 def test_the_default_rollback_target_is_never_a_failed_build(world: Pair) -> None:
@@ -125,7 +127,7 @@ def test_no_undo_skips_the_snapshot_of_the_replaced_state(world: Pair) -> None:
     assert version(t) == "1.0.0" and res.exit_code == 0 and w.manager.up
     assert res.undo_snapshot_id is None and res.undo_snapshot_error == "skipped (--no-undo)"
     assert {m.id for m in t.store.list()} == before  # no pre-rollback snapshot was taken
-    assert any(r.get("undo_snapshot_error") for r in last_run(t).records if r["event"] == "note")
+    assert any(n.undo_snapshot_error for n in last_run(t).all(Note))
 
 
 def test_a_rollback_that_changes_nothing_takes_no_snapshot(world: Pair) -> None:
@@ -182,16 +184,17 @@ def test_a_resume_whose_service_fails_names_the_cause_and_finishes(world: Pair) 
     assert exc.value.exit_code == EXIT_UNRESTORED
     assert "its log says: RuntimeError: CUDA error: no kernel image" in exc.value.message
     assert journal.interrupted_run(t.store.env_dir) is None
-    fin = last_run(t).last("finished")
-    assert fin["status"] == "failed" and fin["root_cause"]["type"] == "RuntimeError"
+    fin = last_run(t).last(Finish)
+    assert fin is not None and fin.root_cause is not None
+    assert fin.status == "failed" and fin.root_cause["type"] == "RuntimeError"
     assert version(t) == "1.0.0"
 
 
 # -- stale journals -----------------------------------------------------------------------------------
 def killed_rollback(t: commands.Target, snap_id: str) -> RunJournal:
     """What `kill -9` during a rollback leaves: a journal with no `finished` record."""
-    j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap_id, recipe=t.label)
-    j.append("step", name="restore", snapshot_id=snap_id)
+    j = RunJournal.create(t.store.env_dir, Started(kind="rollback", snapshot_id=snap_id, recipe=t.label))
+    j.append(Step(name=StepName.RESTORE, snapshot_id=snap_id))
     return j
 
 
@@ -285,7 +288,7 @@ def test_an_undo_snapshot_gone_stale_at_the_stop_is_taken_again_in_the_window(wo
     assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "snapshot", "restore", "start"]
     assert res.downtime is not None and res.downtime.parts["snapshot"] > 0
     j = journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id)
-    stale = next(r["undo_snapshot_stale"] for r in j.records if "undo_snapshot_stale" in r)
+    stale = next(n.undo_snapshot_stale for n in j.all(Note) if n.undo_snapshot_stale)
     assert stale != res.undo_snapshot_id and stale not in {m.id for m in t.store.list()}
     # The undo snapshot holds the state the rollback replaced, the late cache included.
     w.manager.on_stop = None
@@ -299,10 +302,10 @@ def test_an_undo_snapshot_still_current_costs_one_walk_in_the_window(world: Pair
     res = commands.rollback(t)
     assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "restore", "start"]
     j = journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id)
-    snap_step = next(r for r in j.records if r["event"] == "step" and r.get("name") == "snapshot")
-    stop_at = next(i for i, r in enumerate(j.records) if r["event"] == "step" and r.get("name") == "stop")
-    assert snap_step["served"] is True and j.records.index(snap_step) < stop_at
-    assert not any("undo_snapshot_stale" in r for r in j.records)
+    snap_step = next(s for s in j.all(Step) if s.name == "snapshot")
+    stop_at = next(i for i, r in enumerate(j.records) if isinstance(r, Step) and r.name == "stop")
+    assert snap_step.served is True and j.records.index(snap_step) < stop_at
+    assert not any(n.undo_snapshot_stale for n in j.all(Note))
     assert res.downtime is not None and res.downtime.seconds >= sum(res.downtime.parts.values()) - 0.005  # steps rounded to 1 ms
     # A service that was not running: nothing to serve, no downtime, the snapshot in place.
     w.manager.up = False

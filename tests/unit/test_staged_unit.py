@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from rewheel.records import Step
 from rewheel import commands, journal, staging
 from rewheel.commands.cycle import Cycle
 from rewheel.errors import EXIT_OK, EXIT_REVERTED, EXIT_USAGE, PreparedStale
@@ -116,10 +117,10 @@ def test_a_staged_swap_snapshots_while_the_service_serves(world: tuple[World, co
     w.manager.on_stop = lambda: seen.append(len(t.store.list()))
     rep = commands.run(t)
     assert rep.status == "upgraded" and seen == [1]  # the snapshot existed when the stop came
-    names = [r.get("name") for r in last_run(t).records if r["event"] == "step"]
+    names = [s.name for s in last_run(t).all(Step)]
     assert names.index("snapshot") < names.index("stop") < names.index("snapshot-check") < names.index("reinstall")
-    snap_rec = next(r for r in last_run(t).records if r["event"] == "step" and r.get("name") == "snapshot")
-    assert snap_rec.get("served") is True
+    snap_rec = next(s for s in last_run(t).all(Step) if s.name == "snapshot")
+    assert snap_rec.served is True
     assert [m.id for m in t.store.list()] == [rep.snapshot_id]
 
 

@@ -16,15 +16,16 @@ from rewheel.commands import transaction as txn_mod
 from rewheel.commands.results import DiagnosisRecord
 from rewheel.commands.transaction import Transaction
 from rewheel.errors import ServiceError
+from rewheel.records import Note, Record
 from rewheel.snapshot import RestoreResult
 
 
 class FakeJournal:
     def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
+        self.records: list[Record] = []
 
-    def append(self, event: str, **kw: Any) -> None:
-        self.records.append({"event": str(event), **kw})
+    def append(self, rec: Record) -> None:
+        self.records.append(rec)
 
 
 class FakeService:
@@ -79,8 +80,8 @@ def test_the_service_after_a_restore(tmp_path: Path, was_up: bool, up_now: bool,
     assert svc.calls == calls
     assert back.health == health and back.left_stopped is (not was_up) and back.error is None
     assert (back.stopped_at is not None) is (calls[:1] == ["stop"])
-    assert [r for r in j.records if r.get("unchanged_but_restored")] == (
-        [{"event": "note", "unchanged_but_restored": True}] if calls[:1] == ["stop"] else [])
+    assert [r for r in j.records if isinstance(r, Note) and r.unchanged_but_restored] == (
+        [Note(unchanged_but_restored=True)] if calls[:1] == ["stop"] else [])
     assert moved.exists() is (written == 0)  # into the store's trash, whatever happened
 
 

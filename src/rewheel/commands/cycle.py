@@ -21,7 +21,8 @@ from rewheel.commands.target import Say, Target
 from rewheel.errors import SnapshotError
 from rewheel.journal import RunJournal
 from rewheel.snapshot import Progress, SnapshotMeta, take_snapshot
-from rewheel.statuses import Event, RunStatus, kept_status
+from rewheel.records import Installed, Note, SnapshotTaken, Started, Step
+from rewheel.statuses import RunStatus, StepName, kept_status
 
 if TYPE_CHECKING:
     from rewheel.diagnose import RootCause
@@ -30,12 +31,12 @@ if TYPE_CHECKING:
 class _Step:
     """Journal a step before it acts; time it; record ok/failed in the report."""
 
-    def __init__(self, run: Cycle, name: str, **info: Any) -> None:
-        self.run, self.name, self.info = run, name, info
+    def __init__(self, run: Cycle, step: Step) -> None:
+        self.run, self.step, self.name = run, step, str(step.name)
 
     def __enter__(self) -> _Step:
         self.t0 = time.monotonic()
-        self.run.j.append(Event.STEP, name=self.name, **self.info)
+        self.run.j.append(self.step)
         self.run.say(f"── {self.name}")
         return self
 
@@ -87,14 +88,15 @@ class Cycle(Staging, Reverting):
         whether the service ran before it, its pre-upgrade snapshot (None when it was
         interrupted before taking one)."""
         cyc = cls(t, lock=None, say=say, on_output=say, progress=progress)
-        notes = [r for r in j.records if r["event"] == Event.NOTE]
+        noted = [n.service_was_active for n in j.all(Note) if n.service_was_active is not None]
         cyc.j = j
-        cyc.was_active = any(r.get("service_was_active") for r in notes)
+        cyc.was_active = any(noted)
         cyc.report.run_id = j.id
-        cyc.report.before = (j.first(Event.STARTED) or {}).get("before") or {}
+        started = j.first(Started)
+        cyc.report.before = (started.before if started else None) or {}
         if t.recipe.service is not None:
             cyc.svc = ServiceSteps(t, j, cyc.report.steps, say)
-            if any("service_was_active" in r for r in notes):
+            if noted:
                 cyc.report.service_before = "active" if cyc.was_active else "inactive"
         cyc.snap = t.store.get(j.snapshot_id) if j.snapshot_id else None
         cyc.report.snapshot_id = j.snapshot_id  # the report (and --json) names what was restored
@@ -183,7 +185,7 @@ class Cycle(Staging, Reverting):
         self.was_active = st.up
         self.report.service_before = "active" if st.up else "inactive"
         self.report.service_judged_by = st.judged_by
-        self.j.append(Event.NOTE, service_was_active=self.was_active, service_judged_by=st.judged_by)
+        self.j.append(Note(service_was_active=self.was_active, service_judged_by=st.judged_by))
         if not st.up:
             self.say(f"{self.svc.manager.describe()} is not running: it is not started after the run")
         else:
@@ -195,7 +197,7 @@ class Cycle(Staging, Reverting):
         serves, see `check_snapshot`; its cleanup paths wait for the stop)."""
         from rewheel import patches as patchmod
 
-        with _Step(self, "snapshot", served=served):
+        with _Step(self, Step(name=StepName.SNAPSHOT, served=served)):
             dists = self.t.env.distributions()
             fetcher = self.host.fetcher(self.t.recipe)
             try:
@@ -206,7 +208,7 @@ class Cycle(Staging, Reverting):
                                 status="pre-upgrade", run_id=self.j.id, progress=self.progress, dists=dists,
                                 exclude=self.t.recipe.snapshot_exclude)
             self.snap = res.meta
-            self.j.append(Event.SNAPSHOT, snapshot_id=res.meta.id)
+            self.j.append(SnapshotTaken(snapshot_id=res.meta.id))
             self.report.snapshot_id = res.meta.id
             self.report.snapshot = res
             self.say(f"snapshot {res.meta.id}: {res.meta.files:,} files, {res.files_linked:,} shared "
@@ -234,7 +236,7 @@ class Cycle(Staging, Reverting):
         changed meanwhile (an edit, a byte-compiled cache written): the snapshot is taken
         again, in the window, and the first one removed. Cleanup paths move only now."""
         assert self.snap is not None
-        with _Step(self, "snapshot-check", snapshot_id=self.snap.id):
+        with _Step(self, Step(name=StepName.SNAPSHOT_CHECK, snapshot_id=self.snap.id)):
             same = env_matches(self.t, self.snap)
         if not same:
             stale = self.snap
@@ -250,7 +252,7 @@ class Cycle(Staging, Reverting):
     def reinstall(self) -> None:
         from rewheel import patches as patchmod
 
-        with _Step(self, "reinstall"):
+        with _Step(self, Step(name=StepName.REINSTALL)):
             keep: dict[str, str] = {}
             if self.t.recipe.patch_policy == "keep-old-version":
                 keep = {n: self.report.before[n] for n in patchmod.patched_distributions(self.scan)
@@ -294,7 +296,7 @@ class Cycle(Staging, Reverting):
             fetched = list(getattr(self.installed, "fetched", None) or [])
             if fetched:
                 self.report.fetched_after_stop = fetched
-                self.j.append(Event.NOTE, fetched_after_stop=fetched)
+                self.j.append(Note(fetched_after_stop=fetched))
                 if self.prepared is not None:
                     self.say("fetched after the stop (not in uv's cache): " + ", ".join(fetched))
 
@@ -311,7 +313,7 @@ class Cycle(Staging, Reverting):
         hazards = sorted(set(self.report.hazards) - self.cleaned)
         if self.prepared is None or not hazards:
             return
-        with _Step(self, "rewarm", packages=hazards):
+        with _Step(self, Step(name=StepName.REWARM, packages=hazards)):
             self.say("patched files share bytes with uv's cache: cleaning " + ", ".join(hazards)
                      + " from the cache and fetching them again"
                      + (" (the service keeps serving)" if self.report.service_before == "active" else ""))
@@ -333,12 +335,12 @@ class Cycle(Staging, Reverting):
         from rewheel import diff as diffmod
         from rewheel import patches as patchmod
 
-        with _Step(self, "diff"):
+        with _Step(self, Step(name=StepName.DIFF)):
             self.report.after = self.t.env.versions()
             self.report.attempted = dict(self.report.after)
             # When the install began: the distributions an `unshare` handles (a resume finishing
             # a kept run reads it here).
-            self.j.append(Event.INSTALLED, versions=self.report.after, install_ns=self.install_ns)
+            self.j.append(Installed(versions=self.report.after, install_ns=self.install_ns))
             self._check_planned()
             assert self.snap is not None
             reapply = self.t.recipe.patch_policy == "reapply" and bool(self.scan.patches)
@@ -405,11 +407,11 @@ class Cycle(Staging, Reverting):
             return
         t0 = time.monotonic()
         # Announced, so that a kill in the middle leaves a run `resume` finishes the unshare of.
-        self.j.append(Event.STEP, name="unshare", install_ns=self.install_ns)
+        self.j.append(Step(name=StepName.UNSHARE, install_ns=self.install_ns))
         try:
             files, size = staging.unshare(self.t.env, self.install_ns)
         except Exception as exc:  # noqa: BLE001 - the upgrade is kept; the report says what was left
-            self.j.append(Event.NOTE, unshare_failed=str(exc))
+            self.j.append(Note(unshare_failed=str(exc)))
             self.say(f"(files still shared with uv's cache: {exc})")
             return
         self.report.steps.append(StepRecord.since("unshare", True, t0))
@@ -426,7 +428,7 @@ class Cycle(Staging, Reverting):
 
         if self.t.recipe.smoke is None:
             return
-        with _Step(self, "smoke"):
+        with _Step(self, Step(name=StepName.SMOKE)):
             log = self.j.dir / "smoke.log"
             self.report.logs["smoke"] = str(log)
             res = self.host.smoke(self.t.recipe, log_path=log, on_line=self.on_output)
@@ -452,7 +454,7 @@ class Cycle(Staging, Reverting):
             raise
 
     def keep(self) -> None:
-        with _Step(self, "keep"):
+        with _Step(self, Step(name=StepName.KEEP)):
             assert self.snap is not None
             self.snap.extra["upgraded_to"] = self.report.after
             self.snap.save()

@@ -15,7 +15,8 @@ from rewheel.commands.target import Say, Target
 from rewheel.errors import RestoreError, RewheelError, SnapshotError, out_of_space
 from rewheel.journal import RunJournal
 from rewheel.snapshot import (Progress, RestoreResult, SnapshotMeta, check_cleanup_entries, take_snapshot)
-from rewheel.statuses import Event, RunStatus
+from rewheel.records import FailedSnapshot, Note, Step
+from rewheel.statuses import RunStatus, StepName
 
 
 class Reverting:
@@ -40,8 +41,8 @@ class Reverting:
         """Snapshot the failed build before restoring, so it can be diffed and inspected later
         (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
         this costs little; if it fails, the restore goes ahead anyway."""
-        restoring = any(r["event"] == Event.STEP and r.get("name") == "restore" for r in self.j.records)
-        if self.j.kind != "run" or self.j.first(Event.FAILED_SNAPSHOT) is not None or restoring:
+        restoring = self.j.stepped(StepName.RESTORE)
+        if self.j.kind != "run" or self.j.first(FailedSnapshot) is not None or restoring:
             # Only a failed upgrade is worth keeping, and only once; never a half-restored one
             # (a revert interrupted in its restore, finished by `resume`).
             return
@@ -49,7 +50,7 @@ class Reverting:
             res = take_snapshot(self.t.env, self.t.store, label=f"failed upgrade of run {self.j.id}",
                                 status="failed-upgrade", run_id=self.j.id, progress=self.progress,
                                 exclude=self.t.recipe.snapshot_exclude)
-            self.j.append(Event.FAILED_SNAPSHOT, failed_snapshot_id=res.meta.id)
+            self.j.append(FailedSnapshot(failed_snapshot_id=res.meta.id))
             revert.failed_snapshot_id = res.meta.id
             self.say(f"kept the failed state as snapshot {res.meta.id} for inspection")
         except Exception as exc:
@@ -63,7 +64,7 @@ class Reverting:
 
         how = getattr(exc, "signame", None) or "Ctrl-C"
         ref = self.t.cli_ref
-        stopped = any(r.get("event") == Event.STEP and r.get("name") == "stop" for r in self.j.records)
+        stopped = self.j.stepped(StepName.STOP)
         msg = f"run {self.j.id} was interrupted ({how}) at its {self.j.last_step or 'start'} step"
         if self.svc is not None and self.down_t0 is not None and (
                 self.svc.healthy_at is None or self.svc.healthy_at <= self.down_t0):
@@ -109,7 +110,7 @@ class Reverting:
             self.t.store.delete(fid)
         except (OSError, SnapshotError):
             return  # kept: retention removes it later
-        self.j.append(Event.NOTE, failed_snapshot_dropped=fid)
+        self.j.append(Note(failed_snapshot_dropped=fid))
         revert.failed_snapshot_id = None
         revert.failed_snapshot_dropped = fid
         self.say(f"the failed state was the restored state, byte for byte: snapshot {fid} removed")
@@ -119,7 +120,7 @@ class Reverting:
         try:
             check_cleanup_entries(self.snap, self.t.recipe.cleanup_paths)
         except RewheelError as exc:
-            self.j.append(Event.NOTE, cleanup_refused=exc.message)
+            self.j.append(Note(cleanup_refused=exc.message))
             return exc
         return None
 
@@ -127,7 +128,7 @@ class Reverting:
         """Stop, restore the snapshot, move cleanup paths back, start, verify."""
         t0 = time.monotonic()
         self.revert_t0 = t0
-        self.j.append(Event.STEP, name="revert", reason=reason)
+        self.j.append(Step(name=StepName.REVERT, reason=reason))
         self.say(f"── revert: {reason}")
         revert = RevertRecord(reason)
         self.report.revert = revert

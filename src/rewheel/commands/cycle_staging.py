@@ -13,7 +13,8 @@ from rewheel.commands.service_steps import cause_text
 from rewheel.commands.target import Say, Target
 from rewheel.host import Host
 from rewheel.journal import RunJournal
-from rewheel.statuses import Event, Finished, RunStatus
+from rewheel.records import Finish, Started, Step
+from rewheel.statuses import Finished, RunStatus, StepName
 
 
 class Staging:
@@ -89,11 +90,10 @@ class Staging:
                  "every wheel in uv's cache, the checks passed")
         if prepare_only:
             self.report.status = RunStatus.PREPARED
-            j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=self.lock, before=self.report.before,
-                                  prepare_only=True)
-            j.append(Event.STEP, name="prepare")
-            j.append(Event.FINISHED, status=Finished.PREPARED, before=self.report.before, prepared=prepared.lock,
-                     downtime=None)
+            j = RunJournal.create(t.store.env_dir, Started(kind="run", recipe=t.label, lock=self.lock,
+                                                           before=self.report.before, prepare_only=True))
+            j.append(Step(name=StepName.PREPARE))
+            j.append(Finish(status=Finished.PREPARED, before=self.report.before, prepared=prepared.lock))
             self.report.run_id, self.report.run_dir = j.id, str(j.dir)
             return False
         return True
@@ -110,7 +110,8 @@ class Staging:
         t = self.t
         failed = build.failed
         self.report.status = RunStatus.REJECTED
-        j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=self.lock, before=self.report.before)
+        j = RunJournal.create(t.store.env_dir,
+                              Started(kind="run", recipe=t.label, lock=self.lock, before=self.report.before))
         self.j = j
         self.report.run_id, self.report.run_dir = j.id, str(j.dir)
         dest = j.dir / "prepare"
@@ -136,7 +137,7 @@ class Staging:
         for c in build.checks:
             if c.log:
                 self.report.logs[c.name] = c.log
-        j.append(Event.STEP, name="prepare", check=failed.name)
+        j.append(Step(name=StepName.PREPARE, check=failed.name))
         if failed.log and Path(failed.log).is_file():
             try:
                 d = diagnose.analyse_file(failed.log, package=build.package or self.package())
@@ -151,9 +152,9 @@ class Staging:
                                   f"log: {failed.log or '(none)'}")
         self.report.failure = Failure.of("prepare", err)
         self.say(f"rejected: {err.message}")
-        j.append(Event.FINISHED, status=Finished.REJECTED, before=self.report.before, after=self.report.before,
-                 attempted=self.report.attempted, check=failed.name, root_cause=json_value(self.report.root_cause),
-                 downtime=None)
+        j.append(Finish(status=Finished.REJECTED, before=self.report.before, after=self.report.before,
+                        attempted=self.report.attempted, check=failed.name,
+                        root_cause=json_value(self.report.root_cause)))
 
     def load_prepared(self) -> None:
         """`--prepared`: the prepared state, refused (PreparedStale, exit 2, nothing changed)

@@ -13,7 +13,8 @@ from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refus
 from rewheel.errors import RestoreError, RewheelError, ServiceError, out_of_space
 from rewheel.journal import EnvLock
 from rewheel.snapshot import Progress
-from rewheel.statuses import Event, Finished, ResumeStatus, RunStatus, kept_status
+from rewheel.records import Finish, Installed, Note, Step
+from rewheel.statuses import Finished, ResumeStatus, RunStatus, StepName, kept_status
 
 
 def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> ResumeResult:
@@ -29,32 +30,32 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
         if j is None:
             return ResumeResult(ResumeStatus.NOTHING, None, "no interrupted run",
                                 stopped_processes=lk.stopped)
-        steps_seen = [r.get("name") for r in j.records if r["event"] == Event.STEP]
+        steps_seen = [s.name for s in j.all(Step)]
         cyc = Cycle.from_journal(t, j, say=say, progress=progress)
         _record_service_state(t, j, cyc)
 
         if j.kind == "run" and "keep" in steps_seen and "revert" not in steps_seen:
             assert cyc.snap is not None
-            j.append(Event.STEP, name="keep", resumed=True)
+            j.append(Step(name=StepName.KEEP, resumed=True))
             cyc.report.after = t.env.versions()
             cyc.snap.extra["upgraded_to"] = cyc.report.after
             cyc.snap.save()
             cyc.report.status = kept_status(cyc.report.before, cyc.report.after, True)
             # The unshare a kill may have cut short, done again (it leaves no file of its own
             # behind and copies only what still shares an inode with uv's cache).
-            installed = j.last(Event.INSTALLED) or {}
-            cyc.install_ns = installed.get("install_ns") if isinstance(installed.get("install_ns"), int) else None
+            installed = j.last(Installed)
+            cyc.install_ns = installed.install_ns if installed else None
             cyc.unshare()
-            j.append(Event.FINISHED, status=cyc.report.status, resumed=True, after=cyc.report.after)
+            j.append(Finish(status=Finished.of(cyc.report.status), resumed=True, after=cyc.report.after))
             close_superseded(t.store.env_dir, j)
             return ResumeResult(ResumeStatus.UPGRADED, j.id, "finished recording a verified upgrade", cyc.report,
                                 stopped_processes=lk.stopped)
 
-        served = any(r["event"] == Event.STEP and r.get("name") == "snapshot" and r.get("served") for r in j.records)
+        served = any(s.name == StepName.SNAPSHOT and s.served for s in j.all(Step))
         if cyc.snap is None or (served and "stop" not in steps_seen):
             # Interrupted before the snapshot existed, or a staged run's snapshot taken while
             # the service served and before its stop: the environment was not touched.
-            j.append(Event.STEP, name="abort", resumed=True)
+            j.append(Step(name=StepName.ABORT, resumed=True))
             svc = cyc.svc
             try:
                 if svc is not None and cyc.was_active and not svc.was_active():
@@ -67,20 +68,20 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
                 # block every later command with exit 4. The cause comes from its log.
                 assert svc is not None  # only a start raises it
                 cyc.report.root_cause, cyc.report.diagnosis = service_root_cause(svc, cyc.package())
-                j.append(Event.FINISHED, status=Finished.FAILED, resumed=True, service_error=exc.message,
-                         root_cause=json_value(cyc.report.root_cause))
+                j.append(Finish(status=Finished.FAILED, resumed=True, service_error=exc.message,
+                                root_cause=json_value(cyc.report.root_cause)))
                 close_superseded(t.store.env_dir, j)
                 exc.message += f"; its log says{cause_text(cyc.report.root_cause)}" if cyc.report.root_cause else ""
                 raise
-            j.append(Event.FINISHED, status=Finished.ABORTED, resumed=True)
+            j.append(Finish(status=Finished.ABORTED, resumed=True))
             close_superseded(t.store.env_dir, j)
             cyc.report.status = RunStatus.FAILED
             return ResumeResult(ResumeStatus.ABORTED, j.id, "nothing had been changed; service restored as it was", cyc.report,
                                 stopped_processes=lk.stopped)
 
         def close() -> None:
-            j.append(Event.FINISHED, status=cyc.report.status, resumed=True, after=cyc.report.after,
-                     root_cause=json_value(cyc.report.root_cause))
+            j.append(Finish(status=Finished.of(cyc.report.status), resumed=True, after=cyc.report.after,
+                            root_cause=json_value(cyc.report.root_cause)))
             # Older interrupted journals below this one describe states already overwritten.
             close_superseded(t.store.env_dir, j)
 
@@ -104,7 +105,7 @@ def _record_service_state(t: Target, j: journal.RunJournal, cyc: Cycle) -> None:
     (as the rollback itself would have judged). Recorded in the journal before anything is
     touched, so that a resume killed in turn leaves the same answer to the next one."""
     svc = cyc.svc
-    if svc is None or any(r["event"] == Event.NOTE and "service_was_active" in r for r in j.records):
+    if svc is None or any(n.service_was_active is not None for n in j.all(Note)):
         return
     st = svc.status()
     was = bool(st.up)
@@ -113,6 +114,6 @@ def _record_service_state(t: Target, j: journal.RunJournal, cyc: Cycle) -> None:
         unfinished = next((r for r in others if not r.finished and r.records), None)
         earlier = next((r for r in others[:1] if left_service_down(r)), unfinished)
         was = noted_active(earlier)
-    j.append(Event.NOTE, service_was_active=was, service_judged_by=st.judged_by, resumed=True)
+    j.append(Note(service_was_active=was, service_judged_by=st.judged_by, resumed=True))
     cyc.was_active = was
     cyc.report.service_before = "active" if was else "inactive"

@@ -20,7 +20,8 @@ from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refus
 from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, out_of_space
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
-from rewheel.statuses import UNDO_SKIPPED, Event, Finished, RollbackStatus
+from rewheel.records import Finish, Note, Started, Step
+from rewheel.statuses import UNDO_SKIPPED, Finished, RollbackStatus, StepName
 
 
 # A build that failed its checks, kept for inspection: never a default rollback target,
@@ -90,8 +91,8 @@ def noted_active(j: RunJournal | None) -> bool:
     """Whether a journal recorded the service as running before its run began."""
     if j is None:
         return False
-    notes = [r for r in j.records if r["event"] == Event.NOTE and "service_was_active" in r]
-    return bool(notes and notes[0]["service_was_active"])
+    noted = [n.service_was_active for n in j.all(Note) if n.service_was_active is not None]
+    return bool(noted and noted[0])
 
 
 def left_service_down(j: RunJournal) -> bool:
@@ -100,9 +101,10 @@ def left_service_down(j: RunJournal) -> bool:
         return True
     if j.status != Finished.FAILED:
         return False
-    fin = j.last(Event.FINISHED) or {}
+    fin = j.last(Finish)
     # A run that failed before its reinstall ("error") started the service again itself.
-    return "error" not in fin or any("restart_after_abort_failed" in r for r in j.records)
+    return (fin is None or fin.error is None
+            or any(n.restart_after_abort_failed is not None for n in j.all(Note)))
 
 
 def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bool = True, say: Say = quiet,
@@ -138,8 +140,8 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         # With a service: before it is stopped. Without one the restore itself checks every
         # stored file it needs before it changes anything, at no extra cost (see below).
         recovery = recover_stored_bytes(t, snap, say) if t.recipe.service is not None else None
-        j = RunJournal.create(t.store.env_dir, "rollback", snapshot_id=snap.id, recipe=t.label,
-                              force=force)
+        j = RunJournal.create(t.store.env_dir,
+                              Started(kind="rollback", snapshot_id=snap.id, recipe=t.label, force=force))
         steps: list[StepRecord] = []
         svc = ServiceSteps(t, j, steps, say) if t.recipe.service is not None else None
         txn = Transaction(t, j, snap, svc, say=say, progress=progress,
@@ -163,7 +165,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             if svc and not unchanged:
                 svc.check_stoppable(st)
         except BaseException:
-            j.append(Event.FINISHED, status=Finished.REFUSED, snapshot_id=snap.id)
+            j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
             raise
         undo_id = undo_error = None
         served_undo = False
@@ -172,8 +174,8 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             up_now = st.up
             # Up now, or up before the run that stopped it and left it so.
             was_up = up_now or noted_active(left_down)
-            j.append(Event.NOTE, service_was_active=was_up, service_judged_by=st.judged_by,
-                     environment_unchanged=unchanged)
+            j.append(Note(service_was_active=was_up, service_judged_by=st.judged_by,
+                          environment_unchanged=unchanged))
             if unchanged:
                 say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
             else:
@@ -194,16 +196,16 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                         if was_up and not svc.was_active():
                             svc.start_and_verify()
                     except Exception as again:  # noqa: BLE001 - the stop's failure is reported
-                        j.append(Event.NOTE, restart_after_abort_failed=str(again))
+                        j.append(Note(restart_after_abort_failed=str(again)))
                     finally:
                         if undo_id is not None:
                             _forget_quietly(t.store, undo_id)  # nothing was replaced: nothing to undo
-                        j.append(Event.FINISHED, status=Finished.FAILED, snapshot_id=snap.id,
-                                 error=getattr(exc, "message", None) or str(exc))
+                        j.append(Finish(status=Finished.FAILED, snapshot_id=snap.id,
+                                        error=getattr(exc, "message", None) or str(exc)))
                     raise
         if not undo and not unchanged:
             undo_error = UNDO_SKIPPED
-            j.append(Event.NOTE, undo_snapshot_error=undo_error)
+            j.append(Note(undo_snapshot_error=undo_error))
         elif served_undo:
             assert undo_id is not None
             undo_id, undo_error = _check_undo_snapshot(t, j, snap, undo_id, steps, failed_build=replaces_failed,
@@ -226,7 +228,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                 if svc and stopped and was_up:
                     svc.start_and_verify()
             finally:
-                j.append(Event.FINISHED, status=Finished.REFUSED, snapshot_id=snap.id)
+                j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
             raise
         txn.move_back(res)
         steps.append(StepRecord.since("restore", True, t0))
@@ -238,7 +240,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             svc.skip_start("the service was not running before: it stays stopped")
         if interrupted is not None:
             # The files are the snapshot's now, whether or not the service came back.
-            interrupted.append(Event.FINISHED, status=Finished.ROLLED_BACK, by_run=j.id)
+            interrupted.append(Finish(status=Finished.ROLLED_BACK, by_run=j.id))
         superseded = close_superseded(t.store.env_dir, j, skip={interrupted.id} if interrupted else set())
         result = RollbackResult(snap, res, j.id, back.health, interrupted.id if interrupted else None, steps,
                                 lk.stopped, undo_snapshot_id=undo_id, undo_snapshot_error=undo_error,
@@ -254,10 +256,10 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                 return result
             # Finished, not left interrupted: the files are restored and verified; what is
             # wrong is the service, which the result names (no "error" key: see left_service_down).
-            j.append(Event.FINISHED, status=Finished.FAILED, snapshot_id=snap.id, service_error=result.error,
-                     root_cause=json_value(result.root_cause), downtime=json_value(result.downtime))
+            j.append(Finish(status=Finished.FAILED, snapshot_id=snap.id, service_error=result.error,
+                            root_cause=json_value(result.root_cause), downtime=json_value(result.downtime)))
             return result
-        j.append(Event.FINISHED, status=Finished.RESTORED, snapshot_id=snap.id, downtime=json_value(result.downtime))
+        j.append(Finish(status=Finished.RESTORED, snapshot_id=snap.id, downtime=json_value(result.downtime)))
         keep = protected_snapshots(t.store) | {snap.id} | ({undo_id} if undo_id else set())
         result.pruned = t.store.prune(t.recipe.keep, keep)
         if result.pruned:
@@ -270,13 +272,13 @@ def _live_is_failed_build(t: Target, runs: list[RunJournal], interrupted: RunJou
     an upgrade interrupted after its reinstall began, one that failed and was left in place
     (`--no-revert`), or a failed build restored with --force."""
     if interrupted is not None and interrupted.kind == "run":
-        return any(r.get("name") == "reinstall" for r in interrupted.records if r["event"] == Event.STEP)
+        return interrupted.stepped(StepName.REINSTALL)
     newest = next((r for r in runs if r.finished), None)
     if newest is None:
         return False
-    fin = newest.last(Event.FINISHED) or {}
+    fin = newest.last(Finish)
     if newest.kind == "run":
-        return newest.status == Finished.FAILED and bool(fin.get("kept_failed_state"))
+        return newest.status == Finished.FAILED and bool(fin and fin.kept_failed_state)
     if newest.kind == "rollback" and newest.status in (Finished.RESTORED, Finished.FAILED) and newest.snapshot_id:
         try:
             return is_failed_build(t.store.get(newest.snapshot_id))
@@ -325,7 +327,7 @@ def _check_undo_snapshot(t: Target, j: RunJournal, target: SnapshotMeta, undo_id
     Anything changed since (an edit, a byte-compiled cache written): the snapshot is taken
     again, now, and the stale one removed. Returns (snapshot id, error)."""
     t0 = time.monotonic()
-    j.append(Event.STEP, name="snapshot-check", purpose="undo", snapshot_id=undo_id)
+    j.append(Step(name=StepName.SNAPSHOT_CHECK, purpose="undo", snapshot_id=undo_id))
     try:
         same = env_matches(t, t.store.get(undo_id))
     except (SnapshotDamaged, SnapshotError):
@@ -335,7 +337,7 @@ def _check_undo_snapshot(t: Target, j: RunJournal, target: SnapshotMeta, undo_id
         return undo_id, None
     say(f"the environment changed while the service served: the undo snapshot {undo_id} is taken again")
     _forget_quietly(t.store, undo_id)
-    j.append(Event.NOTE, undo_snapshot_stale=undo_id)
+    j.append(Note(undo_snapshot_stale=undo_id))
     return _snapshot_replaced_state(t, j, target, steps, failed_build=failed_build, say=say, progress=progress)
 
 
@@ -349,20 +351,20 @@ def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, ste
     and the result says it cannot be undone. `served`: taken before the stop (then checked
     in the window by `_check_undo_snapshot`). Returns (snapshot id, error)."""
     t0 = time.monotonic()
-    j.append(Event.STEP, name="snapshot", purpose="undo", served=served)
+    j.append(Step(name=StepName.SNAPSHOT, purpose="undo", served=served))
     try:
         res = take_snapshot(t.env, t.store, label=f"before rollback {j.id} to {target.id}", status=PRE_ROLLBACK,
                             run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude)
     except Exception as exc:  # noqa: BLE001 - any failure: reported, the restore still goes ahead
         msg = getattr(exc, "message", None) or str(exc)
-        j.append(Event.NOTE, undo_snapshot_error=msg)
+        j.append(Note(undo_snapshot_error=msg))
         steps.append(StepRecord.since("snapshot", False, t0))
         say(f"could not snapshot the state this rollback replaces ({msg}): going ahead; it cannot be undone")
         return None, msg
     if failed_build:
         res.meta.extra["failed_build"] = True  # never a default target, restored only with --force
         res.meta.save()
-    j.append(Event.NOTE, undo_snapshot_id=res.meta.id)
+    j.append(Note(undo_snapshot_id=res.meta.id))
     steps.append(StepRecord.since("snapshot", True, t0))
     say(f"snapshot {res.meta.id} holds the state this rollback replaces "
         f"(`rewheel rollback {t.cli_ref} {res.meta.id}` undoes it)")
@@ -402,6 +404,6 @@ def close_superseded(env_dir: Path, by: RunJournal, *, skip: AbstractSet[str] = 
     for r in journal.list_runs(env_dir):
         if r.id == by.id or r.id in skip or r.finished or not r.records:
             continue
-        r.append(Event.FINISHED, status=Finished.SUPERSEDED, by_run=by.id)
+        r.append(Finish(status=Finished.SUPERSEDED, by_run=by.id))
         closed.append(r.id)
     return closed

@@ -12,7 +12,8 @@ from rewheel.commands.results import RevertRecord, RunReport, StepRecord, json_v
 from rewheel.commands.target import Say, Target, quiet, refuse_system_interpreter
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import Progress, unstash_cleanup
-from rewheel.statuses import Event, Finished, RunStatus
+from rewheel.records import Finish, Note, Started
+from rewheel.statuses import Finished, RunStatus
 
 
 def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert: bool = False,
@@ -59,9 +60,10 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             return cyc.report
         if staged and not prepared and not cyc.prepare(prepare_only):
             return cyc.report  # rejected, or prepared only: the service was never stopped
-        cyc.j = RunJournal.create(t.store.env_dir, "run", recipe=t.label, lock=lock,
-                                  before=cyc.report.before, plan=json_value(cyc.report.plan), staged=staged,
-                                  prepared=cyc.prepared.lock if cyc.prepared else None)
+        started = Started(kind="run", recipe=t.label, lock=lock, before=cyc.report.before,
+                          plan=json_value(cyc.report.plan), staged=staged,
+                          prepared=cyc.prepared.lock if cyc.prepared else None)
+        cyc.j = RunJournal.create(t.store.env_dir, started)
         lk.journal = cyc.j  # uv and the smoke test are journaled (pid, group, start time)
         cyc.report.run_id = cyc.j.id
         cyc.report.run_dir = str(cyc.j.dir)
@@ -112,7 +114,7 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
             raise RestoreError(f"{cyc.j.last_step} failed: {getattr(exc, 'message', exc)}; nothing was installed, "
                                f"but the service could not be started again: {getattr(again, 'message', again)}",
                                hint=f"free disk there, then `rewheel resume {t.cli_ref}` starts it") from exc
-        cyc.j.append(Event.FINISHED, status=Finished.FAILED, error=str(exc), downtime=json_value(cyc.report.downtime))
+        cyc.j.append(Finish(status=Finished.FAILED, error=str(exc), downtime=json_value(cyc.report.downtime)))
         raise
     try:
         cyc.reinstall()
@@ -130,8 +132,8 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
             cyc.unshare()  # left for debugging, and edited in place: not through uv's cache
             cyc.report.after = t.env.versions()
             cyc.report.downtime = cyc.downtime()
-            cyc.j.append(Event.FINISHED, status=Finished.FAILED, kept_failed_state=True, before=cyc.report.before,
-                         after=cyc.report.after, downtime=json_value(cyc.report.downtime))
+            cyc.j.append(Finish(status=Finished.FAILED, kept_failed_state=True, before=cyc.report.before,
+                                after=cyc.report.after, downtime=json_value(cyc.report.downtime)))
             return cyc.report
         # A signal (Ctrl-C, SIGTERM, SIGHUP) or a kill during the revert leaves the run open in
         # its journal: `resume` finishes the restore. Only an ended revert closes it.
@@ -148,16 +150,16 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
                 cyc.report.downtime = cyc.downtime()
                 return cyc.report
         cyc.report.downtime = cyc.downtime()
-        cyc.j.append(Event.FINISHED, status=cyc.report.status, reason=reason,
-                     before=cyc.report.before, after=cyc.report.after,
-                     root_cause=json_value(cyc.report.root_cause), downtime=json_value(cyc.report.downtime))
+        cyc.j.append(Finish(status=Finished.of(cyc.report.status), reason=reason,
+                            before=cyc.report.before, after=cyc.report.after,
+                            root_cause=json_value(cyc.report.root_cause), downtime=json_value(cyc.report.downtime)))
         cyc.prune_after_revert()
         return cyc.report
     cyc.report.downtime = cyc.downtime()
     cyc.finish_file_diff()  # the service answers already: outside the downtime
     cyc.unshare()
-    cyc.j.append(Event.FINISHED, status=cyc.report.status, before=cyc.report.before, after=cyc.report.after,
-                 downtime=json_value(cyc.report.downtime))
+    cyc.j.append(Finish(status=Finished.of(cyc.report.status), before=cyc.report.before, after=cyc.report.after,
+                        downtime=json_value(cyc.report.downtime)))
     return cyc.report
 
 
@@ -169,6 +171,6 @@ def _restart_after_abort(cyc: Cycle) -> Exception | None:
                 unstash_cleanup(cyc.snap, cyc.t.recipe.cleanup_paths)
             cyc.svc.start_and_verify()
         except Exception as exc:  # report the original failure; this one goes in the journal
-            cyc.j.append(Event.NOTE, restart_after_abort_failed=str(exc))
+            cyc.j.append(Note(restart_after_abort_failed=str(exc)))
             return exc
     return None

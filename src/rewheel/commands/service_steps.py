@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 from rewheel.commands.results import DiagnosisRecord, StepRecord
 from rewheel.commands.target import Say, Target
 from rewheel.journal import RunJournal
-from rewheel.statuses import Event
+from rewheel.records import Healthy, Note, Step
+from rewheel.statuses import StepName
 
 if TYPE_CHECKING:
     from rewheel.diagnose import RootCause
@@ -54,7 +55,7 @@ class ServiceSteps:
 
     def skip_start(self, reason: str) -> None:
         """Record that the service is deliberately not started (it was not running before)."""
-        self.j.append(Event.NOTE, service_start_skipped=reason)
+        self.j.append(Note(service_start_skipped=reason))
         self.say(reason)
         self.steps.append(StepRecord("start", True, 0.0, skipped=True, reason=reason))
 
@@ -63,7 +64,7 @@ class ServiceSteps:
         from rewheel import service
 
         t0 = time.monotonic()
-        self.j.append(Event.NOTE, service_not_restarted=reason)
+        self.j.append(Note(service_not_restarted=reason))
         self.say(f"{reason}; checking {self.manager.describe()} is healthy")
         try:
             health = self.host.wait_ready(self.manager, self.spec, client=self.host.client,
@@ -72,13 +73,13 @@ class ServiceSteps:
             self.steps.append(StepRecord.since("health", False, t0))
             raise
         self.steps.append(StepRecord.since("health", True, t0, restarted=False))
-        self.j.append(Event.HEALTHY, detail=health.detail)
+        self.j.append(Healthy(detail=health.detail))
         health.restarted = False
         return health
 
     def stop(self) -> None:
         t0 = time.monotonic()
-        self.j.append(Event.STEP, name="stop", service=self.manager.describe())
+        self.j.append(Step(name=StepName.STOP, service=self.manager.describe()))
         self.say(f"stopping {self.manager.describe()}")
         self.manager.stop(float(self.spec.stop_timeout_s))
         smoke = self.t.recipe.smoke
@@ -91,7 +92,7 @@ class ServiceSteps:
         from rewheel import service
 
         t0 = time.monotonic()
-        self.j.append(Event.STEP, name="start", service=self.manager.describe())
+        self.j.append(Step(name=StepName.START, service=self.manager.describe()))
         self.say(f"starting {self.manager.describe()}")
         self.started_at = time.time()
         try:
@@ -121,7 +122,7 @@ class ServiceSteps:
         self.healthy_at = max(t1, min(healthy, time.monotonic()))
         self.starts.append((t0, t1 - t0, self.healthy_at - t1))
         self.steps.append(StepRecord.since("start", True, t0))
-        self.j.append(Event.HEALTHY, detail=health.detail)
+        self.j.append(Healthy(detail=health.detail))
         return health
 
     def log_lines(self) -> Any:

@@ -25,7 +25,8 @@ from rewheel.commands.target import Say, Target
 from rewheel.errors import ServiceError, SnapshotDamaged
 from rewheel.journal import RunJournal
 from rewheel.snapshot import Progress, RestoreResult, SnapshotMeta, discard_displaced, restore_snapshot, unstash_cleanup
-from rewheel.statuses import Event
+from rewheel.records import Note, Step
+from rewheel.statuses import StepName
 
 if TYPE_CHECKING:
     from rewheel.diagnose import RootCause
@@ -73,7 +74,7 @@ class Transaction:
     def restore(self, *, defer_removal: bool) -> RestoreResult:
         """Journal the restore, then run it. `defer_removal`: what it moves out (a failed
         build's new folders) is deleted by `service_back`, once the service is back up."""
-        self.j.append(Event.STEP, name="restore", snapshot_id=self.snap.id)
+        self.j.append(Step(name=StepName.RESTORE, snapshot_id=self.snap.id))
         try:
             return restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=defer_removal)
         except SnapshotDamaged:
@@ -103,7 +104,7 @@ class Transaction:
             if svc is None:
                 return out
             if not stopped and restore_changed(res):
-                self.j.append(Event.NOTE, unchanged_but_restored=True)
+                self.j.append(Note(unchanged_but_restored=True))
                 out.stopped_at = time.monotonic()
                 svc.stop()
                 stopped = True

@@ -11,7 +11,7 @@ from rewheel.errors import SnapshotError
 from rewheel.journal import RunJournal
 from rewheel.paths import state_home
 from rewheel.snapshot import SnapshotMeta, Store
-from rewheel.statuses import Event
+from rewheel.records import FailedSnapshot, Started
 
 
 def _env_dirs(home: Path) -> list[tuple[Path, Path]]:
@@ -63,7 +63,8 @@ def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None =
                 raise UsageError(f"run {run_id} took no snapshot: there is no upgrade to compare the crash with",
                                  hint=f"its journal: {rdir / 'journal.jsonl'}")
             store = Store(prefix, home)
-            failed = (j.first(Event.FAILED_SNAPSHOT) or {}).get("failed_snapshot_id")
+            kept = j.first(FailedSnapshot)
+            failed = kept.failed_snapshot_id if kept else None
             found.append((store, store.get(j.snapshot_id), store.get(failed) if failed else None, rdir, prefix))
         else:
             assert snapshot is not None
@@ -92,7 +93,8 @@ def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None =
     if run_dir is not None and (run_dir / "patches" / "patches.json").is_file():
         import json
 
-        recipe_path = (RunJournal.load(run_dir).first(Event.STARTED) or {}).get("recipe")
+        started = RunJournal.load(run_dir).first(Started)
+        recipe_path = started.recipe if started else None
         policy = None
         try:
             policy = load_recipe(recipe_path, check_interpreter=False).patch_policy if recipe_path else None
