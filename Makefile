@@ -25,7 +25,7 @@ test: venv typecheck
 typecheck: venv
 	$(BIN)/python -m mypy
 
-# The unit layer alone (no process started; about 15 s).
+# The unit layer alone (no process started; about 10 s).
 test-unit: venv
 	$(BIN)/python -m pytest -q -p no:xdist tests/unit
 
