@@ -461,11 +461,12 @@ class RunJournal:
         return str(steps[-1].name) if steps else None
 
     def summary(self) -> dict[str, Any]:
-        start = self.first(Started) or Started()
+        started = self.first(Started)
+        start = started or Started()
         fin = self.last(Finish)
         installed = self.last(Installed)
         return {"id": self.id, "kind": self.kind, "status": self.status,
-                "started": start.time if self.first(Started) else None,
+                "started": started.time if started else None,
                 "finished": fin.time if fin else None,
                 "snapshot_id": self.snapshot_id, "last_step": self.last_step,
                 "recipe": start.recipe, "before": (fin.before if fin else None) or start.before,

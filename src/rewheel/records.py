@@ -276,15 +276,15 @@ def from_json(doc: Any) -> AnyRecord | None:
     return cls(extra=extra, **kwargs)
 
 
-_SCHEMAS: dict[str, dict[str, tuple[tuple[Any, ...], bool]]] = {}
+_SCHEMAS: dict[type[Record], dict[str, tuple[tuple[Any, ...], bool]]] = {}
 
 
 def _schema(cls: type[Record]) -> dict[str, tuple[tuple[Any, ...], bool]]:
     """Each field's allowed types (the arms of its annotation) and whether it is required."""
-    if cls.__name__ in _SCHEMAS:
-        return _SCHEMAS[cls.__name__]
+    if cls in _SCHEMAS:
+        return _SCHEMAS[cls]
     hints = typing.get_type_hints(cls)
-    out = _SCHEMAS[cls.__name__] = {}
+    out = _SCHEMAS[cls] = {}
     for f in fields(cls):
         if f.name in ("time", "extra"):
             continue
