@@ -218,6 +218,7 @@ def wait_gpus_released(timeout_s: float, *, poll_s: float = 1.0,
         wanted = set(gpu_uuids) if gpu_uuids is not None else {
             g.uuid for g in visible_gpus(gpus, env.get("CUDA_VISIBLE_DEVICES"))}
         last_report = ""
+        gaps = proc.backoff(poll_s)
         while True:
             holding = [a for a in compute_apps(gpus) if a.gpu_uuid in wanted]
             if not holding:
@@ -230,7 +231,7 @@ def wait_gpus_released(timeout_s: float, *, poll_s: float = 1.0,
             if on_progress and report != last_report:
                 on_progress(f"waiting for GPU memory to be released: {report}")
                 last_report = report
-            time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
+            time.sleep(max(0.0, min(next(gaps), deadline - time.monotonic())))
     except NvidiaSmiUnavailable as exc:
         raise GpuError(f"cannot check that GPU memory was released: {exc.message}",
                        hint=exc.hint) from None

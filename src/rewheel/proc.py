@@ -30,6 +30,16 @@ from typing import Any, Iterator
 from rewheel.errors import CommandNotFound
 
 
+def backoff(cap_s: float, first_s: float = 0.05) -> Iterator[float]:
+    """Gaps for a poll: `first_s`, doubling up to `cap_s`. A service or a GPU that is ready
+    within a fraction of a second is seen at once (that is downtime saved), and a model that
+    loads for minutes is still asked only every `cap_s`."""
+    gap = min(first_s, cap_s)
+    while True:
+        yield gap
+        gap = min(cap_s, gap * 2)
+
+
 @dataclass
 class Completed:
     argv: list[str]

@@ -331,6 +331,7 @@ class SystemdManager:
         if r.returncode != 0:
             raise ServiceError(f"`systemctl stop {self.unit}` failed (exit {r.returncode}): "
                                f"{(r.stderr or r.stdout).strip() or '(no output)'}")
+        gaps = proc.backoff(0.2)
         while True:
             st = self.status()
             for pid in st.pids:
@@ -341,7 +342,7 @@ class SystemdManager:
                 return
             if time.monotonic() >= deadline:
                 break
-            time.sleep(0.2)
+            time.sleep(next(gaps))
         what = f"processes still running: {_describe_pids(left)}" if left else "no process left"
         raise ServiceError(
             f"{self.unit} did not stop within {timeout_s:g}s (ActiveState={st.state}, "
@@ -522,13 +523,16 @@ class CommandManager:
         but not answered in time."""
         if not self.health_url:
             return False
-        httpclient.check_tls_env()  # not "nothing answers": a broken SSL_CERT_FILE, named
+        # A broken SSL_CERT_FILE raises (named) here rather than passing as "nothing answers".
+        http = httpclient.client(timeout=2.0)
         try:
-            httpx.get(self.health_url, timeout=2.0)
+            http.get(self.health_url)
         except httpx.TimeoutException as exc:
             return not isinstance(exc, httpx.ConnectTimeout)
         except Exception:  # refused, reset, a bad URL: nothing answers
             return False
+        finally:
+            http.close()
         return True
 
     def _listening(self) -> bool:
@@ -851,6 +855,7 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
         healthy_detail = "no health_url: liveness only"
         first_healthy: float | None = None
         if spec.health_url:
+            gaps = proc.backoff(poll_s)
             while True:
                 restarts = liveness("while starting")
                 remaining = deadline - time.monotonic()
@@ -866,7 +871,7 @@ def wait_ready(manager: ServiceManager, spec: ServiceSpec, *, client: httpx.Clie
                                restarts,
                                hint=f"raise service.ready_timeout_s if the model needs longer to "
                                     f"load; {log_hint}")
-                time.sleep(max(0.0, min(poll_s, deadline - time.monotonic())))
+                time.sleep(max(0.0, min(next(gaps), deadline - time.monotonic())))
         # Up once is not up: a server that crashes right after binding its port would pass.
         progress(f"{healthy_detail}; watching it for {spec.settle_s:g}s")
         settle_end = time.monotonic() + spec.settle_s
