@@ -29,6 +29,31 @@ if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
 
 
+# -- scheduling on xdist workers (`make test`: --dist loadgroup --no-loadscope-reorder) -----------
+# Tests that share a module-scoped fixture (a built environment, a fleet of hosts) run on one
+# worker, so it is built once; every other test is handed out on its own. The long ones go
+# first, in this order, so no worker is left running a one-minute test alone at the end (what
+# `--dist loadfile` did with the kill-point file). A stale list costs minutes, never a result.
+LONG_FIRST = ("test_killpoints.py", "test_crash_records.py", "test_killpoints_signals.py",
+              "test_fleet_ansible.py", "test_bench.py", "test_real_upgrade.py", "test_full_disk.py",
+              "test_crash.py", "test_signal_revert.py", "test_run.py", "test_demo_parts.py", "test_pipes.py")
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope in ("module", "class", "package") for ds in defs for d in ds)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as found
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _no_process_left(tmp_path_factory: pytest.TempPathFactory):
     """At the end of the session (of each xdist worker), no process started from this

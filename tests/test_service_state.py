@@ -99,8 +99,11 @@ def test_stopping_a_service_started_elsewhere_runs_stop_and_waits_for_its_port(t
                        health_url=f"http://127.0.0.1:{port}/health")
     wait_for(lambda: m.status().active)
     m.stop(10)
-    assert not pid_alive(pid) and not pidfile.exists()
     assert not m._answers() and not m._listening()  # the port is free for the next start
+    # Its socket closes as its interpreter shuts down, a moment before the process is gone
+    # (seen under load: still alive right after the stop returned).
+    assert not pidfile.exists()
+    wait_for(lambda: not pid_alive(pid), timeout=10)
     st = m.status()
     assert (st.active, st.state, st.judged_by) == (False, "inactive", "health")
     m.stop(5)  # already down: nothing to do, and `stop` is not run again
