@@ -320,17 +320,39 @@ def _make_handler(server: IndexServer, hashes: _HashCache) -> type[BaseHTTPReque
     return Handler
 
 
+# The ports this process's indexes were given. uv's cache keys a wheel by the index URL and the
+# file name: an index started later on a port an earlier one had would have its `toypkg-2.0.0`
+# mistaken for the earlier folder's (other bytes, same name), and the install fail its hash.
+_PORTS_GIVEN: set[tuple[str, int]] = set()
+
+
+def _bind(host: str, port: int, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """Port 0: a free port this process has not served an index from before."""
+    held: list[ThreadingHTTPServer] = []
+    try:
+        while True:
+            httpd = ThreadingHTTPServer((host, port), handler)
+            if port or (host, httpd.server_address[1]) not in _PORTS_GIVEN:
+                _PORTS_GIVEN.add((host, httpd.server_address[1]))
+                return httpd
+            held.append(httpd)  # kept open while the next one binds, so the kernel skips it
+    finally:
+        for h in held:
+            h.server_close()
+
+
 def start_index(wheels_dir: str | os.PathLike[str], *, host: str = "127.0.0.1", port: int = 0,
                 prefix_paths: Mapping[str, str | os.PathLike[str]] | None = None,
                 auth: tuple[str, str] | None = None) -> IndexServer:
-    """Start serving `wheels_dir` in a background thread; port 0 picks a free port."""
+    """Start serving `wheels_dir` in a background thread; port 0 picks a free port (one no
+    earlier index of this process had)."""
     root = Path(wheels_dir).resolve()
     if not root.is_dir():
         raise FileNotFoundError(f"wheels folder {root} does not exist")
     prefixes = {k.strip("/"): (Path(v) if Path(v).is_absolute() else root / v)
                 for k, v in (prefix_paths or {}).items()}
     server = IndexServer(wheels_dir=root, host=host, port=0, auth=auth, prefix_paths=prefixes)
-    httpd = ThreadingHTTPServer((host, port), _make_handler(server, _HashCache()))
+    httpd = _bind(host, port, _make_handler(server, _HashCache()))
     httpd.daemon_threads = True
     server.port = httpd.server_address[1]
     server._httpd = httpd

@@ -142,3 +142,35 @@ def test_module_entry_point_rejects_a_missing_folder(tmp_path: Path) -> None:
     cp = subprocess.run([sys.executable, "-m", "devtools.localindex", str(tmp_path / "nope")],
                         capture_output=True, text=True, timeout=30, cwd=REPO)
     assert cp.returncode == 2 and "does not exist" in cp.stderr
+
+
+def test_no_two_indexes_of_one_process_get_the_same_port(wheels: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """uv's cache keys a wheel by the index URL and the file name: an index on a port an earlier
+    one had would serve its `toypkg-2.0.0` under the earlier one's cache entry. When the kernel
+    offers a port again, it is held and another taken (a fake server class plays the kernel)."""
+    import devtools.localindex as li
+
+    offered = iter([40001, 40001, 40001, 40002])
+    closed: list[int] = []
+
+    class Kernel:
+        def __init__(self, address: tuple[str, int], handler: object) -> None:
+            self.server_address = (address[0], address[1] or next(offered))
+
+        def server_close(self) -> None:
+            closed.append(self.server_address[1])
+
+    monkeypatch.setattr(li, "ThreadingHTTPServer", Kernel)
+    monkeypatch.setattr(li, "_PORTS_GIVEN", set())
+    first = li._bind("127.0.0.1", 0, object)  # type: ignore[arg-type]
+    second = li._bind("127.0.0.1", 0, object)  # type: ignore[arg-type]
+    assert (first.server_address[1], second.server_address[1]) == (40001, 40002)
+    assert closed == [40001, 40001]  # the offers it refused were let go
+    # An explicit port is what was asked for, given before or not.
+    assert li._bind("127.0.0.1", 40001, object).server_address[1] == 40001  # type: ignore[arg-type]
+    # And for real: two indexes one after the other, the first stopped, never share a port.
+    monkeypatch.undo()
+    with serve_index(wheels) as a:
+        port = a.port
+    with serve_index(wheels) as b:
+        assert b.port != port
