@@ -20,6 +20,7 @@ from rewheel.snapshot import restore as restore_mod
 from rewheel.environment import Environment
 from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.recipe import Recipe
+from rewheel.service import _read_proc
 from rewheel.commands import open_target, rollback, snapshot_now
 
 
@@ -592,16 +593,9 @@ def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv:
 
 
 def own_children() -> set[int]:
-    """This process's children, zombies included (from /proc)."""
-    out = set()
-    for d in os.listdir("/proc"):
-        try:
-            stat_line = Path(f"/proc/{d}/stat").read_text() if d.isdigit() else ""
-        except OSError:
-            continue
-        if stat_line and int(stat_line.rpartition(")")[2].split()[1]) == os.getpid():
-            out.add(int(d))
-    return out
+    """This process's children, zombies included (read by the service module's /proc reader)."""
+    procs = (_read_proc(int(d)) for d in os.listdir("/proc") if d.isdigit())
+    return {p.pid for p in procs if p is not None and p.ppid == os.getpid()}
 
 
 @pytest.mark.parametrize("lane", [0, 1])

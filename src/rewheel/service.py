@@ -524,15 +524,13 @@ class CommandManager:
         if not self.health_url:
             return False
         # A broken SSL_CERT_FILE raises (named) here rather than passing as "nothing answers".
-        http = httpclient.client(timeout=2.0)
-        try:
-            http.get(self.health_url)
-        except httpx.TimeoutException as exc:
-            return not isinstance(exc, httpx.ConnectTimeout)
-        except Exception:  # refused, reset, a bad URL: nothing answers
-            return False
-        finally:
-            http.close()
+        with httpclient.client(timeout=2.0) as http:
+            try:
+                http.get(self.health_url)
+            except httpx.TimeoutException as exc:
+                return not isinstance(exc, httpx.ConnectTimeout)
+            except Exception:  # refused, reset, a bad URL: nothing answers
+                return False
         return True
 
     def _listening(self) -> bool:
