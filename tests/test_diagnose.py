@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from rewheel import diagnose
 from devtools.bench_logs import generate_log
 from rewheel.errors import CommandNotFound, UsageError
+import support_cli
 
 LOGS = Path(__file__).parent / "logs"
 CORPUS = sorted(p.stem for p in LOGS.glob("*.log"))
@@ -344,8 +344,7 @@ def test_analyse_journal_errors(fake_host) -> None:
 # ---- the command line -------------------------------------------------------------------
 def rewheel(*args: str, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          input=stdin, env={**os.environ, **(env or {})}, timeout=120)
+    return support_cli.rewheel(*args, input=stdin, env={**os.environ, **(env or {})}, timeout=120)
 
 
 def test_cli_why_json_and_human() -> None:
@@ -360,6 +359,18 @@ def test_cli_why_json_and_human() -> None:
                    "self.self_attn = attn_cls(", "log line 35", "5 processes", "3 restarts", "secondary",
                    "Engine core initialization failed"):
         assert needle in out, needle
+
+
+def test_cli_why_reads_stdin_as_a_log_file_whatever_the_terminal_encoding() -> None:
+    """A log piped in is bytes from elsewhere: read as a file is (UTF-8, a bad byte replaced),
+    not in PYTHONIOENCODING's codec — with ascii:strict, `why -` used to stop with an internal
+    error (exit 5) at the first non-ASCII byte."""
+    import os
+    log = b"Traceback (most recent call last):\nRuntimeError: caf\xc3\xa9 \xff CUDA error: out of memory\n"
+    cp = support_cli.rewheel("why", "-", input=log, text=False, timeout=120,
+                             env={**os.environ, "PYTHONIOENCODING": "ascii:strict"})
+    assert cp.returncode == 0, cp.stderr
+    assert b"caf\\xe9 \\ufffd CUDA error: out of memory" in cp.stdout
 
 
 def test_cli_why_stdin_nothing_found_and_usage_errors(tmp_path: Path) -> None:

@@ -229,8 +229,10 @@ def analyse_stream(stream: io.TextIOBase | Iterator[str] | None = None, *,
     if stream is None:
         stream = sys.stdin
         try:
-            # lines end at "\n" only, as in a file: a `\r` progress bar is not a line of its own
-            stream.reconfigure(newline="\n")  # type: ignore[union-attr]
+            # Read as a log file is (UTF-8, an undecodable byte replaced, whatever the locale or
+            # PYTHONIOENCODING says: a log is bytes from elsewhere); lines end at "\n" only, as in
+            # a file: a `\r` progress bar is not a line of its own.
+            stream.reconfigure(encoding="utf-8", errors="replace", newline="\n")  # type: ignore[union-attr]
         except (AttributeError, ValueError, io.UnsupportedOperation):
             pass
     return analyse_lines(stream, package=package, source="stdin")
