@@ -20,6 +20,8 @@ import tomli_w
 
 from devtools.wheelbuild import build_wheel
 
+import support_cli
+
 REPO_URLS = {"Source": "https://github.com/example/toypkg"}
 
 # The smoke test: record the version under test, optionally kill the rewheel process that
@@ -183,8 +185,7 @@ class CompareApi:
 
 
 def rewheel(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=timeout)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 def json_of(cp: subprocess.CompletedProcess) -> dict[str, Any]:

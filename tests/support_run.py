@@ -18,6 +18,7 @@ import tomli_w
 from support_env import make_venv, tree_state
 from support_standins import free_port
 from devtools.wheelbuild import build_wheel
+import support_cli
 
 SERVER = Path(__file__).parent / "services" / "toy_model_server.py"
 
@@ -123,9 +124,8 @@ class Host:
         return self.recipe
 
     def rewheel(self, *args: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run([*self.exec_prefix, sys.executable, "-m", "rewheel", *args],
-                              capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=timeout)
+        return support_cli.rewheel(*args, prefix=list(self.exec_prefix), stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **(env or {})}, timeout=timeout)
 
     def run_json(self, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict]:
         cp = self.rewheel("run", str(self.recipe), "--yes", "--json", *args, env=env)

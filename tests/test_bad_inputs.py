@@ -23,6 +23,7 @@ import pytest
 
 from support_env import make_venv, tree_state, uv
 from support_index import toy_wheels
+import support_cli
 
 Setup = Callable[["Ctx"], "Call"]
 
@@ -92,12 +93,12 @@ class Ctx:
 
     def cli(self, *args: str, env: dict[str, str] | None = None,
             unprivileged: bool = False) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "rewheel", *args]
+        prefix = []
         if unprivileged and os.geteuid() == 0:
-            argv = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
-                    "--bounding-set=-dac_override,-dac_read_search", *argv]
-        return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              env={**os.environ, **(env or {})}, timeout=300)
+            prefix = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                      "--bounding-set=-dac_override,-dac_read_search"]
+        return support_cli.rewheel(*args, prefix=prefix, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **(env or {})}, timeout=300)
 
 
 def one_document(stdout: str) -> dict[str, Any]:

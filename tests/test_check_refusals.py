@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from support_env import make_venv, tree_state, uv
 from support_index import toy_wheels
 from test_bad_inputs import system_python
+import support_cli
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +29,11 @@ def index_url(tmp_path_factory: pytest.TempPathFactory):
 
 
 def rewheel(*args: str, unprivileged: bool = False) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "rewheel", *args]
+    prefix = []
     if unprivileged and os.geteuid() == 0:
-        argv = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
-                "--bounding-set=-dac_override,-dac_read_search", *argv]
-    return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+        prefix = ["setpriv", "--inh-caps=-dac_override,-dac_read_search",
+                  "--bounding-set=-dac_override,-dac_read_search"]
+    return support_cli.rewheel(*args, prefix=prefix, stdin=subprocess.DEVNULL, timeout=300)
 
 
 def check_named(doc: dict, name: str) -> dict:

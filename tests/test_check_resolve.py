@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import tomli_w
 from devtools.localindex import serve_index
 from support_env import make_venv, uv
 from support_index import toy_wheels
+import support_cli
 
 
 @pytest.fixture
@@ -30,8 +30,7 @@ def check(tmp: Path, py: Path, index_url: str, packages: list[str], **install: o
     recipe = tmp / "r.toml"
     recipe.write_text(tomli_w.dumps({"environment": {"python": str(py)},
                                      "install": {"packages": packages, "index_url": index_url, **install}}))
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "check", str(recipe), "--json"],
-                        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=180)
+    cp = support_cli.rewheel("check", str(recipe), "--json", stdin=subprocess.DEVNULL, timeout=180)
     assert "Traceback" not in cp.stderr
     return cp.returncode, json.loads(cp.stdout)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
 from rewheel.snapshot.cleanup import cleanup_glob_refusal, glob_matches
 from support_env import make_venv
+import support_cli
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +58,7 @@ def test_check_lists_what_each_glob_matches_today(tmp_path: Path, venv: Path) ->
         (dumps / name).write_bytes(b"x")
     recipe = tmp_path / "r.toml"
     recipe.write_text(f'[environment]\npython = "{venv}"\n[cleanup]\npaths = ["dumps/*.pt", "{tmp_path}/none/*"]\n')
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "check", str(recipe), "--json"], capture_output=True,
-                        text=True, stdin=subprocess.DEVNULL, timeout=120)
+    cp = support_cli.rewheel("check", str(recipe), "--json", stdin=subprocess.DEVNULL, timeout=120)
     doc = json.loads(cp.stdout)
     check = next(c for c in doc["checks"] if c["name"] == "cleanup")
     assert check["ok"], check
@@ -72,8 +71,7 @@ def test_check_fails_a_match_inside_a_system_folder_through_a_link(tmp_path: Pat
     (tmp_path / "dumps").symlink_to("/etc")
     recipe = tmp_path / "r.toml"
     recipe.write_text(f'[environment]\npython = "{venv}"\n[cleanup]\npaths = ["dumps/passw?"]\n')
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "check", str(recipe), "--json"], capture_output=True,
-                        text=True, stdin=subprocess.DEVNULL, timeout=120)
+    cp = support_cli.rewheel("check", str(recipe), "--json", stdin=subprocess.DEVNULL, timeout=120)
     assert cp.returncode == 2, cp.stdout + cp.stderr
     check = next(c for c in json.loads(cp.stdout)["checks"] if c["name"] == "cleanup")
     assert not check["ok"] and "/etc/passwd" in check["detail"] and "/etc" in check["detail"]

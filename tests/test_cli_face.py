@@ -18,14 +18,14 @@ import pytest
 
 import rewheel
 from support_env import make_venv
+import support_cli
 
 COMMANDS = ["check", "snapshot", "history", "rollback", "run", "resume", "smoke", "why", "diff",
             "patches", "ci", "bisect"]
 
 
 def rewheel_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=120)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=120)
 
 
 def test_version() -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
 from support_diff import (DS_NEW, DS_OLD, NEW_SET, NEW_VLLM, OLD_SET, OLD_VLLM, VLLM_URLS,
                           edit_by_replace, edit_in_place, site_packages, story_wheels)
+import support_cli
 
 
 @pytest.fixture(autouse=True)
@@ -228,36 +228,35 @@ def test_hand_edits_and_binary_changes_are_found(upgraded: dict) -> None:
 def test_cli_diff(upgraded: dict) -> None:
     py = upgraded["py"]
     snap = upgraded["before"].id
-    rw = [sys.executable, "-m", "rewheel", "diff", "--python", str(py)]
-    cp = subprocess.run(rw + [snap, "--json", "--path", "*deepseek*"], capture_output=True, text=True)
+    rw = ["diff", "--python", str(py)]
+    cp = support_cli.rewheel(*rw, snap, "--json", "--path", "*deepseek*")
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
     assert [f["path"] for f in doc["files"]] == ["minivllm/models/deepseek_v2.py"]
     assert doc["files"][0]["diff"] == EXPECTED_DS_DIFF
     assert {p["name"]: p["change"] for p in doc["packages"]}["minivllm"] == "upgraded"
-    cp = subprocess.run(rw + [snap, "--stat"], capture_output=True, text=True)
+    cp = support_cli.rewheel(*rw, snap, "--stat")
     assert cp.returncode == 0, cp.stderr
     assert "minivllm/models/deepseek_v2.py" in cp.stdout and "+2 -1" in cp.stdout
     assert "compare/5719a4e4e...1a2b3c4d5" in cp.stdout
     assert "@@" not in cp.stdout  # --stat: no diffs
-    cp = subprocess.run(rw + [snap, "--package", "minivllm"], capture_output=True, text=True)
+    cp = support_cli.rewheel(*rw, snap, "--package", "minivllm")
     assert cp.returncode == 0, cp.stderr
     assert "+        self.use_mla = config.use_mla" in cp.stdout
-    cp = subprocess.run(rw + ["nope", "--json"], capture_output=True, text=True)
+    cp = support_cli.rewheel(*rw, "nope", "--json")
     assert cp.returncode == 2 and "no snapshot 'nope'" in cp.stderr
     # A misspelt package is an error, not "nothing changed"; other spellings of a name work.
-    cp = subprocess.run(rw + [snap, "--package", "minivlm", "--json"], capture_output=True, text=True)
+    cp = support_cli.rewheel(*rw, snap, "--package", "minivlm", "--json")
     assert cp.returncode == 2
     assert json.loads(cp.stdout)["error"] == "UsageError"
     assert "did you mean minivllm" in cp.stderr
-    cp = subprocess.run(rw + [snap, "--package", "MiniVLLM", "--stat"], capture_output=True, text=True)
+    cp = support_cli.rewheel(*rw, snap, "--package", "MiniVLLM", "--stat")
     assert cp.returncode == 0 and "deepseek_v2.py" in cp.stdout
 
 
 def test_cli_diff_without_snapshots_is_a_usage_error(tmp_path: Path) -> None:
     py = make_venv(tmp_path / "bare")
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "diff", "--python", str(py)],
-                        capture_output=True, text=True)
+    cp = support_cli.rewheel("diff", "--python", str(py))
     assert cp.returncode == 2
     assert "no snapshots exist" in cp.stderr
 
@@ -277,12 +276,10 @@ def test_diff_through_a_symlinked_prefix_sees_the_same_files(tmp_path: Path, whe
     uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
     link = tmp_path / "env-link"
     link.symlink_to(tmp_path / "real-env")
-    rw = [sys.executable, "-m", "rewheel"]
-    snap = json.loads(subprocess.run(rw + ["snapshot", "--python", str(link / "bin" / "python"), "--json"],
-                                     capture_output=True, text=True, check=True).stdout)["id"]
+    snap = json.loads(support_cli.rewheel("snapshot", "--python", str(link / "bin" / "python"), "--json", check=True).stdout)["id"]
     core = next((tmp_path / "real-env" / "lib").glob("python3*/site-packages")) / "toypkg" / "core.py"
     core.write_text(core.read_text() + "# edited\n")
-    cp = subprocess.run(rw + ["diff", "--python", str(py), snap, "--json"], capture_output=True, text=True)
+    cp = support_cli.rewheel("diff", "--python", str(py), snap, "--json")
     assert cp.returncode == 0, cp.stderr
     files = json.loads(cp.stdout)["files"]
     assert [(f["path"], f["change"]) for f in files] == [("toypkg/core.py", "changed")]

@@ -6,8 +6,6 @@ import difflib
 import json
 import os
 import random
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,6 +18,7 @@ from rewheel.diff import count_changed_lines, count_lines, splits_like_bytes, un
 from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
 from support_diff import site_packages
+import support_cli
 
 
 def by_diff(old: str | None, new: str | None) -> tuple[int, int]:
@@ -190,14 +189,14 @@ def test_counts_without_diffs_and_diffs_only_when_shown(edited: dict) -> None:
 
 
 def test_cli_json_and_stat_carry_counts_not_diffs(edited: dict) -> None:
-    rw = [sys.executable, "-m", "rewheel", "diff", "--python", str(edited["py"]), edited["snap"].id]
-    cp = subprocess.run(rw + ["--json"], capture_output=True, text=True)
+    rw = ["diff", "--python", str(edited["py"]), edited["snap"].id]
+    cp = support_cli.rewheel(*rw, "--json")
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
     got = {f["path"]: (f["change"], f["added_lines"], f["removed_lines"], f["diff"]) for f in doc["files"]}
     assert got["toypkg/mod.py"] == ("changed", 3, 1, None)
     assert got["toypkg/added.py"] == ("added", 3, 0, None)
-    cp = subprocess.run(rw + ["--stat"], capture_output=True, text=True)
+    cp = support_cli.rewheel(*rw, "--stat")
     assert cp.returncode == 0, cp.stderr
     lines = cp.stdout.splitlines()
     assert " M toypkg/mod.py  +3 -1  toypkg" in lines
@@ -205,7 +204,7 @@ def test_cli_json_and_stat_carry_counts_not_diffs(edited: dict) -> None:
     assert " D toypkg/gone.py  +0 -2  toypkg" in lines
     assert " 5 file(s), +7 -3" in lines
     assert "@@" not in cp.stdout
-    cp = subprocess.run(rw + ["--json", "--path", "*mod.py"], capture_output=True, text=True)
+    cp = support_cli.rewheel(*rw, "--json", "--path", "*mod.py")
     assert cp.returncode == 0, cp.stderr
     [f] = json.loads(cp.stdout)["files"]
     assert f["path"] == "toypkg/mod.py" and f["diff"].startswith("--- a/toypkg/mod.py\n")

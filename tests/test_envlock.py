@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import tomli_w
 from support_env import make_venv
 from rewheel.errors import LockHeld, PreflightError
 from rewheel.journal import EnvLock
+import support_cli
 
 
 def _target(python: Path):
@@ -26,8 +26,7 @@ def _target(python: Path):
 
 
 def _rewheel(*args: str, home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env={**os.environ, "REWHEEL_HOME": str(home)},
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env={**os.environ, "REWHEEL_HOME": str(home)},
                           timeout=180)
 
 

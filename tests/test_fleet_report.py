@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rewheel import fleet
+import support_cli
 
 
 def cause(env: str, message: str = "q_lora_rank 1536 must divide num_heads 7 on rank 4") -> dict[str, Any]:
@@ -111,8 +111,7 @@ def test_dry_runs_and_refusals() -> None:
 
 
 def rewheel(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL)
 
 
 def test_the_command(tmp_path: Path) -> None:

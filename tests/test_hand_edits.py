@@ -22,7 +22,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,13 +29,13 @@ import pytest
 
 from support_env import make_venv, tree_state, uv_install
 from rewheel.snapshot import hand_editable
+import support_cli
 
 MARK = b"\n"  # an edit every kind of text survives (a source, JSON, RECORD, a shell script)
 
 
 def rewheel(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=300)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, timeout=300)
 
 
 def json_of(cp: subprocess.CompletedProcess[str], code: int = 0) -> dict:

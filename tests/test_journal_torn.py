@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from rewheel.records import Finish, Note, Started, Step
 from rewheel.statuses import Finished, StepName
 from support_env import make_venv
 from support_run import make_host
+import support_cli
 
 
 def _journal(tmp: Path, lines: list[str]) -> Path:
@@ -196,8 +196,7 @@ def test_a_resume_on_a_full_disk_never_tears_its_journal(tmp_path: Path, small_f
     env = {**os.environ, "REWHEEL_HOME": str(small / "home")}
 
     def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "rewheel", *args, "--python", str(py)],
-                              capture_output=True, text=True, stdin=subprocess.DEVNULL,
+        return support_cli.rewheel(*args, "--python", str(py), stdin=subprocess.DEVNULL,
                               env={**env, **extra}, timeout=120)
 
     snap = cli("snapshot", "--json")

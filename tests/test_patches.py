@@ -22,6 +22,7 @@ from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
 from support_diff import (LOADER, edit_by_replace, edit_in_place, model_source, patchme_wheels,
                           site_packages)
+import support_cli
 
 
 @pytest.fixture(autouse=True)
@@ -297,17 +298,17 @@ def test_reapply_reports_a_file_the_new_version_dropped(env1: Path, wheels: Path
 # CLI
 # --------------------------------------------------------------------------------------
 def test_cli_patches(env1: Path) -> None:
-    rw = [sys.executable, "-m", "rewheel", "patches", "--python", str(env1), "--offline"]
-    cp = subprocess.run(rw + ["--json"], capture_output=True, text=True)
+    rw = ["patches", "--python", str(env1), "--offline"]
+    cp = support_cli.rewheel(*rw, "--json")
     assert cp.returncode == 0, cp.stderr
     assert json.loads(cp.stdout)["patches"] == []
     patch_env(env1, in_place=True)
-    cp = subprocess.run(rw + ["--json"], capture_output=True, text=True)
+    cp = support_cli.rewheel(*rw, "--json")
     doc = json.loads(cp.stdout)
     assert [(p["path"], p["kind"]) for p in doc["patches"]] == [("patchme/model.py", "modified"),
                                                                  ("patchme/debug_hook.py", "unlisted")]
     assert doc["hazard_packages"] == ["patchme"]
-    cp = subprocess.run(rw, capture_output=True, text=True)
+    cp = support_cli.rewheel(*rw)
     assert cp.returncode == 0, cp.stderr
     assert "patchme/model.py" in cp.stdout and "+import torch" in cp.stdout
     assert "uv cache clean patchme" in " ".join(cp.stdout.split())

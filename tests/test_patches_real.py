@@ -19,6 +19,7 @@ from devtools.localindex import serve_index
 from devtools.wheelbuild import build_wheel
 from support_diff import edit_by_replace, edit_in_place, site_packages
 from support_patches import build_lying_wheel
+import support_cli
 
 
 @pytest.fixture(autouse=True)
@@ -261,13 +262,13 @@ def test_reapply_skips_a_patch_listed_as_record_inconsistent(tmp_path: Path) -> 
 # CLI
 # --------------------------------------------------------------------------------------
 def test_cli_reports_record_inconsistent_files_apart(liar_env: Path) -> None:
-    rw = [sys.executable, "-m", "rewheel", "patches", "--python", str(liar_env), "--offline"]
-    cp = subprocess.run(rw + ["--json"], capture_output=True, text=True)
+    rw = ["patches", "--python", str(liar_env), "--offline"]
+    cp = support_cli.rewheel(*rw, "--json")
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
     assert doc["patches"] == []
     assert [(r["path"], r["distribution"]) for r in doc["record_inconsistent"]] == [("liar/_ext.so", "liar")]
-    cp = subprocess.run(rw, capture_output=True, text=True, env={**os.environ, "COLUMNS": "300"})
+    cp = support_cli.rewheel(*rw, env={**os.environ, "COLUMNS": "300"})
     assert cp.returncode == 0, cp.stderr
     assert "no local patches" in cp.stdout
     assert ("1 file(s) match no RECORD but are exactly what their wheel ships (RECORD inconsistent, "

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,13 @@ from rewheel.commands.snapshots import pruned_text
 from support_env import make_venv, uv_install
 from test_json_shapes import check as check_shape
 from support_cycle import World
+import support_cli
 
 Pair = tuple[World, commands.Target]
 
 
 def rewheel(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env=dict(os.environ), timeout=120)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env=dict(os.environ), timeout=120)
 
 
 def doc(cp: subprocess.CompletedProcess, code: int) -> dict:

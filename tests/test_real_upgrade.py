@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from devtools.wheelbuild import build_wheel
 from rewheel.environment import Environment
 from support_env import make_venv, tree_state, uv
 from support_realwheels import real_wheels
+import support_cli
 
 BOTO_134 = ("boto3==1.34.0", "botocore==1.34.0", "s3transfer==0.9.0", "jmespath==1.0.1", "urllib3==2.0.7",
             "python-dateutil==2.9.0.post0", "six==1.16.0")
@@ -36,8 +36,7 @@ def index() -> Iterator[str]:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
-    cp = subprocess.run([sys.executable, "-m", "rewheel", *args, "--json"], capture_output=True, text=True,
-                        stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=600)
+    cp = support_cli.rewheel(*args, "--json", stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=600)
     try:
         doc = json.loads(cp.stdout) if cp.stdout.strip() else {}
     except ValueError:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from rewheel.errors import RecipeError
 from rewheel.recipe import load_recipe
+import support_cli
 
 GOOD = """
 name = "vllm-kimi-k25"
@@ -111,14 +111,13 @@ def test_relative_paths_are_relative_to_the_recipe(tmp_path: Path) -> None:
 
 def test_cli_check_reports_the_bad_key(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD.replace("timeout_s = 1200", 'timeout_s = "ten"').format(python=sys.executable))
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "check", str(path)], capture_output=True, text=True)
+    cp = support_cli.rewheel("check", str(path))
     assert cp.returncode == 2
     assert 'smoke.timeout_s: expected an integer, got "ten"' in cp.stderr.replace("\n", "")
 
 
 def test_run_without_packages_is_refused_before_anything(tmp_path: Path) -> None:
     path = write(tmp_path, f'[environment]\npython = "{sys.executable}"\n')
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "run", str(path), "--yes"],
-                        capture_output=True, text=True)
+    cp = support_cli.rewheel("run", str(path), "--yes")
     assert cp.returncode == 2
     assert "install.packages" in cp.stderr and str(path) in " ".join(cp.stderr.split())

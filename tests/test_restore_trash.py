@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from rewheel.environment import Environment
 from rewheel.snapshot import Store, restore_snapshot, take_snapshot
 from rewheel.snapshot import restore as restore_mod
 from rewheel.snapshot.restore import TRASH, TRASH_STALE_S
+import support_cli
 
 COPY = ("--link-mode", "copy")
 
@@ -116,8 +116,8 @@ def test_a_cli_rollback_exits_without_waiting_for_the_deletion(tmp_path: Path, w
                                                                slow_rm: Path) -> None:
     py, env, store, snap, before = upgraded(tmp_path / "env", wheelhouse)
     # Output captured through pipes, as scripts run it: the detached rm holds none of them.
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "rollback", "--python", str(py), snap.id, "--yes",
-                         "--no-undo", "--json"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+    cp = support_cli.rewheel("rollback", "--python", str(py), snap.id, "--yes",
+                         "--no-undo", "--json", stdin=subprocess.DEVNULL,
                         timeout=300)
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)

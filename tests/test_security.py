@@ -8,7 +8,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,13 @@ import pytest
 from support_env import make_venv, uv
 from support_index import toy_wheels, write_recipe
 from test_bad_inputs import system_python
+import support_cli
 
 SECRET = "s3cr3t-T0ken"
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=300)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=300)
 
 
 @pytest.fixture

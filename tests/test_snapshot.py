@@ -9,7 +9,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.recipe import Recipe
 from rewheel.service import _read_proc
 from rewheel.commands import open_target, rollback, snapshot_now
+import support_cli
 
 
 COPY = ("--link-mode", "copy")
@@ -374,27 +374,22 @@ def test_state_home_is_private(venv: Path, rewheel_home: Path) -> None:
 
 
 def test_cli_snapshot_history_rollback(venv: Path, wheelhouse: Path) -> None:
-    rw = [sys.executable, "-m", "rewheel"]
     prefix = venv.parent.parent
     before = tree_state(prefix)
-    snap = json.loads(subprocess.run(rw + ["snapshot", "--python", str(venv), "--label", "good", "--json"],
-                                     capture_output=True, text=True, check=True).stdout)
+    snap = json.loads(support_cli.rewheel("snapshot", "--python", str(venv), "--label", "good", "--json", check=True).stdout)
     assert snap["files"] > 0 and snap["id"]
-    hist = json.loads(subprocess.run(rw + ["history", "--python", str(venv), "--json"],
-                                     capture_output=True, text=True, check=True).stdout)
+    hist = json.loads(support_cli.rewheel("history", "--python", str(venv), "--json", check=True).stdout)
     assert hist["snapshots"][0]["id"] == snap["id"]
     assert hist["snapshots"][0]["versions"]["toypkg"] == "1.0.0"
     assert hist["snapshots"][0]["label"] == "good"
     damage(venv, wheelhouse)
     # Without a terminal and without --yes: exit 2, nothing changed.
     damaged = tree_state(prefix)
-    cp = subprocess.run(rw + ["rollback", "--python", str(venv)], capture_output=True, text=True,
-                        stdin=subprocess.DEVNULL)
+    cp = support_cli.rewheel("rollback", "--python", str(venv), stdin=subprocess.DEVNULL)
     assert cp.returncode == 2, cp.stderr
     assert "--yes" in cp.stderr
     assert tree_state(prefix) == damaged
-    cp = subprocess.run(rw + ["rollback", "--python", str(venv), snap["id"], "--yes", "--json"],
-                        capture_output=True, text=True)
+    cp = support_cli.rewheel("rollback", "--python", str(venv), snap["id"], "--yes", "--json")
     assert cp.returncode == 0, cp.stderr
     assert json.loads(cp.stdout)["snapshot_id"] == snap["id"]
     assert json.loads(cp.stdout)["restore"]["lanes"] == 1  # a small environment: one process
@@ -402,23 +397,20 @@ def test_cli_snapshot_history_rollback(venv: Path, wheelhouse: Path) -> None:
     # Two lanes from the command line (the default for a large environment on two CPUs).
     damage(venv, wheelhouse)
     two = {**os.environ, "REWHEEL_RESTORE_LANES": "2"}
-    cp = subprocess.run(rw + ["rollback", "--python", str(venv), snap["id"], "--yes", "--json"],
-                        capture_output=True, text=True, env=two)
+    cp = support_cli.rewheel("rollback", "--python", str(venv), snap["id"], "--yes", "--json", env=two)
     assert cp.returncode == 0, cp.stderr
     assert json.loads(cp.stdout)["restore"]["lanes"] == 2
     assert tree_state(prefix) == before
     # A value that is neither 1 nor 2 is a usage error naming the variable; nothing changes.
     damage(venv, wheelhouse)
     damaged = tree_state(prefix)
-    cp = subprocess.run(rw + ["rollback", "--python", str(venv), snap["id"], "--yes"],
-                        capture_output=True, text=True, env={**os.environ, "REWHEEL_RESTORE_LANES": "8"})
+    cp = support_cli.rewheel("rollback", "--python", str(venv), snap["id"], "--yes", env={**os.environ, "REWHEEL_RESTORE_LANES": "8"})
     assert cp.returncode == 2 and "REWHEEL_RESTORE_LANES='8'" in cp.stderr, cp.stderr
     assert tree_state(prefix) == damaged
 
 
 def test_cli_unknown_snapshot_is_a_usage_error(venv: Path) -> None:
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "rollback", "--python", str(venv), "nope", "--yes"],
-                        capture_output=True, text=True)
+    cp = support_cli.rewheel("rollback", "--python", str(venv), "nope", "--yes")
     assert cp.returncode == 2
     assert "no snapshot 'nope'" in cp.stderr
 
@@ -458,9 +450,7 @@ def test_label_with_a_slash_and_markup_is_found_and_shown_verbatim(venv: Path) -
     # A label is free text: "cu12.8/torch2.7" names a snapshot as well as its id does, and
     # rich markup in it is printed as typed, not interpreted.
     label = "cu12.8/torch2.7 [bold]x[/bold]"
-    rw = [sys.executable, "-m", "rewheel"]
-    cp = subprocess.run(rw + ["snapshot", "--python", str(venv), "--label", label],
-                        capture_output=True, text=True, check=True)
+    cp = support_cli.rewheel("snapshot", "--python", str(venv), "--label", label, check=True)
     assert f"label {label!r}" in " ".join(cp.stdout.split())
     t = open_target(Recipe.for_python(venv))
     assert t.store.get(label).label == label
@@ -518,15 +508,14 @@ def test_refused_restore_leaves_no_interrupted_run(venv: Path, wheelhouse: Path,
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     # Nothing was changed, so nothing is pending: later commands are not refused with exit 4.
     assert journal.interrupted_run(t.store.env_dir) is None
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "history", "--python", str(venv), "--json"],
-                        capture_output=True, text=True)
+    cp = support_cli.rewheel("history", "--python", str(venv), "--json")
     assert cp.returncode == 0, cp.stderr
     assert [r["status"] for r in json.loads(cp.stdout)["runs"]] == ["refused"]
 
 
 @pytest.mark.parametrize("args", [["history", "--bogus"], ["rollback", "a", "b", "c"], ["run"]])
 def test_usage_errors_with_json_are_one_json_document(args: list[str]) -> None:
-    cp = subprocess.run([sys.executable, "-m", "rewheel", *args, "--json"], capture_output=True, text=True)
+    cp = support_cli.rewheel(*args, "--json")
     assert cp.returncode == 2
     doc = json.loads(cp.stdout)
     assert doc["error"] == "UsageError" and doc["exit_code"] == 2 and doc["message"]
@@ -538,14 +527,12 @@ def test_history_names_a_damaged_snapshot(venv: Path) -> None:
     good = snapshot_now(t).result.meta
     bad = snapshot_now(t).result.meta
     (bad.path / "meta.json").write_text("{ not json")
-    cp = subprocess.run([sys.executable, "-m", "rewheel", "history", "--python", str(venv), "--json"],
-                        capture_output=True, text=True)
+    cp = support_cli.rewheel("history", "--python", str(venv), "--json")
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
     assert [s["id"] for s in doc["snapshots"]] == [good.id]
     assert doc["damaged_snapshots"] == [bad.id]
-    human = subprocess.run([sys.executable, "-m", "rewheel", "history", "--python", str(venv)],
-                           capture_output=True, text=True)
+    human = support_cli.rewheel("history", "--python", str(venv))
     assert f"snapshot {bad.id} is damaged" in " ".join(human.stdout.split())
 
 

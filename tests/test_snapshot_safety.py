@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,11 +25,11 @@ import pytest
 
 from support_env import make_venv, tree_state, uv_install
 from support_run import make_host
+import support_cli
 
 
 def rewheel(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=300)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=300)
 
 
 def json_of(cp: subprocess.CompletedProcess[str], code: int) -> dict:

@@ -16,6 +16,7 @@ from rewheel.recipe import load_recipe
 from rewheel.commands import open_target
 from support_run import Host, make_host
 from test_json_shapes import check as check_shape
+import support_cli
 
 
 @pytest.fixture
@@ -174,8 +175,8 @@ def test_a_live_run_is_running_not_interrupted_and_its_ctrl_c_says_the_service_i
         assert h.served_version() is None
         st = status(h, code=4)  # now it is interrupted
         assert st["running"] is None and st["interrupted"]["id"] == live["run_id"]
-        cp = subprocess.run([sys.executable, "-m", "rewheel", "resume", h.recipe.name, "--yes"], cwd=h.recipe.parent,
-                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120)
+        cp = support_cli.rewheel("resume", h.recipe.name, "--yes", cwd=h.recipe.parent,
+                                 stdin=subprocess.DEVNULL, timeout=120)
         assert cp.returncode == 0, cp.stderr
         assert h.served_version() == "1.0.0"
     finally:

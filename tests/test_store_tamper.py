@@ -11,18 +11,17 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from test_bad_inputs import Ctx, index_url  # noqa: F401 - the fixture, by name
 
 from support_env import tree_state
+import support_cli
 
 
 def cli(*args: str, env: dict[str, str] | None = None, umask: int = -1) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=300, umask=umask)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=300, umask=umask)
 
 
 def _snapshot(py: Path) -> dict:

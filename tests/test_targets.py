@@ -13,17 +13,16 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from support_env import make_venv
+import support_cli
 
 
 def rewheel(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, env=dict(os.environ), cwd=cwd, timeout=120)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env=dict(os.environ), cwd=cwd, timeout=120)
 
 
 @pytest.fixture

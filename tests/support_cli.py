@@ -1,0 +1,204 @@
+"""How the suite runs a `rewheel` command to its end: `rewheel(*args, ...)`, with the arguments
+and the answer of `subprocess.run([sys.executable, "-m", "rewheel", *args], capture_output=True)`.
+
+The command is its own process either way. By default it is forked from a warm interpreter
+that has imported rewheel already (tests/support_zygote.py, one per test process), which
+spares each command the interpreter's start and the imports: a third of a second of CPU, and
+the suite runs a few thousand commands. Output is read from pipes until both close and the
+exit status comes from `waitpid`, as `subprocess.run` has them; a timeout kills the command
+and raises `subprocess.TimeoutExpired`.
+
+A real interpreter is started instead (`subprocess.run`, the same arguments) when the
+request sets what an interpreter fixes when it starts (`INTERPRETER_KEYS`: PYTHON*, the
+locale, terminal and colour settings some CLI libraries read at import) to other values than
+the warm one has, or when `REWHEEL_TESTS_REAL_CLI=1`. The tests whose subject is the
+interpreter's own start — a command under strace, in a pipe, from the console script, the
+imports — start it themselves."""
+
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import re
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+ZYGOTE = Path(__file__).with_name("support_zygote.py")
+INTERPRETER_KEYS = re.compile(r"^(PYTHON\w*|LC_\w+|LANG|LANGUAGE|TERM|COLUMNS|LINES|NO_COLOR|FORCE_COLOR|"
+                              r"TTY_\w+|_?TYPER_\w+|TERMINAL_WIDTH|GITHUB_ACTIONS|PY_COLORS|CLICK_\w+|"
+                              r"COLORTERM|JUPYTER_\w+|VSCODE_\w+|DATABRICKS_\w+)$")
+
+_lock = threading.Lock()
+_server: dict[str, Any] = {}
+
+
+def argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rewheel", *args]
+
+
+def _interpreter_settings(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if INTERPRETER_KEYS.match(k)}
+
+
+def _zygote() -> dict[str, Any] | None:
+    with _lock:
+        z = _server.get("z")
+        if z is not None and z["proc"].poll() is None:
+            return z
+        folder = tempfile.mkdtemp(prefix="rewheel-zygote-")
+        path = os.path.join(folder, "s")
+        env = dict(os.environ)
+        proc = subprocess.Popen([sys.executable, str(ZYGOTE), path], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env, cwd=folder)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if line.strip() != b"ready":
+            proc.kill()
+            raise RuntimeError(f"the warm interpreter did not start: {line!r}")
+        z = {"proc": proc, "path": path, "settings": _interpreter_settings(env)}
+        _server["z"] = z
+
+        def stop(p: subprocess.Popen = proc) -> None:
+            if p.stdin:
+                p.stdin.close()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+        atexit.register(stop)
+        return z
+
+
+def rewheel(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+            input: str | bytes | None = None, stdin: int | IO[Any] | None = None,
+            timeout: float | None = None, text: bool = True, check: bool = False,
+            umask: int = -1, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+    """`subprocess.run([*prefix, *argv(*args)], capture_output=True, ...)`, started warm where it
+    can be (never under a `prefix`: a wrapper such as setpriv or strace starts the interpreter)."""
+    full_env = dict(os.environ if env is None else env)
+    cmd = argv(*args)
+    z = None
+    if not prefix and full_env.get("REWHEEL_TESTS_REAL_CLI") != "1":
+        z = _zygote()
+        if z is not None and _interpreter_settings(full_env) != z["settings"]:
+            z = None
+    if z is None:
+        return subprocess.run([*(prefix or []), *cmd], capture_output=True, text=text, env=env, cwd=cwd,
+                              input=input, stdin=stdin, timeout=timeout, check=check, umask=umask)
+    return _run_warm(z, cmd, full_env, cwd, input, stdin, timeout, text, check, umask)
+
+
+def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str | Path | None,
+              input: str | bytes | None, stdin: int | IO[Any] | None, timeout: float | None,
+              text: bool, check: bool, umask: int) -> subprocess.CompletedProcess:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    r_out, w_out = os.pipe()
+    r_err, w_err = os.pipe()
+    w_in = None
+    if input is not None:
+        in_fd, w_in = os.pipe()
+    elif stdin == subprocess.DEVNULL:
+        in_fd = os.open(os.devnull, os.O_RDONLY)
+    elif stdin is None:
+        in_fd = os.dup(0)
+    elif isinstance(stdin, int):
+        in_fd = os.dup(stdin)
+    else:
+        in_fd = os.dup(stdin.fileno())
+    req = {"argv": cmd[3:], "env": env, "cwd": str(Path(cwd).resolve()) if cwd is not None else os.getcwd(),
+           "umask": _umask() if umask < 0 else umask, "pgid": os.getpgrp()}
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(z["path"])
+        socket.send_fds(sock, [json.dumps(req).encode() + b"\n"], [in_fd, w_out, w_err])
+    finally:
+        for fd in (in_fd, w_out, w_err):
+            os.close(fd)
+    data = input.encode() if isinstance(input, str) else input
+    out: dict[int, bytearray] = {r_out: bytearray(), r_err: bytearray()}
+    answer = bytearray()
+    pid = status = None
+    sel = selectors.DefaultSelector()
+    for fd in (r_out, r_err):
+        sel.register(fd, selectors.EVENT_READ)
+    sel.register(sock, selectors.EVENT_READ)
+    if w_in is not None:
+        os.set_blocking(w_in, False)
+        sel.register(w_in, selectors.EVENT_WRITE)
+    try:
+        while len(sel.get_map()) > 0:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(cmd, timeout or 0, bytes(out[r_out]), bytes(out[r_err]))
+            for key, _ in sel.select(left):
+                if key.fileobj is sock:
+                    chunk = sock.recv(65536)
+                    answer += chunk
+                    while b"\n" in answer:
+                        line, _, rest = bytes(answer).partition(b"\n")
+                        answer[:] = rest
+                        msg = json.loads(line)
+                        pid = msg.get("pid", pid)
+                        status = msg.get("status", status)
+                    if not chunk:
+                        sel.unregister(sock)
+                elif key.fd == w_in:
+                    try:
+                        n = os.write(w_in, data) if data else 0
+                    except BrokenPipeError:
+                        n, data = 0, b""
+                    data = data[n:] if data else b""
+                    if not data:
+                        sel.unregister(w_in)
+                        os.close(w_in)
+                        w_in = None
+                else:
+                    chunk = os.read(key.fd, 65536)
+                    if chunk:
+                        out[key.fd] += chunk
+                    else:
+                        sel.unregister(key.fd)
+    finally:
+        sel.close()
+        for fd in (r_out, r_err, w_in):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        sock.close()
+    if status is None:
+        raise RuntimeError(f"the warm interpreter gave no exit status for {cmd}")
+    rc = os.waitstatus_to_exitcode(status)
+    stdout, stderr = bytes(out[r_out]), bytes(out[r_err])
+    if text:
+        cp = subprocess.CompletedProcess(cmd, rc, _decode(stdout), _decode(stderr))
+    else:
+        cp = subprocess.CompletedProcess(cmd, rc, stdout, stderr)
+    if check:
+        cp.check_returncode()
+    return cp
+
+
+def _decode(b: bytes) -> str:
+    # As subprocess's text mode: the locale's encoding and universal newlines.
+    return io.TextIOWrapper(io.BytesIO(b)).read()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,224 @@
+"""A warm interpreter that starts `python -m rewheel` commands by forking (the suite's
+launcher; tests/support_cli.py is its client).
+
+Every rewheel command the suite runs is its own process: its own pid, argv, environment,
+working folder and standard streams, exit status and signals, the real CLI from
+`rewheel/__main__.py` on. What a fork from here skips is only what every such process
+repeats before its first line of rewheel runs: the interpreter's start and the imports
+(a third of a second of CPU each, about half of the suite's CPU when every command paid it).
+
+    python tests/support_zygote.py SOCKET
+
+imports rewheel's modules (not its `__main__`s), listens on the Unix socket SOCKET, and
+prints `ready`. Each connection carries one command: a JSON request (argv after
+`rewheel`, the environment, the working folder) with three file descriptors (stdin, stdout,
+stderr) passed beside it. The server forks; the child becomes the command (below) and the
+server answers `{"pid": N}` at once and `{"status": S}` (`os.waitpid`'s status) when the
+child has ended. The server exits when its standard input closes (the test process that
+started it has gone).
+
+The child is made what `subprocess.run([sys.executable, "-m", "rewheel", *argv])` would
+start: only fds 0-2 open, the environment replaced, the working folder changed, `sys.path[0]`
+the working folder, signal dispositions and standard streams as a fresh interpreter sets
+them, its command line in /proc (setproctitle) the command's, and at the end what the
+interpreter's own exit does (threads' shutdown, atexit, flushing; exit status 120 when the
+flush fails, death by the signal of a KeyboardInterrupt). What the interpreter fixes at start
+from the environment (PYTHON*, the locale, colour and terminal settings read by the CLI
+libraries at import) cannot be replaced: for a request whose values differ from the
+server's, the client starts a real interpreter instead (support_cli.INTERPRETER_KEYS)."""
+
+from __future__ import annotations
+
+import array
+import io
+import json
+import os
+import pkgutil
+import selectors
+import signal
+import socket
+import sys
+import traceback
+
+
+def preload() -> None:
+    import importlib
+
+    import rewheel
+
+    for m in pkgutil.walk_packages(rewheel.__path__, "rewheel."):
+        if not m.name.endswith("__main__"):
+            importlib.import_module(m.name)
+    # What the commands import when they render or speak HTTP.
+    for name in ("httpx", "rich.console", "rich.progress", "rich.table", "rich.markup", "rich.text"):
+        importlib.import_module(name)
+
+
+def _streams() -> None:
+    """Standard streams as a fresh interpreter makes them on fds 0-2 (encoding from the
+    locale, which the client keeps equal to the server's; stderr backslash-escapes and is
+    line-buffered; stdout is line-buffered only on a terminal)."""
+    enc = sys.stdout.encoding
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                                 encoding=sys.stdin.encoding, errors=sys.stdin.errors)
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
+                                                   encoding=enc, errors=sys.stdout.errors,
+                                                   line_buffering=os.isatty(1))
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                                                   encoding=sys.stderr.encoding, errors="backslashreplace",
+                                                   line_buffering=True)
+
+
+def _become(req: dict, fds: list[int]) -> None:
+    """In the forked child: become `python -m rewheel ARGV` and exit as it would."""
+    for target, fd in zip((0, 1, 2), fds, strict=True):
+        os.dup2(fd, target)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") < 1 << 16 else 1 << 16)
+    try:
+        os.setpgid(0, req["pgid"])  # the test process's group, as a child of it would be
+    except OSError:
+        pass
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as the interpreter sets it at start
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    # The command line first: setproctitle moves the C environment's strings to make room,
+    # which it can only do before they are replaced.
+    _title(" ".join([sys.executable, "-m", "rewheel", *req["argv"]]))
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.umask(req["umask"])
+    _streams()
+    sys.path[0] = os.getcwd()
+    code = 0
+    try:
+        import runpy
+
+        sys.argv = ["-m", *req["argv"]]
+        runpy.run_module("rewheel", run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = -signal.SIGINT
+    except BaseException:  # noqa: BLE001 - the interpreter prints any other and exits 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    code = _finalize(code)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code)
+
+
+def _title(title: str | None = None) -> None:
+    try:
+        import setproctitle
+    except ImportError:  # only /proc's command line differs: the warm server's
+        return
+    setproctitle.setproctitle(title if title is not None else setproctitle.getproctitle())
+
+
+def _exit_code(value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    try:
+        print(value, file=sys.stderr)
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+def _finalize(code: int) -> int:
+    """The interpreter's exit: non-daemon threads joined, atexit run, streams flushed (a
+    failed flush of stdout: the warning and exit status 120, as Python does)."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001
+        pass
+    atexit._run_exitfuncs()
+    try:
+        sys.stdout.flush()
+    except Exception:  # noqa: BLE001
+        try:
+            sys.stderr.write("Exception ignored on flushing sys.stdout:\nBrokenPipeError: [Errno 32] Broken pipe\n")
+        except Exception:  # noqa: BLE001
+            pass
+        code = code or 120
+    try:
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001
+        pass
+    return code
+
+
+def _recv(conn: socket.socket) -> tuple[dict, list[int]]:
+    fds = array.array("i")
+    data = b""
+    while not data.endswith(b"\n"):
+        msg, anc, _flags, _addr = conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * fds.itemsize))
+        if not msg:
+            raise EOFError("the client closed the connection")
+        data += msg
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return json.loads(data), list(fds)
+
+
+def serve(path: str) -> None:
+    _title()  # set up while the environment is the one the interpreter started with
+    preload()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(sys.stdin, selectors.EVENT_READ, "parent")
+    print("ready", flush=True)
+    while True:
+        for key, _ in sel.select():
+            what = key.data
+            if what == "parent":
+                if not os.read(sys.stdin.fileno(), 4096):
+                    return
+            elif what == "accept":
+                conn, _ = listener.accept()
+                try:
+                    req, fds = _recv(conn)
+                except (OSError, EOFError, ValueError):
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        _become(req, fds)
+                    finally:
+                        os._exit(70)
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                pidfd = os.pidfd_open(pid)
+                sel.register(pidfd, selectors.EVENT_READ, ("child", pid, conn))
+            else:
+                _, pid, conn = what
+                sel.unregister(key.fileobj)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                try:
+                    conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+                except OSError:
+                    pass
+                conn.close()
+
+
+if __name__ == "__main__":
+    sys.path[0] = os.getcwd()  # not tests/: `python -m` puts the working folder first
+    serve(sys.argv[1])

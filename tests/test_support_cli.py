@@ -1,0 +1,106 @@
+"""The suite's launcher (tests/support_cli.py, tests/support_zygote.py): a command forked from
+the warm interpreter answers as `python -m rewheel` started anew does — the same exit status,
+stdout and stderr, its own command line, process group, working folder, environment and umask —
+and a timeout kills it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import support_cli
+
+LOG = "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: CUDA error: out of memory\n"
+
+
+def _both(*args: str, **kw) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    env = {**os.environ, **kw.pop("env", {})}
+    warm = support_cli.rewheel(*args, env=env, **kw)
+    cold = support_cli.rewheel(*args, env={**env, "REWHEEL_TESTS_REAL_CLI": "1"}, **kw)
+    return warm, cold
+
+
+@pytest.mark.parametrize("args, kw", [
+    (("--help",), {}),
+    (("history", "--bogus"), {}),  # a usage error
+    (("history", "--bogus", "--json"), {}),
+    (("check", "nope.toml", "--json"), {}),
+    (("why", "-", "--json"), {"input": LOG}),
+    (("why", "-"), {"input": LOG}),
+])
+def test_a_warm_command_answers_as_a_new_interpreter(args: tuple[str, ...], kw: dict) -> None:
+    warm, cold = _both(*args, **kw)
+    assert (warm.returncode, warm.stdout, warm.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+
+
+def test_cwd_env_and_umask_are_the_callers(tmp_path: Path) -> None:
+    (tmp_path / "r.toml").write_text("[install]\npackages = 'vllm'\n")  # a bad recipe, named relatively
+    warm, cold = _both("check", "r.toml", cwd=tmp_path, env={"REWHEEL_HOME": str(tmp_path / "h")})
+    assert warm.returncode == cold.returncode == 2
+    assert warm.stderr == cold.stderr and "r.toml" in warm.stderr
+
+
+def test_its_command_line_and_group_are_a_child_of_this_process(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    proc: dict = {}
+    import threading
+
+    t = threading.Thread(target=lambda: proc.setdefault("cp", support_cli.rewheel("why", "-", stdin=r, timeout=60)))
+    t.start()
+    try:
+        want = " ".join(support_cli.argv("why", "-"))
+        deadline = time.monotonic() + 30
+        found = None
+        while found is None and time.monotonic() < deadline:
+            for e in os.listdir("/proc"):
+                if e.isdigit():
+                    try:
+                        cmd = Path(f"/proc/{e}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                    except OSError:
+                        continue
+                    if cmd == want:
+                        found = int(e)
+            time.sleep(0.05)
+        assert found is not None, "no process shows the command's own command line"
+        assert os.getpgid(found) == os.getpgrp()
+    finally:
+        os.write(w, LOG.encode())
+        os.close(w)
+        t.join(60)
+        os.close(r)
+    assert proc["cp"].returncode == 0 and "out of memory" in proc["cp"].stdout
+
+
+def test_a_timeout_kills_the_command(tmp_path: Path) -> None:
+    r, w = os.pipe()
+    try:
+        start = time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            support_cli.rewheel("why", "-", stdin=r, timeout=1.5)
+        assert time.monotonic() - start < 10
+        want = " ".join(support_cli.argv("why", "-"))
+        time.sleep(0.2)
+        alive = [e for e in os.listdir("/proc") if e.isdigit() and _cmd(e) == want]
+        assert alive == []
+    finally:
+        os.close(w)
+        os.close(r)
+
+
+def test_interpreter_settings_start_a_real_interpreter() -> None:
+    # PYTHONIOENCODING is fixed when an interpreter starts: the warm one cannot take it.
+    cp = support_cli.rewheel("why", "-", input="RuntimeError: é\n", env={**os.environ, "PYTHONIOENCODING": "ascii:strict"})
+    assert cp.returncode == 0 and "\\xe9" in cp.stdout
+    assert sys.executable in cp.args
+
+
+def _cmd(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
