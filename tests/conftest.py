@@ -29,6 +29,23 @@ if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
 
 
+# -- the fault suites' sample (tests/support_killpoints.py) -------------------------------------
+def pytest_configure(config: pytest.Config) -> None:
+    """One seed for the session, drawn here (in xdist's controller, before its workers start,
+    so they inherit it) unless REWHEEL_FAULT_SEED is set to repeat an earlier session's."""
+    import os
+    import secrets
+
+    os.environ.setdefault("REWHEEL_FAULT_SEED", str(secrets.randbelow(10**6)))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    import os
+
+    return (f"fault sample: REWHEEL_FAULT_SEED={os.environ.get('REWHEEL_FAULT_SEED')} "
+            f"REWHEEL_KILLPOINTS={os.environ.get('REWHEEL_KILLPOINTS') or 'default (8 per scenario)'}")
+
+
 # -- scheduling on xdist workers (`make test`: --dist loadgroup --no-loadscope-reorder) -----------
 # Tests that share a module-scoped fixture (a built environment, a fleet of hosts) run on one
 # worker, so it is built once; every other test is handed out on its own. The long ones go

@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from rewheel.journal import list_runs
+import support_cli
 from support_env import cmdlines
 from support_run import SERVER, Host, make_host
 
@@ -102,18 +104,38 @@ class Outcome:
 
 def mode() -> str:
     """`REWHEEL_KILLPOINTS=all`: every kill point and every signal at every boundary;
-    otherwise the documented subset (see `sample`)."""
+    otherwise a sample (see `sample`)."""
     return "all" if os.environ.get("REWHEEL_KILLPOINTS", "").lower() == "all" else "sample"
 
 
-def sample(items: list[Any], limit: int) -> list[Any]:
-    """A deterministic spread of at most `limit` items: every k-th one, from the first, plus
-    the last (k = ceil(len/limit)). Every kind of step is hit; `REWHEEL_KILLPOINTS=all` runs
-    them all."""
-    if mode() == "all" or len(items) <= limit:
+# Trials per scenario by default: a spread of the command's kill points or boundaries.
+DEFAULT_LIMIT = 8
+
+
+def limit() -> int:
+    """`REWHEEL_KILLPOINTS=N`: at most N trials per scenario (default `DEFAULT_LIMIT`)."""
+    value = os.environ.get("REWHEEL_KILLPOINTS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_LIMIT
+
+
+def seed() -> str:
+    """The session's sample seed: `REWHEEL_FAULT_SEED`, set by tests/conftest.py to a new one
+    per session when unset (shown in pytest's header and in every failure's summary)."""
+    return os.environ.get("REWHEEL_FAULT_SEED", "0")
+
+
+def sample(items: list[Any], key: str, n: int | None = None) -> list[Any]:
+    """A spread of at most `n` (default `limit()`) items: every k-th one (k = ceil(len/n)),
+    from an offset below k drawn from the session's seed and `key`, plus the last one. Each
+    run tries points spread over the whole command — every kind of step — and successive runs
+    (new seeds) try the others: over k runs, every point. `REWHEEL_KILLPOINTS=all` runs them
+    all; `REWHEEL_FAULT_SEED=S` repeats a run's choice."""
+    n = limit() if n is None else n
+    if mode() == "all" or len(items) <= n:
         return list(items)
-    k = -(-len(items) // limit)
-    picked = items[::k]
+    k = -(-len(items) // n)
+    offset = random.Random(f"{seed()}:{key}").randrange(k)
+    picked = items[offset::k]
     if items[-1] not in picked:
         picked.append(items[-1])
     return picked
@@ -204,8 +226,9 @@ class Bench:
 
     def rewheel(self, command: str, *, prefix: list[str] | None = None, env: dict[str, str] | None = None,
                 timeout: float = 240) -> subprocess.CompletedProcess:
-        return subprocess.run([*(prefix or []), *self.argv(command)], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=timeout)
+        # (under strace's `prefix`, a real interpreter: support_cli)
+        return support_cli.rewheel(*self.argv(command)[3:], prefix=prefix, stdin=subprocess.DEVNULL,
+                                   env={**os.environ, **(env or {})}, timeout=timeout)
 
     def served(self) -> str | None:
         return self.h.served_version()
@@ -374,7 +397,8 @@ def _short(path: str, tmp: Path) -> str:
 def summary(name: str, outcomes: list[Outcome]) -> str:
     bad = [o for o in outcomes if not o.exact]
     ends = collections.Counter(o.ended for o in outcomes)
-    lines = [f"{name}: {len(outcomes)} tried, {len(outcomes) - len(bad)} recovered exactly "
+    lines = [f"{name} (REWHEEL_FAULT_SEED={seed()}, REWHEEL_KILLPOINTS={os.environ.get('REWHEEL_KILLPOINTS') or limit()}): "
+             f"{len(outcomes)} tried, {len(outcomes) - len(bad)} recovered exactly "
              f"(ended before: {ends.get('before', 0)}, after: {ends.get('after', 0)}), {len(bad)} left"]
     lines += [f"  {o.point}: rc={o.rc} resume={o.resumed}: " + " | ".join(o.problems) for o in bad]
     return "\n".join(lines)
@@ -388,7 +412,7 @@ def record(name: str, outcomes: list[Outcome]) -> None:
         return
     bad = [o for o in outcomes if not o.exact]
     with open(path, "a") as f:
-        f.write(json.dumps({"scenario": name, "mode": mode(), "tried": len(outcomes),
+        f.write(json.dumps({"scenario": name, "mode": mode(), "seed": seed(), "tried": len(outcomes),
                             "exact": len(outcomes) - len(bad),
                             "left": [{"point": o.point, "problems": o.problems} for o in bad]}) + "\n")
 

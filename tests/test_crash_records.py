@@ -3,7 +3,10 @@ it records whether the service ran, rewheel killed while it records the pid of a
 started, and a kill during the unshare after a staged upgrade was kept. Each is a real SIGKILL
 (the journal's fault hook, or strace's inject at the exact calls) of a real run on a real host,
 followed by `rewheel resume` and the proof of tests/support_killpoints.py. Also: `status` and
-`verify` name what a killed rewheel left inside an environment."""
+`verify` name what a killed rewheel left inside an environment.
+
+The strace trials are a sample, as the kill-point suite's (`support_killpoints.sample`:
+REWHEEL_KILLPOINTS, REWHEEL_FAULT_SEED)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support_killpoints import Bench, KillPoint, Scenario, summary
+from support_killpoints import Bench, KillPoint, Scenario, sample, summary
 
 pytestmark = pytest.mark.slow
 needs_strace = pytest.mark.skipif(shutil.which("strace") is None and os.environ.get("REWHEEL_TESTS_STRACE") != "require",
@@ -60,7 +63,7 @@ def test_killed_while_recording_the_started_service(tmp_path: Path, scenario: Sc
         counted = b.points()  # one counting run for both files (it is a whole traced command)
         points = list(dict.fromkeys(_after_calls(counted, "service.pid") + _after_calls(counted, "service.json")))
         assert points
-        outcomes = [b.kill_at(p) for p in points]
+        outcomes = [b.kill_at(p) for p in sample(points, f"records-{scenario.name}")]
         assert all(o.exact for o in outcomes), summary(scenario.name, outcomes)
     finally:
         b.close()
@@ -74,7 +77,7 @@ def test_killed_during_the_unshare_after_keep(tmp_path: Path) -> None:
     try:
         points = [p for p in b.points() if "rewheel-unshare" in p.what]
         assert len(points) >= 5, points
-        outcomes = [b.kill_at(p) for p in points]
+        outcomes = [b.kill_at(p) for p in sample(points, "unshare")]
         assert all(o.exact for o in outcomes), summary("unshare", outcomes)
         assert {o.ended for o in outcomes} == {"after"}  # every check had passed: kept
     finally:

@@ -4,16 +4,19 @@ a resume write (the journal's fault hook, `REWHEEL_FAULT_AT=KEY#N`), then `rewhe
 the proof of tests/support_killpoints.py — the environment byte for byte the state before or
 after, the service as it was, nothing left.
 
-By default each boundary gets one of the three signals in turn (TERM, INT, HUP, TERM, ...);
-`REWHEEL_KILLPOINTS=all` sends each of the three at every boundary."""
+By default a sample of the boundaries (`support_killpoints.sample`: a spread of at most 8 per
+scenario, drawn by the session's seed), each with one of the three signals in turn (TERM, INT,
+HUP, TERM, ...) from an offset the seed draws too; `REWHEEL_KILLPOINTS=all` sends each of the
+three at every boundary."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
-from support_killpoints import SCENARIOS, SIGNALS, Bench, Outcome, mode, prove_scenario
+from support_killpoints import SCENARIOS, SIGNALS, Bench, Outcome, mode, prove_scenario, sample, seed
 
 pytestmark = [pytest.mark.slow, pytest.mark.killpoints]
 
@@ -26,7 +29,8 @@ def test_signal_at_every_journal_boundary_then_resume(tmp_path: Path, name: str)
     def trials(b: Bench) -> list[Outcome]:
         boundaries = b.boundaries()
         assert boundaries
-        return [b.signal_at(at, sig) for i, at in enumerate(boundaries)
-                for sig in (SIGNALS if mode() == "all" else (SIGNALS[i % len(SIGNALS)],))]
+        turn = random.Random(f"{seed()}:signals-{name}").randrange(len(SIGNALS))
+        return [b.signal_at(at, sig) for i, at in enumerate(sample(boundaries, f"signals-{name}"))
+                for sig in (SIGNALS if mode() == "all" else (SIGNALS[(turn + i) % len(SIGNALS)],))]
 
     prove_scenario(tmp_path, SCENARIOS[name], f"signals-{name}", trials)
