@@ -51,9 +51,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 # worker, so it is built once; every other test is handed out on its own. The long ones go
 # first, in this order, so no worker is left running a one-minute test alone at the end (what
 # `--dist loadfile` did with the kill-point file). A stale list costs minutes, never a result.
-LONG_FIRST = ("test_killpoints.py", "test_crash_records.py", "test_killpoints_signals.py",
-              "test_fleet_ansible.py", "test_bench.py", "test_real_upgrade.py", "test_full_disk.py",
-              "test_crash.py", "test_signal_revert.py", "test_run.py", "test_demo_parts.py", "test_pipes.py")
+LONG_FIRST = ("test_fleet_ansible.py", "test_bench.py", "test_killpoints.py", "test_crash_records.py",
+              "test_full_disk.py", "test_killpoints_signals.py", "test_real_upgrade.py", "test_crash.py",
+              "test_run.py", "test_pipes.py", "test_patches.py", "test_demo_parts.py", "test_signal_revert.py")
 
 
 def _shares_a_module_fixture(item: pytest.Item) -> bool:

@@ -7,8 +7,8 @@ rewheel's home, service stopped — is saved once as a template and copied back 
 call, so the snapshots' hard links into the environment stay links) before every trial, so
 every trial starts from the same bytes and the same store.
 
-Kill points come from a first run of the command under strace (`points`): every rename, link,
-unlink, fsync and write the rewheel process makes (its main thread: strace without -f, so
+Kill points come from the reference run of the command, under strace (`points`): every rename,
+link, unlink, fsync and write the rewheel process makes (its main thread: strace without -f, so
 neither uv, the smoke test nor the service are counted or killed — a `kill -9` of rewheel
 leaves them running too, and `resume` must deal with that). A trial re-runs the command with
 `strace -e inject=SYSCALL:signal=KILL:when=N` (SIGKILL on entry to the Nth call of that
@@ -142,7 +142,7 @@ def sample(items: list[Any], key: str, n: int | None = None) -> list[Any]:
 
 
 class Bench:
-    def __init__(self, tmp: Path, scenario: Scenario) -> None:
+    def __init__(self, tmp: Path, scenario: Scenario, *, count: bool = False) -> None:
         self.tmp = tmp
         self.s = scenario
         self.uv_cache = tmp / "uv-cache"
@@ -160,10 +160,17 @@ class Bench:
         self._prepare()
         self.before = self.h.state()
         self.before_version = self.version_of_state()
-        # What the command does when nothing interrupts it.
+        # What the command does when nothing interrupts it: the reference run, which is also
+        # the counting run of the kill points (under strace, with `count`) and the source of
+        # the journal boundaries.
         self.reset()
-        cp = self.rewheel(self.s.command)
+        log = self.tmp / "count.strace"
+        t0 = time.time()
+        cp = self.rewheel(self.s.command, prefix=["strace", "-qq", "-y", "-o", str(log), "-e",
+                                                  "trace=" + ",".join(TRACED)] if count else None)
         assert cp.returncode == self.s.exit_code, f"reference {self.s.command}: rc={cp.returncode}\n{cp.stderr[-3000:]}"
+        self._points = self._read_points(log) if count else None
+        self._boundaries = self._read_boundaries(t0)
         self.after = self.h.state()
         self.after_version = self.served()
         assert self.after_version is not None
@@ -239,13 +246,13 @@ class Bench:
 
     # -- kill points ----------------------------------------------------------------------
     def points(self) -> list[KillPoint]:
-        """Every call of the traced syscalls the rewheel process makes, in order (a counting
-        run under strace, from the starting state); writes to stdout and stderr left out."""
-        self.reset()
-        log = self.tmp / "count.strace"
-        cp = self.rewheel(self.s.command, prefix=["strace", "-qq", "-y", "-o", str(log), "-e",
-                                                 "trace=" + ",".join(TRACED)])
-        assert cp.returncode == self.s.exit_code, f"counting run: rc={cp.returncode}\n{cp.stderr[-3000:]}"
+        """Every call of the traced syscalls the rewheel process makes, in order (the reference
+        run under strace, from the starting state: `Bench(..., count=True)`); writes to stdout
+        and stderr left out."""
+        assert self._points is not None, "Bench(..., count=True) counts the kill points"
+        return self._points
+
+    def _read_points(self, log: Path) -> list[KillPoint]:
         seen: collections.Counter[str] = collections.Counter()
         out: list[KillPoint] = []
         for line in log.read_text(errors="replace").splitlines():
@@ -265,11 +272,10 @@ class Bench:
 
     def boundaries(self) -> list[str]:
         """Every journal record the command writes, as `KEY#N` for the fault hook (N: the
-        how-manieth record of that key this process writes)."""
-        self.reset()
-        t0 = time.time()
-        cp = self.rewheel(self.s.command)
-        assert cp.returncode == self.s.exit_code, cp.stderr[-3000:]
+        how-manieth record of that key this process writes), from the reference run."""
+        return self._boundaries
+
+    def _read_boundaries(self, t0: float) -> list[str]:
         recs = []
         for jf in self.home.glob("envs/*/runs/*/journal.jsonl"):
             for line in jf.read_text().splitlines():
@@ -397,7 +403,8 @@ def _short(path: str, tmp: Path) -> str:
 def summary(name: str, outcomes: list[Outcome]) -> str:
     bad = [o for o in outcomes if not o.exact]
     ends = collections.Counter(o.ended for o in outcomes)
-    lines = [f"{name} (REWHEEL_FAULT_SEED={seed()}, REWHEEL_KILLPOINTS={os.environ.get('REWHEEL_KILLPOINTS') or limit()}): "
+    knob = os.environ.get("REWHEEL_KILLPOINTS") or limit()
+    lines = [f"{name} (REWHEEL_FAULT_SEED={seed()}, REWHEEL_KILLPOINTS={knob}): "
              f"{len(outcomes)} tried, {len(outcomes) - len(bad)} recovered exactly "
              f"(ended before: {ends.get('before', 0)}, after: {ends.get('after', 0)}), {len(bad)} left"]
     lines += [f"  {o.point}: rc={o.rc} resume={o.resumed}: " + " | ".join(o.problems) for o in bad]
@@ -418,11 +425,11 @@ def record(name: str, outcomes: list[Outcome]) -> None:
 
 
 def prove_scenario(tmp: Path, scenario: Scenario, name: str,
-                   trials: Callable[[Bench], list[Outcome]]) -> list[Outcome]:
+                   trials: Callable[[Bench], list[Outcome]], *, count: bool = False) -> list[Outcome]:
     """One scenario's bench (whose uninterrupted command must pass the proof itself), its
     trials, their counts recorded; every trial recovered exactly, or the summary of those
     that did not."""
-    b = Bench(tmp, scenario)
+    b = Bench(tmp, scenario, count=count)
     try:
         assert not b.reference_problems, b.reference_problems
         outcomes = trials(b)

@@ -58,9 +58,9 @@ def test_killed_while_recording_the_started_service(tmp_path: Path, scenario: Sc
     of the new build, of the old one in a revert, of a rollback's target): `resume` recognises
     the service rewheel started (by the token in its environment), stops it, and finishes —
     no untested build left serving, no restore's staging folder left in the prefix."""
-    b = Bench(tmp_path, scenario)
+    b = Bench(tmp_path, scenario, count=True)
     try:
-        counted = b.points()  # one counting run for both files (it is a whole traced command)
+        counted = b.points()  # the reference run's count, for both files
         points = list(dict.fromkeys(_after_calls(counted, "service.pid") + _after_calls(counted, "service.json")))
         assert points
         outcomes = [b.kill_at(p) for p in sample(points, f"records-{scenario.name}")]
@@ -73,7 +73,7 @@ def test_killed_while_recording_the_started_service(tmp_path: Path, scenario: Sc
 def test_killed_during_the_unshare_after_keep(tmp_path: Path) -> None:
     """SIGKILL at each call of the unshare (the copies beside the files, their renames): `resume`
     finishes it — no `.rewheel-unshare` file left, no installed file linked into uv's cache."""
-    b = Bench(tmp_path, Scenario("staged-kept", "run", "good", staged=True))
+    b = Bench(tmp_path, Scenario("staged-kept", "run", "good", staged=True), count=True)
     try:
         points = [p for p in b.points() if "rewheel-unshare" in p.what]
         assert len(points) >= 5, points

@@ -276,7 +276,8 @@ def test_diff_through_a_symlinked_prefix_sees_the_same_files(tmp_path: Path, whe
     uv_install(py, "toypkg==1.0.0", "toyhelper==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
     link = tmp_path / "env-link"
     link.symlink_to(tmp_path / "real-env")
-    snap = json.loads(support_cli.rewheel("snapshot", "--python", str(link / "bin" / "python"), "--json", check=True).stdout)["id"]
+    snap = json.loads(support_cli.rewheel("snapshot", "--python", str(link / "bin" / "python"), "--json",
+                                          check=True).stdout)["id"]
     core = next((tmp_path / "real-env" / "lib").glob("python3*/site-packages")) / "toypkg" / "core.py"
     core.write_text(core.read_text() + "# edited\n")
     cp = support_cli.rewheel("diff", "--python", str(py), snap, "--json")

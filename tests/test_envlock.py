@@ -27,7 +27,7 @@ def _target(python: Path):
 
 def _rewheel(*args: str, home: Path) -> subprocess.CompletedProcess:
     return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env={**os.environ, "REWHEEL_HOME": str(home)},
-                          timeout=180)
+                               timeout=180)
 
 
 def test_two_homes_on_one_environment_the_second_gets_4(tmp_path: Path) -> None:

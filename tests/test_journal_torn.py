@@ -197,7 +197,7 @@ def test_a_resume_on_a_full_disk_never_tears_its_journal(tmp_path: Path, small_f
 
     def cli(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
         return support_cli.rewheel(*args, "--python", str(py), stdin=subprocess.DEVNULL,
-                              env={**env, **extra}, timeout=120)
+                                   env={**env, **extra}, timeout=120)
 
     snap = cli("snapshot", "--json")
     assert snap.returncode == 0, snap.stderr

@@ -5,14 +5,14 @@ environment is the state before or after the command byte for byte, nothing `.re
 prefix, no installed file hard-linked into uv's cache, the service serving what the files hold,
 no process left, no interrupted run left.
 
-Kill points are counted by a first run under strace; each is then injected with
-`strace -e inject=SYSCALL:signal=KILL:when=N`. By default a sample runs: every k-th point of
-the counted list, at most 8 per scenario, from an offset the session's seed draws, the last one
-included (`support_killpoints.sample`), so each run covers the whole command and successive
-runs the other points. `REWHEEL_KILLPOINTS=N` tries N per scenario, `REWHEEL_KILLPOINTS=all`
-every one (880; about 40 minutes in 2 processes on 2 CPUs); `REWHEEL_FAULT_SEED=S` repeats a
-run's choice (a failure's summary names it). `REWHEEL_KILLPOINTS_LOG=FILE` appends the counts
-per scenario."""
+Kill points are counted by the uninterrupted reference run, under strace; each is then
+injected with `strace -e inject=SYSCALL:signal=KILL:when=N`. By default a sample runs: every
+k-th point of the counted list, at most 8 per scenario, from an offset the session's seed
+draws, the last one included (`support_killpoints.sample`), so each run covers the whole
+command and successive runs the other points. `REWHEEL_KILLPOINTS=N` tries N per scenario,
+`REWHEEL_KILLPOINTS=all` every one (880; about 40 minutes in 2 processes on 2 CPUs);
+`REWHEEL_FAULT_SEED=S` repeats a run's choice (a failure's summary names it).
+`REWHEEL_KILLPOINTS_LOG=FILE` appends the counts per scenario."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_sigkill_at_every_kill_point_then_resume(tmp_path: Path, scenario: Scena
         assert points, "the counting run saw no call"
         return [b.kill_at(p) for p in sample(points, scenario.name)]
 
-    outcomes = prove_scenario(tmp_path, scenario, scenario.name, trials)
+    outcomes = prove_scenario(tmp_path, scenario, scenario.name, trials, count=True)
     # Every trial was a real kill: the command ended by SIGKILL (a point past the end of a run
     # that made fewer calls this time would prove nothing).
     assert sum(o.rc == -9 for o in outcomes) >= len(outcomes) * 0.9, [(o.point, o.rc) for o in outcomes]

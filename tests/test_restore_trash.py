@@ -50,9 +50,14 @@ def upgraded(prefix: Path, wheelhouse: Path) -> tuple[Path, Environment, Store, 
 
 
 def trashed(store: Store) -> list[str]:
-    """Every path under the store's trash, relative to it."""
+    """Every path under the store's trash, relative to it (walked again when the detached rm
+    deletes a folder while it is walked)."""
     trash = store.home / TRASH
-    return sorted(str(p.relative_to(trash)) for p in trash.rglob("*")) if trash.exists() else []
+    while True:
+        try:
+            return sorted(str(p.relative_to(trash)) for p in trash.rglob("*")) if trash.exists() else []
+        except FileNotFoundError:
+            continue
 
 
 def holds_the_new_dist_info(store: Store) -> bool:
@@ -116,9 +121,8 @@ def test_a_cli_rollback_exits_without_waiting_for_the_deletion(tmp_path: Path, w
                                                                slow_rm: Path) -> None:
     py, env, store, snap, before = upgraded(tmp_path / "env", wheelhouse)
     # Output captured through pipes, as scripts run it: the detached rm holds none of them.
-    cp = support_cli.rewheel("rollback", "--python", str(py), snap.id, "--yes",
-                         "--no-undo", "--json", stdin=subprocess.DEVNULL,
-                        timeout=300)
+    cp = support_cli.rewheel("rollback", "--python", str(py), snap.id, "--yes", "--no-undo", "--json",
+                             stdin=subprocess.DEVNULL, timeout=300)
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
     assert doc["restore"]["deleted"] >= 1

@@ -376,7 +376,8 @@ def test_state_home_is_private(venv: Path, rewheel_home: Path) -> None:
 def test_cli_snapshot_history_rollback(venv: Path, wheelhouse: Path) -> None:
     prefix = venv.parent.parent
     before = tree_state(prefix)
-    snap = json.loads(support_cli.rewheel("snapshot", "--python", str(venv), "--label", "good", "--json", check=True).stdout)
+    snap = json.loads(support_cli.rewheel("snapshot", "--python", str(venv), "--label", "good", "--json",
+                                          check=True).stdout)
     assert snap["files"] > 0 and snap["id"]
     hist = json.loads(support_cli.rewheel("history", "--python", str(venv), "--json", check=True).stdout)
     assert hist["snapshots"][0]["id"] == snap["id"]
@@ -404,7 +405,8 @@ def test_cli_snapshot_history_rollback(venv: Path, wheelhouse: Path) -> None:
     # A value that is neither 1 nor 2 is a usage error naming the variable; nothing changes.
     damage(venv, wheelhouse)
     damaged = tree_state(prefix)
-    cp = support_cli.rewheel("rollback", "--python", str(venv), snap["id"], "--yes", env={**os.environ, "REWHEEL_RESTORE_LANES": "8"})
+    cp = support_cli.rewheel("rollback", "--python", str(venv), snap["id"], "--yes",
+                             env={**os.environ, "REWHEEL_RESTORE_LANES": "8"})
     assert cp.returncode == 2 and "REWHEEL_RESTORE_LANES='8'" in cp.stderr, cp.stderr
     assert tree_state(prefix) == damaged
 

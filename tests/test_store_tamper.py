@@ -21,7 +21,8 @@ import support_cli
 
 
 def cli(*args: str, env: dict[str, str] | None = None, umask: int = -1) -> subprocess.CompletedProcess[str]:
-    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=300, umask=umask)
+    return support_cli.rewheel(*args, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})}, timeout=300,
+                               umask=umask)
 
 
 def _snapshot(py: Path) -> dict:

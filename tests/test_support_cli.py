@@ -94,7 +94,8 @@ def test_a_timeout_kills_the_command(tmp_path: Path) -> None:
 
 def test_interpreter_settings_start_a_real_interpreter() -> None:
     # PYTHONIOENCODING is fixed when an interpreter starts: the warm one cannot take it.
-    cp = support_cli.rewheel("why", "-", input="RuntimeError: é\n", env={**os.environ, "PYTHONIOENCODING": "ascii:strict"})
+    cp = support_cli.rewheel("why", "-", input="RuntimeError: é\n",
+                             env={**os.environ, "PYTHONIOENCODING": "ascii:strict"})
     assert cp.returncode == 0 and "\\xe9" in cp.stdout
     assert sys.executable in cp.args
 
