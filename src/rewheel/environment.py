@@ -37,6 +37,25 @@ print(json.dumps({
 
 
 _early_probes: dict[str, proc.Started] = {}
+# The probe's answer by interpreter identity (`_identity`): an environment inspected twice in
+# one command (a staged run: the live one and the staged one, each twice) is asked once.
+_answers: dict[tuple[Any, ...], str] = {}
+
+
+def _identity(py: Path) -> tuple[Any, ...] | None:
+    """What the probe's answer depends on: the interpreter's path, the link or file there and
+    what it points to, and the environment's pyvenv.cfg. A recreated or swapped environment
+    has new files there, so it is asked again."""
+    try:
+        link, real = os.lstat(py), os.stat(py)
+    except OSError:
+        return None
+    try:
+        cfg = os.stat(py.parent.parent / "pyvenv.cfg")
+        cfg_id: tuple[int, int, int] | None = (cfg.st_ino, cfg.st_mtime_ns, cfg.st_size)
+    except OSError:
+        cfg_id = None
+    return (str(py), link.st_ino, link.st_mtime_ns, real.st_ino, real.st_mtime_ns, cfg_id)
 
 
 def probe_early(python: str | os.PathLike[str]) -> None:
@@ -283,19 +302,16 @@ class Environment:
         if py.is_dir():
             raise TargetError(f"interpreter {py} is a folder, not an interpreter",
                               hint="give the environment's python, e.g. /root/ml-env/bin/python")
+        ident = _identity(py)
+        answer = _answers.get(ident) if ident is not None else None
+        if answer is None or str(py) in _early_probes:  # (an early probe is always collected)
+            answer = cls._probe(py)
         try:
-            early = _early_probes.pop(str(py), None)
-            res = early.wait(timeout=60) if early is not None else proc.run([str(py), "-I", "-c", _PROBE], timeout=60)
-        except OSError as exc:  # a text file, no permission to run it, a broken binary
-            raise TargetError(f"interpreter {py} cannot be run: {exc.strerror or exc}",
-                              hint="give the environment's python, e.g. /root/ml-env/bin/python") from None
-        if not res.ok:
-            raise TargetError(f"interpreter {py} failed to start (exit {res.returncode}): "
-                              f"{(res.stderr or res.stdout).strip()[-500:]}")
-        try:
-            info = json.loads(res.stdout.strip().splitlines()[-1])
+            info = json.loads(answer.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            raise TargetError(f"interpreter {py} did not answer the probe: {res.stdout[-300:]!r}") from None
+            raise TargetError(f"interpreter {py} did not answer the probe: {answer[-300:]!r}") from None
+        if ident is not None:
+            _answers[ident] = answer
         prefix = Path(info["prefix"])
         base = Path(info["base_prefix"])
         sites: list[Path] = []
@@ -322,6 +338,20 @@ class Environment:
         return cls(python=py, prefix=prefix, base_prefix=base, version=info["version"],
                    site_dirs=sites, scripts_dir=Path(info["scripts"]), kind=kind,
                    other_sites=list(dict.fromkeys(others)))
+
+    @staticmethod
+    def _probe(py: Path) -> str:
+        """The interpreter's answer to the probe (started early by `probe_early`, or now)."""
+        try:
+            early = _early_probes.pop(str(py), None)
+            res = early.wait(timeout=60) if early is not None else proc.run([str(py), "-I", "-c", _PROBE], timeout=60)
+        except OSError as exc:  # a text file, no permission to run it, a broken binary
+            raise TargetError(f"interpreter {py} cannot be run: {exc.strerror or exc}",
+                              hint="give the environment's python, e.g. /root/ml-env/bin/python") from None
+        if not res.ok:
+            raise TargetError(f"interpreter {py} failed to start (exit {res.returncode}): "
+                              f"{(res.stderr or res.stdout).strip()[-500:]}")
+        return res.stdout
 
     @property
     def roots(self) -> list[Path]:

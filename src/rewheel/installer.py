@@ -73,9 +73,28 @@ def find_uv() -> str:
                           hint="reinstall rewheel (it installs uv), or put uv on PATH")
 
 
+# uv's answer by binary (path, inode, mtime): asked once per process, not by each step that
+# records or checks it (a staged run asked twice).
+_versions: dict[tuple[str, int, int], str] = {}
+
+
 def uv_version(uv: str | None = None) -> str:
     """uv's version, e.g. "0.13.9"."""
     uv = uv or find_uv()
+    try:
+        st = os.stat(uv)
+        key: tuple[str, int, int] | None = (uv, st.st_ino, st.st_mtime_ns)
+    except OSError:
+        key = None
+    if key is not None and key in _versions:
+        return _versions[key]
+    version = _ask_uv_version(uv)
+    if key is not None:
+        _versions[key] = version
+    return version
+
+
+def _ask_uv_version(uv: str) -> str:
     cp = proc.run([uv, "--version"], timeout=30)
     if not cp.ok:
         raise CommandNotFound(f"{uv} --version failed (exit {cp.returncode}): "
