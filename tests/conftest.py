@@ -39,20 +39,15 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("REWHEEL_FAULT_SEED", str(secrets.randbelow(10**6)))
 
 
-def _fault_sample() -> str:
-    import os
-
-    return (f"fault sample: REWHEEL_FAULT_SEED={os.environ.get('REWHEEL_FAULT_SEED')} "
-            f"REWHEEL_KILLPOINTS={os.environ.get('REWHEEL_KILLPOINTS') or 'default (8 per scenario)'}")
-
-
 def pytest_report_header(config: pytest.Config) -> str:
-    return _fault_sample()
+    from support_killpoints import describe
+
+    return f"fault sample: {describe()}"
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
     # Also under -q (no header): the line that repeats this session's fault sample.
-    terminalreporter.write_line(_fault_sample())
+    terminalreporter.write_line(pytest_report_header(config))
 
 
 # -- scheduling on xdist workers (`make test`: --dist loadgroup --no-loadscope-reorder) -----------

@@ -50,7 +50,7 @@ def _interpreter_settings(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if INTERPRETER_KEYS.match(k)}
 
 
-def _zygote() -> dict[str, Any] | None:
+def _zygote() -> dict[str, Any]:
     with _lock:
         z = _server.get("z")
         if z is not None and z["proc"].poll() is None:
@@ -88,12 +88,8 @@ def rewheel(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
     can be (never under a `prefix`: a wrapper such as setpriv or strace starts the interpreter)."""
     full_env = dict(os.environ if env is None else env)
     cmd = argv(*args)
-    z = None
-    if not prefix and full_env.get("REWHEEL_TESTS_REAL_CLI") != "1":
-        z = _zygote()
-        if z is not None and _interpreter_settings(full_env) != z["settings"]:
-            z = None
-    if z is None:
+    z = None if prefix or full_env.get("REWHEEL_TESTS_REAL_CLI") == "1" else _zygote()
+    if z is None or _interpreter_settings(full_env) != z["settings"]:
         return subprocess.run([*(prefix or []), *cmd], capture_output=True, text=text, env=env, cwd=cwd,
                               input=input, stdin=stdin, timeout=timeout, check=check, umask=umask)
     return _run_warm(z, cmd, full_env, cwd, input, stdin, timeout, text, check, umask)
@@ -106,6 +102,7 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
     w_in = None
+    data = input.encode() if isinstance(input, str) else input or b""
     if input is not None:
         in_fd, w_in = os.pipe()
     elif stdin == subprocess.DEVNULL:
@@ -125,7 +122,6 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
     finally:
         for fd in (in_fd, w_out, w_err):
             os.close(fd)
-    data = input.encode() if isinstance(input, str) else input
     out: dict[int, bytearray] = {r_out: bytearray(), r_err: bytearray()}
     answer = bytearray()
     pid = status = None
@@ -157,10 +153,9 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
                         sel.unregister(sock)
                 elif key.fd == w_in:
                     try:
-                        n = os.write(w_in, data) if data else 0
-                    except BrokenPipeError:
-                        n, data = 0, b""
-                    data = data[n:] if data else b""
+                        data = data[os.write(w_in, data):] if data else b""
+                    except BrokenPipeError:  # the command exited without reading it all
+                        data = b""
                     if not data:
                         sel.unregister(w_in)
                         os.close(w_in)

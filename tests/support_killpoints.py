@@ -118,23 +118,30 @@ def limit() -> int:
     return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_LIMIT
 
 
-def seed() -> str:
-    """The session's sample seed: `REWHEEL_FAULT_SEED`, set by tests/conftest.py to a new one
-    per session when unset (shown in pytest's header and in every failure's summary)."""
-    return os.environ.get("REWHEEL_FAULT_SEED", "0")
+def rng(key: str) -> random.Random:
+    """The session's draws for `key` (a scenario): from `REWHEEL_FAULT_SEED`, which
+    tests/conftest.py sets to a new value per session when it is unset."""
+    return random.Random(f"{os.environ.get('REWHEEL_FAULT_SEED', '0')}:{key}")
 
 
-def sample(items: list[Any], key: str, n: int | None = None) -> list[Any]:
-    """A spread of at most `n` (default `limit()`) items: every k-th one (k = ceil(len/n)),
-    from an offset below k drawn from the session's seed and `key`, plus the last one. Each
-    run tries points spread over the whole command — every kind of step — and successive runs
-    (new seeds) try the others: over k runs, every point. `REWHEEL_KILLPOINTS=all` runs them
-    all; `REWHEEL_FAULT_SEED=S` repeats a run's choice."""
-    n = limit() if n is None else n
+def describe() -> str:
+    """The sample's settings, as a line that repeats it (pytest's header and last line, every
+    failure's summary)."""
+    return (f"REWHEEL_FAULT_SEED={os.environ.get('REWHEEL_FAULT_SEED', '0')} "
+            f"REWHEEL_KILLPOINTS={os.environ.get('REWHEEL_KILLPOINTS') or f'{limit()} (the default)'}")
+
+
+def sample(items: list[Any], key: str) -> list[Any]:
+    """A spread of at most `limit()` items: every k-th one (k = ceil(len/limit)), from an
+    offset below k drawn by `rng(key)`, plus the last one. Each run tries points spread over
+    the whole command — every kind of step — and successive runs (new seeds) try the others:
+    over k runs, every point. `REWHEEL_KILLPOINTS=all` runs them all; `REWHEEL_FAULT_SEED=S`
+    repeats a run's choice."""
+    n = limit()
     if mode() == "all" or len(items) <= n:
         return list(items)
     k = -(-len(items) // n)
-    offset = random.Random(f"{seed()}:{key}").randrange(k)
+    offset = rng(key).randrange(k)
     picked = items[offset::k]
     if items[-1] not in picked:
         picked.append(items[-1])
@@ -403,8 +410,7 @@ def _short(path: str, tmp: Path) -> str:
 def summary(name: str, outcomes: list[Outcome]) -> str:
     bad = [o for o in outcomes if not o.exact]
     ends = collections.Counter(o.ended for o in outcomes)
-    knob = os.environ.get("REWHEEL_KILLPOINTS") or limit()
-    lines = [f"{name} (REWHEEL_FAULT_SEED={seed()}, REWHEEL_KILLPOINTS={knob}): "
+    lines = [f"{name} ({describe()}): "
              f"{len(outcomes)} tried, {len(outcomes) - len(bad)} recovered exactly "
              f"(ended before: {ends.get('before', 0)}, after: {ends.get('after', 0)}), {len(bad)} left"]
     lines += [f"  {o.point}: rc={o.rc} resume={o.resumed}: " + " | ".join(o.problems) for o in bad]
@@ -419,7 +425,7 @@ def record(name: str, outcomes: list[Outcome]) -> None:
         return
     bad = [o for o in outcomes if not o.exact]
     with open(path, "a") as f:
-        f.write(json.dumps({"scenario": name, "mode": mode(), "seed": seed(), "tried": len(outcomes),
+        f.write(json.dumps({"scenario": name, "mode": mode(), "sample": describe(), "tried": len(outcomes),
                             "exact": len(outcomes) - len(bad),
                             "left": [{"point": o.point, "problems": o.problems} for o in bad]}) + "\n")
 

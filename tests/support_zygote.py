@@ -38,7 +38,6 @@ import selectors
 import signal
 import socket
 import sys
-import traceback
 
 
 def preload() -> None:
@@ -58,11 +57,10 @@ def _streams() -> None:
     """Standard streams as a fresh interpreter makes them on fds 0-2 (encoding from the
     locale, which the client keeps equal to the server's; stderr backslash-escapes and is
     line-buffered; stdout is line-buffered only on a terminal)."""
-    enc = sys.stdout.encoding
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
                                                  encoding=sys.stdin.encoding, errors=sys.stdin.errors)
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)),
-                                                   encoding=enc, errors=sys.stdout.errors,
+                                                   encoding=sys.stdout.encoding, errors=sys.stdout.errors,
                                                    line_buffering=os.isatty(1))
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
                                                    encoding=sys.stderr.encoding, errors="backslashreplace",
@@ -73,7 +71,7 @@ def _become(req: dict, fds: list[int]) -> None:
     """In the forked child: become `python -m rewheel ARGV` and exit as it would."""
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
-    os.closerange(3, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") < 1 << 16 else 1 << 16)
+    os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 1 << 16))
     try:
         os.setpgid(0, req["pgid"])  # the test process's group, as a child of it would be
     except OSError:
@@ -100,12 +98,9 @@ def _become(req: dict, fds: list[int]) -> None:
         runpy.run_module("rewheel", run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = _exit_code(e.code)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = -signal.SIGINT
-    except BaseException:  # noqa: BLE001 - the interpreter prints any other and exits 1
+    except BaseException as e:  # noqa: BLE001 - the interpreter prints it and exits 1, or dies of SIGINT
         sys.excepthook(*sys.exc_info())
-        code = 1
+        code = -signal.SIGINT if isinstance(e, KeyboardInterrupt) else 1
     code = _finalize(code)
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)

@@ -11,12 +11,11 @@ three at every boundary."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
-from support_killpoints import SCENARIOS, SIGNALS, Bench, Outcome, mode, prove_scenario, sample, seed
+from support_killpoints import SCENARIOS, SIGNALS, Bench, Outcome, mode, prove_scenario, rng, sample
 
 pytestmark = [pytest.mark.slow, pytest.mark.killpoints]
 
@@ -29,7 +28,7 @@ def test_signal_at_every_journal_boundary_then_resume(tmp_path: Path, name: str)
     def trials(b: Bench) -> list[Outcome]:
         boundaries = b.boundaries()
         assert boundaries
-        turn = random.Random(f"{seed()}:signals-{name}").randrange(len(SIGNALS))
+        turn = rng(f"signals-{name}").randrange(len(SIGNALS))
         return [b.signal_at(at, sig) for i, at in enumerate(sample(boundaries, f"signals-{name}"))
                 for sig in (SIGNALS if mode() == "all" else (SIGNALS[(turn + i) % len(SIGNALS)],))]
 
