@@ -39,4 +39,8 @@ def test_sigkill_at_every_kill_point_then_resume(tmp_path: Path, scenario: Scena
     outcomes = prove_scenario(tmp_path, scenario, scenario.name, trials, count=True)
     # Every trial was a real kill: the command ended by SIGKILL (a point past the end of a run
     # that made fewer calls this time would prove nothing).
-    assert sum(o.rc == -9 for o in outcomes) >= len(outcomes) * 0.9, [(o.point, o.rc) for o in outcomes]
+    # A tenth may miss, and one always may: a point near the end of the count (the last one is in
+    # every sample) is past the end of a run that made a call fewer this time. At 10 or more
+    # trials this is the old bound (90 % killed); at the default 8-9 that bound allowed no miss.
+    missed = [(o.point, o.rc) for o in outcomes if o.rc != -9]
+    assert len(missed) <= max(1, len(outcomes) // 10), (missed, [(o.point, o.rc) for o in outcomes])
