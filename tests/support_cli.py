@@ -11,9 +11,10 @@ and raises `subprocess.TimeoutExpired`.
 A real interpreter is started instead (`subprocess.run`, the same arguments) when the
 request sets what an interpreter fixes when it starts (`INTERPRETER_KEYS`: PYTHON*, the
 locale, terminal and colour settings some CLI libraries read at import) to other values than
-the warm one has, or when `REWHEEL_TESTS_REAL_CLI=1`. The tests whose subject is the
-interpreter's own start — a command under strace, in a pipe, from the console script, the
-imports — start it themselves."""
+the warm one has, under a wrapper (`prefix`), or when `REWHEEL_TESTS_REAL_CLI=1`. A tracer
+(strace, for the fault suites' kill points) attaches to a warm command by pid (`attach`). The
+tests whose subject is the interpreter's own start — a command in a pipe, from the console
+script, the imports — start it themselves."""
 
 from __future__ import annotations
 
@@ -83,24 +84,70 @@ def _zygote() -> dict[str, Any]:
 def rewheel(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
             input: str | bytes | None = None, stdin: int | IO[Any] | None = None,
             timeout: float | None = None, text: bool = True, check: bool = False,
-            umask: int = -1, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+            umask: int = -1, prefix: list[str] | None = None,
+            attach: list[str] | None = None) -> subprocess.CompletedProcess:
     """`subprocess.run([*prefix, *argv(*args)], capture_output=True, ...)`, started warm where it
-    can be (never under a `prefix`: a wrapper such as setpriv or strace starts the interpreter)."""
+    can be (never under a `prefix`: a wrapper such as setpriv starts the interpreter).
+
+    `attach`: a tracer that attaches by pid (`[*attach, "-p", PID]`: strace and its options).
+    A warm command is held before its first line until the tracer has attached, so the tracer
+    sees all of the command but the interpreter's start and imports (which a warm command does
+    not make); a real interpreter runs under it as a prefix (`[*attach, *argv]`)."""
     full_env = dict(os.environ if env is None else env)
     cmd = argv(*args)
     z = None if prefix or full_env.get("REWHEEL_TESTS_REAL_CLI") == "1" else _zygote()
     if z is None or _interpreter_settings(full_env) != z["settings"]:
-        return subprocess.run([*(prefix or []), *cmd], capture_output=True, text=text, env=env, cwd=cwd,
-                              input=input, stdin=stdin, timeout=timeout, check=check, umask=umask)
-    return _run_warm(z, cmd, full_env, cwd, input, stdin, timeout, text, check, umask)
+        return subprocess.run([*(prefix or attach or []), *cmd], capture_output=True, text=text, env=env,
+                              cwd=cwd, input=input, stdin=stdin, timeout=timeout, check=check, umask=umask)
+    return _run_warm(z, cmd, full_env, cwd, input, stdin, timeout, text, check, umask, attach)
+
+
+class _Tracer:
+    """`[*attach, "-p", PID]` started on a held warm command, which goes on once the tracer
+    has attached (/proc's TracerPid names it)."""
+
+    def __init__(self, attach: list[str], pid: int, release_fd: int) -> None:
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([*attach, "-p", str(pid)], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=self.err)
+        deadline = time.monotonic() + 30
+        while _tracer_of(pid) != self.proc.pid:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close(kill=True)
+                raise RuntimeError(f"{attach[0]} did not attach to {pid}: {self.stderr()}")
+            time.sleep(0.002)
+        os.write(release_fd, b"x")
+
+    def stderr(self) -> str:
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def close(self, kill: bool = False) -> None:
+        if kill:
+            self.proc.kill()
+        self.proc.wait(30)  # its output (strace -o) complete
+        self.err.close()
+
+
+def _tracer_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("TracerPid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str | Path | None,
               input: str | bytes | None, stdin: int | IO[Any] | None, timeout: float | None,
-              text: bool, check: bool, umask: int) -> subprocess.CompletedProcess:
+              text: bool, check: bool, umask: int, attach: list[str] | None = None) -> subprocess.CompletedProcess:
     deadline = None if timeout is None else time.monotonic() + timeout
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
+    r_hold, w_hold = os.pipe() if attach else (None, None)
+    tracer = None
     w_in = None
     data = input.encode() if isinstance(input, str) else input or b""
     if input is not None:
@@ -118,10 +165,12 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(z["path"])
-        socket.send_fds(sock, [json.dumps(req).encode() + b"\n"], [in_fd, w_out, w_err])
+        socket.send_fds(sock, [json.dumps(req).encode() + b"\n"],
+                        [in_fd, w_out, w_err, *([r_hold] if r_hold is not None else [])])
     finally:
-        for fd in (in_fd, w_out, w_err):
-            os.close(fd)
+        for fd in (in_fd, w_out, w_err, r_hold):
+            if fd is not None:
+                os.close(fd)
     out: dict[int, bytearray] = {r_out: bytearray(), r_err: bytearray()}
     answer = bytearray()
     pid = status = None
@@ -138,6 +187,9 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
             if left is not None and left <= 0:
                 if pid is not None:
                     os.kill(pid, signal.SIGKILL)
+                if tracer is not None:
+                    tracer.close(kill=True)
+                    tracer = None
                 raise subprocess.TimeoutExpired(cmd, timeout or 0, bytes(out[r_out]), bytes(out[r_err]))
             for key, _ in sel.select(left):
                 if key.fileobj is sock:
@@ -149,6 +201,12 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
                         msg = json.loads(line)
                         pid = msg.get("pid", pid)
                         status = msg.get("status", status)
+                        if attach and tracer is None and pid is not None and w_hold is not None:
+                            try:
+                                tracer = _Tracer(attach, pid, w_hold)
+                            except BaseException:
+                                os.kill(pid, signal.SIGKILL)  # never run untraced
+                                raise
                     if not chunk:
                         sel.unregister(sock)
                 elif key.fd == w_in:
@@ -168,7 +226,9 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
                         sel.unregister(key.fd)
     finally:
         sel.close()
-        for fd in (r_out, r_err, w_in):
+        if tracer is not None:
+            tracer.close()
+        for fd in (r_out, r_err, w_in, w_hold):
             if fd is not None:
                 try:
                     os.close(fd)

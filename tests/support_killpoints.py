@@ -8,7 +8,8 @@ call, so the snapshots' hard links into the environment stay links) before every
 every trial starts from the same bytes and the same store.
 
 Kill points come from the reference run of the command, under strace (`points`): every rename,
-link, unlink, fsync and write the rewheel process makes (its main thread: strace without -f, so
+link, unlink, fsync and write the rewheel process makes from its first line (strace attaches by
+pid to the held warm command, tests/support_cli.py; its main thread: strace without -f, so
 neither uv, the smoke test nor the service are counted or killed — a `kill -9` of rewheel
 leaves them running too, and `resume` must deal with that). A trial re-runs the command with
 `strace -e inject=SYSCALL:signal=KILL:when=N` (SIGKILL on entry to the Nth call of that
@@ -173,7 +174,7 @@ class Bench:
         self.reset()
         log = self.tmp / "count.strace"
         t0 = time.time()
-        cp = self.rewheel(self.s.command, prefix=["strace", "-qq", "-y", "-o", str(log), "-e",
+        cp = self.rewheel(self.s.command, attach=["strace", "-qq", "-y", "-o", str(log), "-e",
                                                   "trace=" + ",".join(TRACED)] if count else None)
         assert cp.returncode == self.s.exit_code, f"reference {self.s.command}: rc={cp.returncode}\n{cp.stderr[-3000:]}"
         self._points = self._read_points(log) if count else None
@@ -238,10 +239,10 @@ class Bench:
         return [sys.executable, "-m", "rewheel", command, str(self.h.recipe), "--yes",
                 *(["--quiet"] if command == "run" else [])]
 
-    def rewheel(self, command: str, *, prefix: list[str] | None = None, env: dict[str, str] | None = None,
+    def rewheel(self, command: str, *, attach: list[str] | None = None, env: dict[str, str] | None = None,
                 timeout: float = 240) -> subprocess.CompletedProcess:
-        # (under strace's `prefix`, a real interpreter: support_cli)
-        return support_cli.rewheel(*self.argv(command)[3:], prefix=prefix, stdin=subprocess.DEVNULL,
+        # (strace attaches by pid before the command's first line: support_cli)
+        return support_cli.rewheel(*self.argv(command)[3:], attach=attach, stdin=subprocess.DEVNULL,
                                    env={**os.environ, **(env or {})}, timeout=timeout)
 
     def served(self) -> str | None:
@@ -304,8 +305,9 @@ class Bench:
     # -- trials ---------------------------------------------------------------------------
     def kill_at(self, p: KillPoint) -> Outcome:
         self.reset()
-        cp = self.rewheel(self.s.command, prefix=["strace", "-qq", "-o", "/dev/null", "-e",
-                                                 f"inject={p.syscall}:signal=KILL:when={p.n}"])
+        # (only the injected call traced: strace decodes nothing else)
+        cp = self.rewheel(self.s.command, attach=["strace", "-qq", "-o", "/dev/null", "-e", f"trace={p.syscall}",
+                                                 "-e", f"inject={p.syscall}:signal=KILL:when={p.n}"])
         return self._settle(str(p), cp)
 
     def signal_at(self, boundary: str, sig: str) -> Outcome:

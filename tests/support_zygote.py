@@ -14,7 +14,8 @@ prints `ready`. Each connection carries one command: a JSON request (argv after
 `rewheel`, the environment, the working folder) with three file descriptors (stdin, stdout,
 stderr) passed beside it. The server forks; the child becomes the command (below) and the
 server answers `{"pid": N}` at once and `{"status": S}` (`os.waitpid`'s status) when the
-child has ended. The server exits when its standard input closes (the test process that
+child has ended. A fourth descriptor, when one comes, holds the command before its first line
+until a byte arrives on it: the client attaches a tracer (strace -p) in the meantime. The server exits when its standard input closes (the test process that
 started it has gone).
 
 The child is made what `subprocess.run([sys.executable, "-m", "rewheel", *argv])` would
@@ -69,9 +70,12 @@ def _streams() -> None:
 
 def _become(req: dict, fds: list[int]) -> None:
     """In the forked child: become `python -m rewheel ARGV` and exit as it would."""
-    for target, fd in zip((0, 1, 2), fds, strict=True):
+    for target, fd in zip((0, 1, 2), fds[:3], strict=True):
         os.dup2(fd, target)
-    os.closerange(3, min(os.sysconf("SC_OPEN_MAX"), 1 << 16))
+    hold = fds[3:]  # held until a tracer has attached (the client's `attach`): read on fd 3
+    if hold:
+        os.dup2(hold[0], 3)
+    os.closerange(4 if hold else 3, min(os.sysconf("SC_OPEN_MAX"), 1 << 16))
     try:
         os.setpgid(0, req["pgid"])  # the test process's group, as a child of it would be
     except OSError:
@@ -95,6 +99,10 @@ def _become(req: dict, fds: list[int]) -> None:
         import runpy
 
         sys.argv = ["-m", *req["argv"]]
+        if hold:
+            if not os.read(3, 1):
+                os._exit(70)  # the client went before the tracer attached: never run untraced
+            os.close(3)
         runpy.run_module("rewheel", run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = _exit_code(e.code)
@@ -158,7 +166,7 @@ def _recv(conn: socket.socket) -> tuple[dict, list[int]]:
     fds = array.array("i")
     data = b""
     while not data.endswith(b"\n"):
-        msg, anc, _flags, _addr = conn.recvmsg(1 << 20, socket.CMSG_SPACE(3 * fds.itemsize))
+        msg, anc, _flags, _addr = conn.recvmsg(1 << 20, socket.CMSG_SPACE(4 * fds.itemsize))
         if not msg:
             raise EOFError("the client closed the connection")
         data += msg

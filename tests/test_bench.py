@@ -26,8 +26,11 @@ def test_profile_matches_a_vllm_environment_at_full_scale() -> None:
     assert sum(torch.big_bytes) > 800 * 2**20  # multi-hundred-MB libraries
 
 
-def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
-    cfg = BenchConfig(scale=0.002, reps=1, root=tmp_path / "bench", log_mb=1, say=lambda m: None)
+def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path) -> None:
+    """The whole synthetic bench in process (every row), then again from the command line on
+    the same folder: it reuses the built wheels and environment and writes its results JSON.
+    (Each start-up row runs once: tests/test_bench.py's start-up test checks their samples.)"""
+    cfg = BenchConfig(scale=0.002, reps=1, root=tmp_path / "bench", log_mb=1, startup_runs=1, say=lambda m: None)
     result = run_bench(cfg)
     steps = [(r["step"], r["baseline"]) for r in result["rows"]]
     assert steps == [("snapshot", "cp -al"), ("snapshot", "cp -a (full copy)"),
@@ -63,30 +66,27 @@ def test_bench_runs_end_to_end_at_tiny_scale(tmp_path: Path, capsys) -> None:
     json.dumps(result)  # the results are JSON
     table = render(result)
     assert "rollback" in table and "cp -al" in table and "scale 0.002" in table
-    # A second run reuses the cached wheels and environment.
+    # A second run, from the command line, reuses the cached wheels and environment.
+    import subprocess
+
     wheels = tmp_path / "bench" / "synthetic-s0.002" / "wheels"
     built = {p.name: p.stat().st_mtime_ns for p in wheels.iterdir()}
     python_ino = (tmp_path / "bench" / "synthetic-s0.002" / "venv" / "pyvenv.cfg").stat().st_ino
-    again = run_bench(BenchConfig(scale=0.002, reps=1, root=tmp_path / "bench", log_mb=1,
-                                  full_copy=False, rollback_rounds=1, say=lambda m: None))
+    out = tmp_path / "r.json"
+    cp = subprocess.run([sys.executable, "-m", "devtools.bench", "--scale", "0.002", "--reps", "1",
+                         "--log-mb", "1", "--dir", str(tmp_path / "bench"), "--no-full-copy", "--rollback-rounds", "1",
+                         "--startup-runs", "1", "--json", str(out)], capture_output=True, text=True, cwd=REPO)
+    assert cp.returncode in (0, 1), cp.stderr  # 1: a target missed at this toy scale
+    assert "ratio" in cp.stdout and f"results written to {out}" in cp.stdout
+    again = json.loads(out.read_text())
+    assert again["environment"]["scale"] == 0.002
     assert {p.name: p.stat().st_mtime_ns for p in wheels.iterdir()} == built
     assert (tmp_path / "bench" / "synthetic-s0.002" / "venv" / "pyvenv.cfg").stat().st_ino == python_ino
     assert again["rollback"]["byte_exact"] is True
     assert all(r["baseline"] != "cp -a (full copy)" for r in again["rows"])
     assert len(next(r for r in again["rows"] if r["step"] == "rollback")["samples"]) == 1
-
-
-def test_cli_writes_results_json(tmp_path: Path) -> None:
-    import subprocess
-
-    out = tmp_path / "r.json"
-    cp = subprocess.run([sys.executable, "-m", "devtools.bench", "--scale", "0.002", "--reps", "1",
-                         "--log-mb", "1", "--dir", str(tmp_path / "b"), "--no-full-copy", "--json", str(out)],
-                        capture_output=True, text=True, cwd=REPO)
-    assert cp.returncode in (0, 1), cp.stderr  # 1: a target missed at this toy scale
-    doc = json.loads(out.read_text())
-    assert doc["environment"]["scale"] == 0.002
-    assert "ratio" in cp.stdout and "results written to" in cp.stdout
+    startup = [r for r in again["rows"] if r["step"].startswith("start-up:")]
+    assert len(startup) == 3 and all(len(r["samples"]) == 1 for r in startup), startup
 
 
 def test_a_scale_the_disk_cannot_hold_is_refused_before_anything_is_built(tmp_path: Path) -> None:
@@ -109,7 +109,7 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     cfg = BenchConfig(reps=1, root=tmp_path / "bench", real=True, real_old="toypkg==1.0.0",
                       real_new="toypkg==2.0.0", real_uv_args=("--no-index", "--find-links", str(wheelhouse)),
                       real_edit=("toypkg/core.py", "toyhelper/__init__.py"), real_disk_need=256 << 20,
-                      say=lambda m: None)
+                      startup_runs=1, say=lambda m: None)
     result = run_bench(cfg)
     assert [r["step"] for r in result["rows"]] == [
         "snapshot", "patches (pristine)", "patches (2 edited)", "diff --json", "diff --stat",
@@ -223,8 +223,8 @@ def test_startup_rows_time_the_installed_command(tmp_path: Path) -> None:
     env = {**__import__("os").environ, "REWHEEL_HOME": str(home)}
     subprocess.run([sys.executable, "-m", "rewheel", "snapshot", "--python", str(py)], check=True, env=env,
                    capture_output=True)
-    cfg = BenchConfig(root=tmp_path / "bench", say=lambda m: None)
-    out = bench_startup(cfg, python=py, home=home, runs=2)
+    cfg = BenchConfig(root=tmp_path / "bench", startup_runs=2, say=lambda m: None)
+    out = bench_startup(cfg, python=py, home=home)
     rows = [r.to_json() for r in out["rows"]]
     assert [r["step"] for r in rows] == ["start-up: rewheel --help", "start-up: rewheel history",
                                          "start-up: rewheel why"]

@@ -108,7 +108,8 @@ def test_the_restore_returns_exact_before_the_deletion_runs(tmp_path: Path, whee
     assert holds_the_new_dist_info(store), trashed(store)
     calls = (tmp_path / "rm-calls")
     deadline = time.monotonic() + 30
-    while not calls.exists() and time.monotonic() < deadline:
+    # (the shell creates the file for `>>` before printf writes the line: wait for the line)
+    while not (calls.exists() and calls.read_text().endswith("\n")) and time.monotonic() < deadline:
         time.sleep(0.05)
     args = calls.read_text().split()
     assert args[:2] == ["-rf", "--"] and Path(args[2]).parent == store.home / TRASH

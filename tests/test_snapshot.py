@@ -19,7 +19,7 @@ from rewheel.snapshot import restore as restore_mod
 from rewheel.environment import Environment
 from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.recipe import Recipe
-from rewheel.service import _read_proc
+from rewheel.proc import proc_stat
 from rewheel.commands import open_target, rollback, snapshot_now
 import support_cli
 
@@ -582,8 +582,8 @@ def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv:
 
 
 def own_children() -> set[int]:
-    """This process's children, zombies included (read by the service module's /proc reader)."""
-    procs = (_read_proc(int(d)) for d in os.listdir("/proc") if d.isdigit())
+    """This process's children, zombies included (read by rewheel's /proc reader)."""
+    procs = (proc_stat(int(d)) for d in os.listdir("/proc") if d.isdigit())
     return {p.pid for p in procs if p is not None and p.ppid == os.getpid()}
 
 

@@ -6,6 +6,7 @@ and a timeout kills it."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -105,3 +106,23 @@ def _cmd(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
     except OSError:
         return ""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None and os.environ.get("REWHEEL_TESTS_STRACE") != "require",
+                    reason="strace is not installed (CI installs it: .ci/run)")
+def test_a_tracer_attached_by_pid_sees_the_command_from_its_first_line(tmp_path: Path) -> None:
+    """`attach`: strace attaches to the held warm command before it runs, so it sees every
+    call the command makes (here: the writes of its answer) and an injected kill lands in it;
+    a command with real-interpreter settings runs under the tracer as a prefix instead."""
+    log = tmp_path / "trace"
+    cp = support_cli.rewheel("why", "-", input=LOG, timeout=60,
+                             attach=["strace", "-qq", "-s", "256", "-o", str(log), "-e", "trace=write"])
+    assert cp.returncode == 0 and "CUDA error: out of memory" in cp.stdout, cp.stderr
+    writes = [line for line in log.read_text().splitlines() if line.startswith("write(1,")]
+    assert writes and writes[0].startswith('write(1, "root cause'), log.read_text()  # its first line
+    assert "".join(writes).count("out of memory") == 1, log.read_text()
+    for env in ({}, {"REWHEEL_TESTS_REAL_CLI": "1"}):
+        killed = support_cli.rewheel("why", "-", input=LOG, timeout=60, env={**os.environ, **env},
+                                     attach=["strace", "-qq", "-o", "/dev/null", "-e", "trace=write",
+                                             "-e", "inject=write:signal=KILL:when=1"])
+        assert killed.returncode == -9 and killed.stdout == "", (env, killed)

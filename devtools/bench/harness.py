@@ -61,6 +61,7 @@ class BenchConfig:
     log_mb: float = DEFAULT_LOG_MB
     full_copy: bool = True  # also time `cp -a` (a full copy of every byte)
     rollback_rounds: int = DEFAULT_ROLLBACK_ROUNDS  # rollback-vs-uv races per repetition
+    startup_runs: int = 15  # runs of each start-up row (the best one is reported)
     # Which sections run: "all", or "downtime" (the staged-vs-unstaged downtime section alone).
     only: str = "all"
     workers: int = max(1, os.cpu_count() or 1)
@@ -90,6 +91,8 @@ class BenchConfig:
             cfg.log_mb = float(e["BENCH_LOG_MB"])
         if e.get("BENCH_ROLLBACK_ROUNDS"):
             cfg.rollback_rounds = max(1, int(e["BENCH_ROLLBACK_ROUNDS"]))
+        if e.get("BENCH_STARTUP_RUNS"):
+            cfg.startup_runs = max(1, int(e["BENCH_STARTUP_RUNS"]))
         if e.get("BENCH_FULL_COPY") == "0":
             cfg.full_copy = False
         for k, v in over.items():
@@ -816,6 +819,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, help="cache and scratch folder (env BENCH_DIR, default <repo>/.bench)")
     ap.add_argument("--rollback-rounds", type=int,
                     help=f"rollback-vs-uv races per repetition (env BENCH_ROLLBACK_ROUNDS, default {DEFAULT_ROLLBACK_ROUNDS})")
+    ap.add_argument("--startup-runs", type=int,
+                    help="runs of each start-up row, the best reported (env BENCH_STARTUP_RUNS, default 15)")
     ap.add_argument("--log-mb", type=float, help=f"size of the generated log (env BENCH_LOG_MB, default {DEFAULT_LOG_MB})")
     ap.add_argument("--real", action="store_true", default=None, help="a real vLLM release (env BENCH_REAL=1)")
     ap.add_argument("--no-full-copy", dest="full_copy", action="store_false", default=None,
@@ -826,8 +831,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.rollback_rounds is not None and a.rollback_rounds < 1:
         ap.error("--rollback-rounds must be at least 1")
+    if a.startup_runs is not None and a.startup_runs < 1:
+        ap.error("--startup-runs must be at least 1")
     cfg = BenchConfig.from_env(scale=a.scale, reps=a.reps, root=a.dir, log_mb=a.log_mb,
-                               rollback_rounds=a.rollback_rounds,
+                               rollback_rounds=a.rollback_rounds, startup_runs=a.startup_runs,
                                real=a.real, full_copy=a.full_copy, only=a.only)
     try:
         result = run_bench(cfg)

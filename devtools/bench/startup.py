@@ -23,8 +23,6 @@ from typing import Any
 from devtools.bench.harness import BenchConfig, Row
 
 STARTUP_TARGETS_S = {"--help": 0.15, "history": 0.3, "why": 0.3}
-DEFAULT_RUNS = 15
-
 # A small crash log: one worker's traceback and the engine's cascade, as vLLM writes them.
 SMALL_LOG = """INFO 03-30 10:00:00 [api_server.py:1] vLLM API server version 0.16.0rc2.dev344
 (Worker_TP4 pid=4242) ERROR 03-30 10:00:05 [multiproc_executor.py:1] WorkerProc failed to start.
@@ -66,9 +64,11 @@ def _times(argv: list[str], env: dict[str, str], runs: int) -> list[float]:
     return out
 
 
-def bench_startup(cfg: BenchConfig, *, python: Path, home: Path, runs: int = DEFAULT_RUNS) -> dict[str, Any]:
+def bench_startup(cfg: BenchConfig, *, python: Path, home: Path) -> dict[str, Any]:
     """Time `rewheel --help`, `rewheel history --python PYTHON` (the snapshots in `home`) and
-    `rewheel why` on a small log. Returns {"rows": [Row, ...], "startup": {name: {...}}}."""
+    `rewheel why` on a small log, `cfg.startup_runs` times each. Returns {"rows": [Row, ...],
+    "startup": {name: {...}}}."""
+    runs = cfg.startup_runs
     log = cfg.root / "logs" / "startup-crash.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(SMALL_LOG)

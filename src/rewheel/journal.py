@@ -176,7 +176,7 @@ class EnvLock:
         except (TypeError, ValueError):
             return True
         st = proc.proc_stat(pid)
-        if st is None or st.state in ("Z", "X"):
+        if st is None or not st.live:
             return False
         return holder.get("start") is None or st.start == holder.get("start")
 

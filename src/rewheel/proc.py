@@ -173,18 +173,35 @@ class ProcStat:
     pgid: int
     sid: int
     start: int  # clock ticks after boot: with the pid, names one process for good
+    ppid: int = 0
+    comm: str = ""
+
+    @property
+    def live(self) -> bool:
+        """Running or sleeping: not a zombie (dead, not yet reaped) nor dead."""
+        return self.state not in ("Z", "X")
 
 
 def proc_stat(pid: int) -> ProcStat | None:
     """/proc/<pid>/stat, or None when there is no such process."""
+    # One open, one read, one close: a scan of the process table reads this for every process,
+    # and each is called many times a command (Path.read_bytes adds a stat, an ioctl, a seek).
     try:
-        raw = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    # "pid (comm) state ppid pgrp session ... starttime(22nd)": comm may hold spaces and ")"
-    rest = raw[raw.rfind(")") + 2:].split()
     try:
-        return ProcStat(pid, rest[0], int(rest[2]), int(rest[3]), int(rest[19]))
+        raw = os.read(fd, 4096).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    # "pid (comm) state ppid pgrp session ... starttime(22nd)": comm may hold spaces and ")"
+    close = raw.rfind(")")
+    rest = raw[close + 2:].split()
+    try:
+        return ProcStat(pid, rest[0], int(rest[2]), int(rest[3]), int(rest[19]), ppid=int(rest[1]),
+                        comm=raw[raw.find("(") + 1:close])
     except (IndexError, ValueError):
         return None
 
@@ -201,20 +218,20 @@ def _all_pids() -> list[int]:
         return []
 
 
+def process_table() -> list[ProcStat]:
+    """Every live process this user can see (zombies left out)."""
+    return [st for st in map(proc_stat, _all_pids()) if st is not None and st.live]
+
+
 def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group `pgid`."""
+    """Live (not zombie) processes of process group `pgid`, in pid order."""
     try:
-        os.killpg(pgid, 0)
+        os.killpg(pgid, 0)  # no such group: no scan of the whole process table
     except ProcessLookupError:
         return []
     except PermissionError:
         pass
-    out = []
-    for pid in _all_pids():
-        st = proc_stat(pid)
-        if st is not None and st.pgid == pgid and st.state not in ("Z", "X"):
-            out.append(pid)
-    return out
+    return sorted(st.pid for st in process_table() if st.pgid == pgid)
 
 
 _USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@'\"<>`]+@")
@@ -261,17 +278,11 @@ class Child:
         if self.start is None:
             return []
         st = proc_stat(self.pid)
-        if st is not None and st.state not in ("Z", "X") and st.start != self.start:
+        if st is not None and st.live and st.start != self.start:
             return []  # a recycled pid
-        leader_ok = st is not None and st.start == self.start and st.state not in ("Z", "X")
-        out = []
-        for pid in _all_pids():
-            ps = proc_stat(pid)
-            if ps is None or ps.pgid != self.pgid or ps.state in ("Z", "X"):
-                continue
-            if leader_ok or (ps.sid == self.pgid and ps.start >= self.start):
-                out.append(pid)
-        return out
+        leader_ok = st is not None and st.start == self.start and st.live
+        return [ps.pid for ps in process_table()
+                if ps.pgid == self.pgid and (leader_ok or (ps.sid == self.pgid and ps.start >= self.start))]
 
 
 @dataclass

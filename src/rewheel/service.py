@@ -135,52 +135,11 @@ class ServiceManager(Protocol):
 
 # --- processes, from /proc -------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Proc:
-    pid: int
-    comm: str
-    state: str
-    ppid: int
-    pgid: int
-    sid: int
-    start_ticks: int
-
-
-def _read_proc(pid: int) -> _Proc | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
-        return None
-    try:
-        # comm may contain spaces and parentheses: it ends at the last ")".
-        head, rest = raw.rsplit(")", 1)
-        comm = head.split("(", 1)[1]
-        f = rest.split()
-        return _Proc(pid=pid, comm=comm, state=f[0], ppid=int(f[1]), pgid=int(f[2]),
-                     sid=int(f[3]), start_ticks=int(f[19]))
-    except (IndexError, ValueError):
-        return None
-
-
-def _proc_table() -> list[_Proc]:
-    table: list[_Proc] = []
-    try:
-        entries = os.listdir("/proc")
-    except FileNotFoundError:
-        return table
-    for entry in entries:
-        if entry.isdigit():
-            p = _read_proc(int(entry))
-            if p is not None and p.state != "Z":
-                table.append(p)
-    return table
-
-
 def _alive(pid: int, start_ticks: int | None = None) -> bool:
     """Whether `pid` runs (zombies count as gone) and is the same process as recorded."""
     if pid <= 0:
         return False
-    p = _read_proc(pid)
+    p = proc.proc_stat(pid)
     if p is None:
         try:
             os.kill(pid, 0)  # no /proc (or hidden): fall back to signal 0
@@ -189,20 +148,20 @@ def _alive(pid: int, start_ticks: int | None = None) -> bool:
         except PermissionError:
             return True
         return True
-    if p.state == "Z":
+    if not p.live:
         return False
-    return start_ticks is None or p.start_ticks == start_ticks
+    return start_ticks is None or p.start == start_ticks
 
 
 def _describe_pids(pids: Sequence[int]) -> str:
     parts = []
     for pid in sorted(pids):
-        p = _read_proc(pid)
+        p = proc.proc_stat(pid)
         parts.append(f"{pid} ({p.comm})" if p else str(pid))
     return ", ".join(parts)
 
 
-def _family(main_pid: int, table: list[_Proc]) -> set[int]:
+def _family(main_pid: int, table: list[proc.ProcStat]) -> set[int]:
     """The main process, its descendants, and its process group and session."""
     if main_pid <= 0:
         return set()
@@ -301,7 +260,7 @@ class SystemdManager:
         main = num("MainPID")
         pids = self._cgroup_pids(v.get("ControlGroup", ""))
         if pids is None:
-            pids = _family(main, _proc_table())
+            pids = _family(main, proc.process_table())
         state = v.get("ActiveState", "")
         exit_status = num("ExecMainStatus") if v.get("ExecMainStatus") else None
         return ServiceStatus(active=state == "active", state=state, sub_state=v.get("SubState", ""),
@@ -319,7 +278,7 @@ class SystemdManager:
                                hint="check service.unit in the recipe")
         # Remember the processes (with their start times, against pid reuse) before stopping:
         # once stopped, MainPID is 0 and leftovers outside a readable cgroup are invisible.
-        tracked = {pid: _read_proc(pid) for pid in self._status_from(before).pids}
+        tracked = {pid: proc.proc_stat(pid) for pid in self._status_from(before).pids}
         r = self._systemctl("stop", self.unit, timeout=max(1.0, timeout_s))
         if r.timed_out:
             raise ServiceError(f"`systemctl stop {self.unit}` did not finish within {timeout_s:g}s",
@@ -335,9 +294,9 @@ class SystemdManager:
         while True:
             st = self.status()
             for pid in st.pids:
-                tracked.setdefault(pid, _read_proc(pid))
+                tracked.setdefault(pid, proc.proc_stat(pid))
             left = [pid for pid, info in tracked.items()
-                    if _alive(pid, info.start_ticks if info else None)]
+                    if _alive(pid, info.start if info else None)]
             if st.state in ("inactive", "failed") and not left:
                 return
             if time.monotonic() >= deadline:
@@ -478,8 +437,8 @@ class CommandManager:
         if not isinstance(token, str) or not token:
             return None
         needle = f"{TOKEN_VAR}={token}".encode()
-        for p in _proc_table():
-            if p.pid != p.pgid or p.state == "Z":
+        for p in proc.process_table():
+            if p.pid != p.pgid:
                 continue
             try:
                 with open(f"/proc/{p.pid}/environ", "rb") as f:
@@ -487,7 +446,7 @@ class CommandManager:
             except OSError:
                 continue
             if needle in environ:
-                return {**info, "pid": p.pid, "start_ticks": p.start_ticks}
+                return {**info, "pid": p.pid, "start_ticks": p.start}
         return None
 
     def _save(self, info: dict) -> None:
@@ -510,11 +469,11 @@ class CommandManager:
         """Live members of the service's process group (its leader is the main pid)."""
         pgid = int(info["pid"])
         self._poll_child(pgid)
-        leader = _read_proc(pgid)
+        leader = proc.proc_stat(pgid)
         ticks = info.get("start_ticks")
-        if leader is not None and leader.state != "Z" and ticks is not None and leader.start_ticks != ticks:
+        if leader is not None and leader.live and ticks is not None and leader.start != ticks:
             return []  # the pid was reused, so our group (same id) cannot exist any more
-        return sorted(p.pid for p in _proc_table() if p.pgid == pgid)
+        return proc.group_members(pgid)
 
     # -- the health URL: how a server rewheel has no live process of is seen -----------------
     def _answers(self) -> bool:
@@ -638,8 +597,8 @@ class CommandManager:
         child = proc.spawn_detached(self.start_argv, log_path=self.log_path, env=env, cwd=self.cwd)
         self._popen = child
         try:
-            me = _read_proc(child.pid)
-            self._save({**intent, "pid": child.pid, "start_ticks": me.start_ticks if me else None})
+            me = proc.proc_stat(child.pid)
+            self._save({**intent, "pid": child.pid, "start_ticks": me.start if me else None})
             atomic_write(self.pid_file, f"{child.pid}\n")  # for people and scripts; service.json rules
         except OSError:
             # Not recorded (a full disk): no later command could find it to stop it, so the
