@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 
 # The types first (seconds): the package, and the unit layer's fakes against its Protocols.
 # TEST_WORKERS pytest workers: one more than the 2 CPUs keeps both busy while a test waits on a
-# service (4 was not faster: 817 s against 856 s); how tests are grouped and ordered across
+# service (4 was not faster: 420 s against 417 s); how tests are grouped and ordered across
 # them: tests/conftest.py.
 TEST_WORKERS ?= 3
 test: venv typecheck
