@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import IO, Any
 
 ZYGOTE = Path(__file__).with_name("support_zygote.py")
-INTERPRETER_KEYS = re.compile(r"^(PYTHON\w*|LC_\w+|LANG|LANGUAGE|TERM|COLUMNS|LINES|NO_COLOR|FORCE_COLOR|"
+# (COLUMNS and LINES are not among them: rich and click read them when they measure the
+# terminal, not at import; test_support_cli compares both ways at several widths.)
+INTERPRETER_KEYS = re.compile(r"^(PYTHON\w*|LC_\w+|LANG|LANGUAGE|TERM|NO_COLOR|FORCE_COLOR|"
                               r"TTY_\w+|_?TYPER_\w+|TERMINAL_WIDTH|GITHUB_ACTIONS|PY_COLORS|CLICK_\w+|"
                               r"COLORTERM|JUPYTER_\w+|VSCODE_\w+|DATABRICKS_\w+)$")
 

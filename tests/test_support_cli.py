@@ -33,6 +33,11 @@ def _both(*args: str, **kw) -> tuple[subprocess.CompletedProcess, subprocess.Com
     (("check", "nope.toml", "--json"), {}),
     (("why", "-", "--json"), {"input": LOG}),
     (("why", "-"), {"input": LOG}),
+    # The width a person's terminal (or a script) gives, read when the output is laid out.
+    (("--help",), {"env": {"COLUMNS": "60", "LINES": "20"}}),
+    (("run", "--help"), {"env": {"COLUMNS": "200"}}),
+    (("history", "--bogus"), {"env": {"COLUMNS": "40"}}),
+    (("why", "-"), {"input": LOG, "env": {"COLUMNS": "50"}}),
 ])
 def test_a_warm_command_answers_as_a_new_interpreter(args: tuple[str, ...], kw: dict) -> None:
     warm, cold = _both(*args, **kw)
