@@ -14,7 +14,9 @@ locale, terminal and colour settings some CLI libraries read at import) to other
 the warm one has, under a wrapper (`prefix`), or when `REWHEEL_TESTS_REAL_CLI=1`. A tracer
 (strace, for the fault suites' kill points) attaches to a warm command by pid (`attach`). The
 tests whose subject is the interpreter's own start — a command in a pipe, from the console
-script, the imports — start it themselves."""
+script, the imports — start it themselves. A command a test watches while it runs (its pid, a
+signal, `poll`/`wait`) comes from `start(*args, ...)`, the parts of `subprocess.Popen` the tests
+use, warm where it can be."""
 
 from __future__ import annotations
 
@@ -154,21 +156,10 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
     data = input.encode() if isinstance(input, str) else input or b""
     if input is not None:
         in_fd, w_in = os.pipe()
-    elif stdin == subprocess.DEVNULL:
-        in_fd = os.open(os.devnull, os.O_RDONLY)
-    elif stdin is None:
-        in_fd = os.dup(0)
-    elif isinstance(stdin, int):
-        in_fd = os.dup(stdin)
     else:
-        in_fd = os.dup(stdin.fileno())
-    req = {"argv": cmd[3:], "env": env, "cwd": str(Path(cwd).resolve()) if cwd is not None else os.getcwd(),
-           "umask": _umask() if umask < 0 else umask, "pgid": os.getpgrp()}
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        in_fd = _fd_for(stdin, 0, os.O_RDONLY)
     try:
-        sock.connect(z["path"])
-        socket.send_fds(sock, [json.dumps(req).encode() + b"\n"],
-                        [in_fd, w_out, w_err, *([r_hold] if r_hold is not None else [])])
+        sock = _send(z, cmd, env, cwd, umask, [in_fd, w_out, w_err, *([r_hold] if r_hold is not None else [])])
     finally:
         for fd in (in_fd, w_out, w_err, r_hold):
             if fd is not None:
@@ -248,6 +239,112 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
     if check:
         cp.check_returncode()
     return cp
+
+
+def _send(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str | Path | None, umask: int,
+          fds: list[int]) -> socket.socket:
+    """The request for `cmd` with its descriptors (stdin, stdout, stderr[, hold]): the
+    connection on which the warm interpreter answers its pid, then its status."""
+    req = {"argv": cmd[3:], "env": env, "cwd": str(Path(cwd).resolve()) if cwd is not None else os.getcwd(),
+           "umask": _umask() if umask < 0 else umask, "pgid": os.getpgrp()}
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(z["path"])
+        socket.send_fds(sock, [json.dumps(req).encode() + b"\n"], fds)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def start(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+          stdin: int | IO[Any] | None = None, stdout: int | IO[Any] | None = None,
+          stderr: int | IO[Any] | None = None) -> subprocess.Popen | Started:
+    """`subprocess.Popen(argv(*args), ...)` for a command a test watches while it runs (its
+    pid, `poll`, `wait`, `send_signal`, `kill`, `returncode`), started warm where it can be.
+    stdin, stdout and stderr: None (this process's), `subprocess.DEVNULL`, a descriptor or a
+    file; pipes are not offered (a test reads a file it gave instead)."""
+    full_env = dict(os.environ if env is None else env)
+    cmd = argv(*args)
+    z = None if full_env.get("REWHEEL_TESTS_REAL_CLI") == "1" else _zygote()
+    if z is None or _interpreter_settings(full_env) != z["settings"]:
+        return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr)
+    fds = [_fd_for(stream, target, os.O_RDONLY if target == 0 else os.O_WRONLY)
+           for target, stream in enumerate((stdin, stdout, stderr))]
+    try:
+        sock = _send(z, cmd, full_env, cwd, -1, fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return Started(cmd, sock)
+
+
+def _fd_for(stream: int | IO[Any] | None, target: int, mode: int) -> int:
+    """A descriptor of its own for a child's standard stream `target`, as Popen takes one."""
+    if stream == subprocess.PIPE:
+        raise ValueError("support_cli.start offers no pipes: give a file")
+    if stream == subprocess.DEVNULL:
+        return os.open(os.devnull, mode)
+    if stream is None:
+        return os.dup(target)
+    return os.dup(stream if isinstance(stream, int) else stream.fileno())
+
+
+class Started:
+    """A warm command running: the parts of `subprocess.Popen` the tests use. Its status
+    comes from the warm interpreter (its parent), on the request's connection."""
+
+    def __init__(self, cmd: list[str], sock: socket.socket) -> None:
+        self.args = cmd
+        self._sock = sock
+        self._buf = b""
+        self.returncode: int | None = None
+        self.pid: int = -1
+        while self.pid < 0:
+            self._read(None)
+
+    def _read(self, timeout: float | None) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._sock, selectors.EVENT_READ)
+        try:
+            ready = sel.select(timeout)
+        finally:
+            sel.close()
+        if not ready:
+            return
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise RuntimeError(f"the warm interpreter closed the connection of {self.args}")
+        self._buf += chunk
+        while b"\n" in self._buf:
+            line, _, self._buf = self._buf.partition(b"\n")
+            msg = json.loads(line)
+            if "pid" in msg:
+                self.pid = msg["pid"]
+            if "status" in msg:
+                self.returncode = os.waitstatus_to_exitcode(msg["status"])
+                self._sock.close()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._read(left)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def _decode(b: bytes) -> str:

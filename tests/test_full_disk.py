@@ -21,7 +21,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from support_run import SERVER, Host, make_host
+import support_cli
 
 # Preflight wants 2 GiB free on the environment's and the store's filesystems: a sparse ext4
 # image of a little more, in memory where there is a /dev/shm (fsyncs stay cheap). Filled by
@@ -115,10 +115,9 @@ def _paused_run(h: Host, args: list[str], at: str, disk: Path, room: int, nth: i
     filled then (leaving `room` bytes), and the command let go on to its end."""
     out, err = h.tmp / "cmd.out", h.tmp / "cmd.err"
     with open(out, "w") as fo, open(err, "w") as fe:
-        p = subprocess.Popen([sys.executable, "-m", "rewheel", *args], stdout=fo, stderr=fe,
-                             stdin=subprocess.DEVNULL,
-                             env={**os.environ, **(env or {}), "REWHEEL_FAULT_AT": at,
-                                  "REWHEEL_FAULT_SIGNAL": "STOP"})
+        p = support_cli.start(*args, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL,
+                              env={**os.environ, **(env or {}), "REWHEEL_FAULT_AT": at,
+                                   "REWHEEL_FAULT_SIGNAL": "STOP"})
         paused = 0
         try:
             deadline = time.monotonic() + 240

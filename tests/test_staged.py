@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from devtools.wheelbuild import build_wheel
+import support_cli
 
 
 class HealthPoller:
@@ -169,8 +170,8 @@ def test_a_run_killed_during_prepare_changed_nothing(host_factory) -> None:
     h.write_recipe(smoke__precheck=["{python}", "-c", "import time; time.sleep(2)"])
     env_dir = open_target(load_recipe(h.recipe)).store.env_dir
     before = h.state()
-    p = subprocess.Popen([sys.executable, "-m", "rewheel", "run", str(h.recipe), "--yes", "--json"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    p = support_cli.start("run", str(h.recipe), "--yes", "--json",
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     leftover = env_dir / "prepared.new"
     wait_for(lambda: (leftover / "logs" / "precheck.log").is_file(), timeout=60)
     os.kill(p.pid, signal.SIGKILL)

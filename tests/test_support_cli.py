@@ -5,8 +5,10 @@ and a timeout kills it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -131,3 +133,32 @@ def test_a_tracer_attached_by_pid_sees_the_command_from_its_first_line(tmp_path:
                                      attach=["strace", "-qq", "-o", "/dev/null", "-e", "trace=write",
                                              "-e", "inject=write:signal=KILL:when=1"])
         assert killed.returncode == -9 and killed.stdout == "", (env, killed)
+
+
+@pytest.mark.parametrize("real", [False, True], ids=["warm", "new-interpreter"])
+def test_a_started_command_is_watched_as_a_popen(tmp_path: Path, real: bool) -> None:
+    """`start`: its pid is the command's (its command line in /proc), `poll` says None while it
+    runs, a signal reaches it, `wait` gives the status; its output goes to the files given."""
+    env = {**os.environ, **({"REWHEEL_TESTS_REAL_CLI": "1"} if real else {})}
+    log = tmp_path / "crash.log"
+    log.write_text(LOG)
+    out, err = tmp_path / "out", tmp_path / "err"
+    with open(log) as i, open(out, "w") as o, open(err, "w") as e:
+        p = support_cli.start("why", "-", "--json", stdin=i, stdout=o, stderr=e, env=env)
+    assert p.wait(60) == 0 and p.poll() == 0 and p.returncode == 0
+    assert "CUDA error: out of memory" in json.loads(out.read_text())["root_cause"]["message"], err.read_text()
+    r, w = os.pipe()  # stdin that never ends: `why -` waits on it
+    try:
+        p = support_cli.start("why", "-", stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        os.close(r)
+        deadline = time.monotonic() + 30  # (a warm child names itself once forked)
+        while b"-m rewheel why -" not in Path(f"/proc/{p.pid}/cmdline").read_bytes().replace(b"\0", b" "):
+            assert time.monotonic() < deadline, Path(f"/proc/{p.pid}/cmdline").read_bytes()
+            time.sleep(0.01)
+        assert p.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(0.2)
+        p.kill()
+        assert p.wait(30) == -signal.SIGKILL and p.returncode == -signal.SIGKILL
+    finally:
+        os.close(w)
