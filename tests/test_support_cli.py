@@ -58,7 +58,9 @@ def test_its_command_line_and_group_are_a_child_of_this_process(tmp_path: Path) 
     proc: dict = {}
     import threading
 
-    t = threading.Thread(target=lambda: proc.setdefault("cp", support_cli.rewheel("why", "-", stdin=r, timeout=60)))
+    # (its folder is this test's: another worker may run the same command line meanwhile)
+    t = threading.Thread(target=lambda: proc.setdefault("cp", support_cli.rewheel("why", "-", stdin=r, timeout=60,
+                                                                                  cwd=tmp_path)))
     t.start()
     try:
         want = " ".join(support_cli.argv("why", "-"))
@@ -69,9 +71,10 @@ def test_its_command_line_and_group_are_a_child_of_this_process(tmp_path: Path) 
                 if e.isdigit():
                     try:
                         cmd = Path(f"/proc/{e}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                        here = os.readlink(f"/proc/{e}/cwd") == str(tmp_path)
                     except OSError:
                         continue
-                    if cmd == want:
+                    if cmd == want and here:
                         found = int(e)
             time.sleep(0.05)
         assert found is not None, "no process shows the command's own command line"
