@@ -68,14 +68,8 @@ def test_its_command_line_and_group_are_a_child_of_this_process(tmp_path: Path) 
         found = None
         while found is None and time.monotonic() < deadline:
             for e in os.listdir("/proc"):
-                if e.isdigit():
-                    try:
-                        cmd = Path(f"/proc/{e}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-                        here = os.readlink(f"/proc/{e}/cwd") == str(tmp_path)
-                    except OSError:
-                        continue
-                    if cmd == want and here:
-                        found = int(e)
+                if e.isdigit() and _cmd(e) == want and _cwd(e) == str(tmp_path):
+                    found = int(e)
             time.sleep(0.05)
         assert found is not None, "no process shows the command's own command line"
         assert os.getpgid(found) == os.getpgrp()
@@ -92,11 +86,12 @@ def test_a_timeout_kills_the_command(tmp_path: Path) -> None:
     try:
         start = time.monotonic()
         with pytest.raises(subprocess.TimeoutExpired):
-            support_cli.rewheel("why", "-", stdin=r, timeout=1.5)
+            support_cli.rewheel("why", "-", stdin=r, timeout=1.5, cwd=tmp_path)
         assert time.monotonic() - start < 10
         want = " ".join(support_cli.argv("why", "-"))
         time.sleep(0.2)
-        alive = [e for e in os.listdir("/proc") if e.isdigit() and _cmd(e) == want]
+        # (in this test's folder: another worker may run the same command line meanwhile)
+        alive = [e for e in os.listdir("/proc") if e.isdigit() and _cmd(e) == want and _cwd(e) == str(tmp_path)]
         assert alive == []
     finally:
         os.close(w)
@@ -114,6 +109,13 @@ def test_interpreter_settings_start_a_real_interpreter() -> None:
 def _cmd(pid: str) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _cwd(pid: str) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return ""
 
@@ -152,7 +154,8 @@ def test_a_started_command_is_watched_as_a_popen(tmp_path: Path, real: bool) -> 
     assert "CUDA error: out of memory" in json.loads(out.read_text())["root_cause"]["message"], err.read_text()
     r, w = os.pipe()  # stdin that never ends: `why -` waits on it
     try:
-        p = support_cli.start("why", "-", stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        p = support_cli.start("why", "-", stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                              cwd=tmp_path)
         os.close(r)
         deadline = time.monotonic() + 30  # (a warm child names itself once forked)
         while b"-m rewheel why -" not in Path(f"/proc/{p.pid}/cmdline").read_bytes().replace(b"\0", b" "):
