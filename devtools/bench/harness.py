@@ -35,6 +35,7 @@ DEFAULT_SCALE = 1.0  # a real vLLM environment's size: ~57,000 files, 8 GiB
 DEFAULT_REPS = 5
 DEFAULT_ROLLBACK_ROUNDS = 3
 DEFAULT_LOG_MB = 1024
+DEFAULT_STARTUP_RUNS = 15
 
 # Targets: rewheel's time over the baseline's, in the same run.
 TARGETS = {"snapshot": 3.0, "patch scan": 5.0, "diff": 5.0, "rollback": 1.0, "why": 3.0}
@@ -61,7 +62,7 @@ class BenchConfig:
     log_mb: float = DEFAULT_LOG_MB
     full_copy: bool = True  # also time `cp -a` (a full copy of every byte)
     rollback_rounds: int = DEFAULT_ROLLBACK_ROUNDS  # rollback-vs-uv races per repetition
-    startup_runs: int = 15  # runs of each start-up row (the best one is reported)
+    startup_runs: int = DEFAULT_STARTUP_RUNS  # runs of each start-up row (the best one is reported)
     # Which sections run: "all", or "downtime" (the staged-vs-unstaged downtime section alone).
     only: str = "all"
     workers: int = max(1, os.cpu_count() or 1)
@@ -820,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rollback-rounds", type=int,
                     help=f"rollback-vs-uv races per repetition (env BENCH_ROLLBACK_ROUNDS, default {DEFAULT_ROLLBACK_ROUNDS})")
     ap.add_argument("--startup-runs", type=int,
-                    help="runs of each start-up row, the best reported (env BENCH_STARTUP_RUNS, default 15)")
+                    help=f"runs of each start-up row, the best reported (env BENCH_STARTUP_RUNS, default {DEFAULT_STARTUP_RUNS})")
     ap.add_argument("--log-mb", type=float, help=f"size of the generated log (env BENCH_LOG_MB, default {DEFAULT_LOG_MB})")
     ap.add_argument("--real", action="store_true", default=None, help="a real vLLM release (env BENCH_REAL=1)")
     ap.add_argument("--no-full-copy", dest="full_copy", action="store_false", default=None,

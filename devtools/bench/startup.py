@@ -23,6 +23,7 @@ from typing import Any
 from devtools.bench.harness import BenchConfig, Row
 
 STARTUP_TARGETS_S = {"--help": 0.15, "history": 0.3, "why": 0.3}
+
 # A small crash log: one worker's traceback and the engine's cascade, as vLLM writes them.
 SMALL_LOG = """INFO 03-30 10:00:00 [api_server.py:1] vLLM API server version 0.16.0rc2.dev344
 (Worker_TP4 pid=4242) ERROR 03-30 10:00:05 [multiproc_executor.py:1] WorkerProc failed to start.
