@@ -58,18 +58,14 @@ def test_its_command_line_and_group_are_a_child_of_this_process(tmp_path: Path) 
     proc: dict = {}
     import threading
 
-    # (its folder is this test's: another worker may run the same command line meanwhile)
     t = threading.Thread(target=lambda: proc.setdefault("cp", support_cli.rewheel("why", "-", stdin=r, timeout=60,
                                                                                   cwd=tmp_path)))
     t.start()
     try:
-        want = " ".join(support_cli.argv("why", "-"))
         deadline = time.monotonic() + 30
         found = None
         while found is None and time.monotonic() < deadline:
-            for e in os.listdir("/proc"):
-                if e.isdigit() and _cmd(e) == want and _cwd(e) == str(tmp_path):
-                    found = int(e)
+            found = next(iter(_running_here(support_cli.argv("why", "-"), tmp_path)), None)
             time.sleep(0.05)
         assert found is not None, "no process shows the command's own command line"
         assert os.getpgid(found) == os.getpgrp()
@@ -88,11 +84,8 @@ def test_a_timeout_kills_the_command(tmp_path: Path) -> None:
         with pytest.raises(subprocess.TimeoutExpired):
             support_cli.rewheel("why", "-", stdin=r, timeout=1.5, cwd=tmp_path)
         assert time.monotonic() - start < 10
-        want = " ".join(support_cli.argv("why", "-"))
         time.sleep(0.2)
-        # (in this test's folder: another worker may run the same command line meanwhile)
-        alive = [e for e in os.listdir("/proc") if e.isdigit() and _cmd(e) == want and _cwd(e) == str(tmp_path)]
-        assert alive == []
+        assert _running_here(support_cli.argv("why", "-"), tmp_path) == []
     finally:
         os.close(w)
         os.close(r)
@@ -118,6 +111,13 @@ def _cwd(pid: str) -> str:
         return os.readlink(f"/proc/{pid}/cwd")
     except OSError:
         return ""
+
+
+def _running_here(argv: list[str], folder: Path) -> list[int]:
+    """Processes with this command line, in this folder (a test's own: another worker may run
+    the same command line meanwhile)."""
+    want = " ".join(argv)
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and _cmd(e) == want and _cwd(e) == str(folder)]
 
 
 @pytest.mark.skipif(shutil.which("strace") is None and os.environ.get("REWHEEL_TESTS_STRACE") != "require",
@@ -158,8 +158,8 @@ def test_a_started_command_is_watched_as_a_popen(tmp_path: Path, real: bool) -> 
                               cwd=tmp_path)
         os.close(r)
         deadline = time.monotonic() + 30  # (a warm child names itself once forked)
-        while b"-m rewheel why -" not in Path(f"/proc/{p.pid}/cmdline").read_bytes().replace(b"\0", b" "):
-            assert time.monotonic() < deadline, Path(f"/proc/{p.pid}/cmdline").read_bytes()
+        while "-m rewheel why -" not in _cmd(str(p.pid)):
+            assert time.monotonic() < deadline, _cmd(str(p.pid))
             time.sleep(0.01)
         assert p.poll() is None
         with pytest.raises(subprocess.TimeoutExpired):
