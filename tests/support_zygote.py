@@ -15,8 +15,8 @@ prints `ready`. Each connection carries one command: a JSON request (argv after
 stderr) passed beside it. The server forks; the child becomes the command (below) and the
 server answers `{"pid": N}` at once and `{"status": S}` (`os.waitpid`'s status) when the
 child has ended. A fourth descriptor, when one comes, holds the command before its first line
-until a byte arrives on it: the client attaches a tracer (strace -p) in the meantime. The server exits when its standard input closes (the test process that
-started it has gone).
+until a byte arrives on it: the client attaches a tracer (strace -p) in the meantime. The
+server exits when its standard input closes (the test process that started it has gone).
 
 The child is made what `subprocess.run([sys.executable, "-m", "rewheel", *argv])` would
 start: only fds 0-2 open, the environment replaced, the working folder changed, `sys.path[0]`
