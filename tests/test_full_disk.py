@@ -1,15 +1,19 @@
-"""A full disk at every step: `run`, `rollback` and `resume` on a small real filesystem.
+"""A full disk at a step of `run`, `rollback` and `resume`, on a small real filesystem.
 
-The rewheel home (journal, snapshots, the service's pid and log) lives on a real 128 MiB
-tmpfs; in the `env` layout the environment lives there too, so uv and the restores write
-onto it. The command is paused right after a journal record is durable (the fault hook
-`REWHEEL_FAULT_AT` with `REWHEEL_FAULT_SIGNAL=STOP`); the test then fills the filesystem,
-leaving `room` bytes, and lets it go on: the step the record announced meets ENOSPC in its
-own writes, and every later write too. The proof, for each: a clear error (no internal error,
-no traceback), the journal still read by `status` and `history`, and once the disk is freed
-`resume` (or nothing) leaves the environment byte-exact in the old or the new state, the
-service running the build that state holds, nothing stray inside the prefix, and no process
-of rewheel's left."""
+The rewheel home (journal, snapshots, the service's pid and log) lives on a real ext4 of
+2.2 GiB on a loop device (the `disk` fixture); in the `env` layout the environment lives there
+too, so uv and the restores write onto it. The command is paused right after a journal record
+is durable (the fault hook `REWHEEL_FAULT_AT` with `REWHEEL_FAULT_SIGNAL=STOP`); the test then
+fills the filesystem, leaving `room` bytes, and lets it go on: the step the record announced
+meets ENOSPC in its own writes, and every later write too. The proof, for each: a clear error
+(no internal error, no traceback), the journal still read by `status` and `history`, and once
+the disk is freed `resume` (or nothing) leaves the environment byte-exact in the old or the new
+state, the service running the build that state holds, nothing stray inside the prefix, and no
+process of rewheel's left.
+
+Each list of cases below (run, rollback, resume) is the fault suites' sample
+(`support_killpoints.sample`: a spread over the list, moved by each session's seed;
+`REWHEEL_KILLPOINTS=all` every case)."""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from support_killpoints import sample
 from support_run import SERVER, Host, make_host
 import support_cli
 
@@ -287,7 +292,7 @@ RUN_CASES = [("env", "good", at, 0) for at in ("step:stop", "step:snapshot", "st
     ("env", "good", "step:reinstall", 65536), ("env", "smoke-fails", "step:restore", 65536)]
 
 
-@pytest.mark.parametrize("layout, variant, at, room", RUN_CASES)
+@pytest.mark.parametrize("layout, variant, at, room", sample(RUN_CASES, "full-disk-run"))
 def test_run(tmp_path: Path, disk: Path, layout: str, variant: str, at: str, room: int,
              monkeypatch: pytest.MonkeyPatch) -> None:
     extra = {"install__staged": False} if variant == "unstaged" else {}
@@ -304,7 +309,7 @@ ROLLBACK_STEPS = ["note", "step:snapshot", "step:stop", "step:snapshot-check", "
                   "finished"]
 
 
-@pytest.mark.parametrize("at", ROLLBACK_STEPS)
+@pytest.mark.parametrize("at", sample(ROLLBACK_STEPS, "full-disk-rollback"))
 def test_rollback(tmp_path: Path, disk: Path, at: str, monkeypatch: pytest.MonkeyPatch) -> None:
     h = _host(tmp_path, disk, "env", "good", monkeypatch)
     try:
@@ -324,7 +329,7 @@ RESUME_CASES = [("step:smoke", True, "step:revert"), ("step:smoke", True, "step:
                 ("step:keep", True, "step:keep"), ("step:snapshot", False, "step:abort")]
 
 
-@pytest.mark.parametrize("killed, staged, at", RESUME_CASES)
+@pytest.mark.parametrize("killed, staged, at", sample(RESUME_CASES, "full-disk-resume"))
 def test_resume(tmp_path: Path, disk: Path, killed: str, staged: bool, at: str,
                 monkeypatch: pytest.MonkeyPatch) -> None:
     h = _host(tmp_path, disk, "env", "good", monkeypatch, install__staged=staged)

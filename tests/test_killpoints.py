@@ -7,7 +7,7 @@ no process left, no interrupted run left.
 
 Kill points are counted by the uninterrupted reference run, under strace; each is then
 injected with `strace -e inject=SYSCALL:signal=KILL:when=N`. By default a sample runs: every
-k-th point of the counted list, at most 8 per scenario, from an offset the session's seed
+k-th point of the counted list, at most 4 per scenario, from an offset the session's seed
 draws, the last one included (`support_killpoints.sample`), so each run covers the whole
 command and successive runs the other points. `REWHEEL_KILLPOINTS=N` tries N per scenario,
 `REWHEEL_KILLPOINTS=all` every one (880; about 40 minutes in 2 processes on 2 CPUs);

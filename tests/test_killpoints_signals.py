@@ -4,7 +4,7 @@ a resume write (the journal's fault hook, `REWHEEL_FAULT_AT=KEY#N`), then `rewhe
 the proof of tests/support_killpoints.py — the environment byte for byte the state before or
 after, the service as it was, nothing left.
 
-By default a sample of the boundaries (`support_killpoints.sample`: a spread of at most 8 per
+By default a sample of the boundaries (`support_killpoints.sample`: a spread of at most 4 per
 scenario, drawn by the session's seed), each with one of the three signals in turn (TERM, INT,
 HUP, TERM, ...) from an offset the seed draws too; `REWHEEL_KILLPOINTS=all` sends each of the
 three at every boundary."""
