@@ -48,4 +48,4 @@ def test_the_knob_sets_the_count_or_takes_every_point(monkeypatch: pytest.Monkey
     monkeypatch.setenv("REWHEEL_KILLPOINTS", "all")
     assert sample(POINTS, "resume") == POINTS
     monkeypatch.delenv("REWHEEL_KILLPOINTS")
-    assert sample(POINTS[:5], "resume") == POINTS[:5]  # fewer than the limit: all
+    assert sample(POINTS[:DEFAULT_LIMIT], "resume") == POINTS[:DEFAULT_LIMIT]  # no more than the limit: all
