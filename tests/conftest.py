@@ -37,6 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     import secrets
 
     os.environ.setdefault("REWHEEL_FAULT_SEED", str(secrets.randbelow(10**6)))
+    config.pluginmanager.register(_GroupsReachXdist(), "rewheel-groups-reach-xdist")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -73,6 +74,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.path.name))
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as found
+
+
+class _GroupsReachXdist:
+    """Under `--dist loadgroup`, a test whose group did not reach xdist fails at its setup,
+    saying why: its module's fixtures would be built on every worker and torn down between its
+    tests (a pytest whose ids xdist cannot extend did that silently, for minutes a run)."""
+
+    def __init__(self) -> None:
+        self.lost: set[str] = set()
+
+    @pytest.hookimpl(trylast=True)  # after xdist's own hook has put each group into the ids
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if config.getvalue("loadgroup"):
+            self.lost = {item.nodeid for item in items
+                         if item.get_closest_marker("xdist_group") and "@" not in item.nodeid}
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if item.nodeid in self.lost:
+            pytest.fail(f"pytest-xdist did not group this test with its module's: pytest {pytest.__version__} keeps "
+                        "ids that xdist's --dist loadgroup cannot extend; install the pytest that "
+                        "pyproject.toml's test extra names", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)
