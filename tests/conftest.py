@@ -86,7 +86,7 @@ class _GroupsReachXdist:
 
     @pytest.hookimpl(trylast=True)  # after xdist's own hook has put each group into the ids
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
-        if config.getvalue("loadgroup"):
+        if getattr(config.option, "loadgroup", False):  # (no such option without xdist)
             self.lost = {item.nodeid for item in items
                          if item.get_closest_marker("xdist_group") and "@" not in item.nodeid}
 

@@ -17,6 +17,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -375,7 +377,7 @@ def test_demo_env_keeps_everything_in_the_stage(tmp_path: Path) -> None:
     assert "UV_INDEX_URL" not in env and "PIP_INDEX_URL" not in env and "HF_TOKEN" not in env
 
 
-# --- after the demo: the README's "look around" commands work as written -----------------
+# --- after the demo: the README's "look around" commands work as written ---------------------
 
 def readme_look_around() -> list[str]:
     """The `$ .demo/rewheel ...` lines of the README's demo section."""
@@ -383,62 +385,50 @@ def readme_look_around() -> list[str]:
     return [line[2:] for line in text.splitlines() if line.startswith("$ .demo/rewheel ")]
 
 
-def test_readme_look_around_commands_work_after_the_demo(tmp_path: Path) -> None:
-    """The whole demo, in a folder named `.demo` under a scratch directory, then each of the
-    README's look-around commands typed there, through a shell: each exits 0 and says what
-    the README promises; no process of the demo is left afterwards."""
-    from devtools.demo.__main__ import _stage_processes
-
-    commands = readme_look_around()
-    assert [c.split()[1] for c in commands] == ["history", "diff", "why", "check", "status"]
-    stage = tmp_path / ".demo"
-    env = {k: v for k, v in os.environ.items() if k not in ("REWHEEL_DEMO_DIR", "REWHEEL_HOME")}
-    demo = subprocess.run([sys.executable, "-m", "devtools.demo", "--dir", str(stage)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600,
-                          env={**env, "PYTHONPATH": str(REPO)})
-    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    # The demo prints the same commands at its end.
-    printed = [line.strip()[2:] for line in demo.stdout.splitlines() if line.strip().startswith("$ .demo/rewheel ")]
-    assert printed[-5:] == commands, demo.stdout[-2000:]
-    out = {}
-    try:
-        for cmd in commands:
-            cp = subprocess.run(cmd, shell=True, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                                env=env)
-            assert cp.returncode == 0, f"{cmd}\n{cp.stdout}\n{cp.stderr}"
-            out[cmd.split()[1]] = cp.stdout + cp.stderr
-        assert toy.GOOD_VERSION in out["history"] and "reverted" in out["history"]
-        # The live environment against the pre-upgrade snapshot, not the failed build.
-        assert "no package versions changed" in out["diff"] and "downgraded" not in out["diff"]
-        assert "Worker_TP4" in out["why"] and "deepseek_v2.py" in out["why"]
-        assert "recipe is ready" in out["check"] and "FAIL" not in out["check"]
-        assert "reverted" in out["status"] and toy.GOOD_VERSION in out["status"]
-        # The index the look-around served is gone, and the service stayed stopped.
-        assert _stage_processes(stage) == []
-    finally:
-        subprocess.run([str(stage / "rewheel"), "--stop-service"], capture_output=True, timeout=60)
+@dataclass
+class DemoRun:
+    folder: Path  # where the demo ran, as `make demo` runs in the repository
+    stage: Path  # its `.demo`
+    output: str  # what it printed (on the terminal: the lines as tmux joins them)
+    screen: str | None  # the 80×40 terminal's capture, lines as wrapped (None without tmux)
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
-def test_the_demo_on_an_80_by_40_terminal_keeps_every_line_and_word_whole() -> None:
-    """`make demo` on a real 80×40 terminal (tmux): no line is wider than the terminal (tmux
-    wrapped none: its joined capture equals the screen), the words and paths the story turns
-    on appear whole, and every path shown on the screen is a whole one that exists."""
-    # A short folder, as `make demo`'s own `.demo` is: the store names the environment's folder
-    # after its path, and a path longer than the terminal can only overflow it.
-    tmp_path = Path(tempfile.mkdtemp(prefix="rwdemo-"))
-    stage = tmp_path / ".demo"
-    sock = f"rewheel-demo-test-{os.getpid()}"
-    conf = tmp_path / "tmux.conf"
-    conf.write_text("set -g history-limit 100000\n")
+@pytest.fixture(scope="module")
+def demo_run() -> Iterator[DemoRun]:
+    """The whole demo, once for this module: `make demo` on a real 80×40 terminal (tmux) where
+    there is one, else with its output into a pipe; in a folder named `.demo` under a short
+    scratch folder (the store names the environment's folder after its path, and a path longer
+    than the terminal can only overflow it). Its stage stays for the tests; its service is
+    stopped and the folder removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="rwdemo-"))
+    stage = folder / ".demo"
     # The stage's path goes to the demo through the environment, never on a command line:
     # the demo ends every process whose command line names it (tmux's server included).
     env = {k: v for k, v in os.environ.items() if k not in ("REWHEEL_HOME", "COLUMNS", "LINES")}
     env.update(REWHEEL_DEMO_DIR=str(stage), PYTHONPATH=str(REPO), TERM="xterm-256color")
+    try:
+        if shutil.which("tmux") is None:
+            demo = subprocess.run([sys.executable, "-m", "devtools.demo"], cwd=folder, capture_output=True,
+                                  text=True, timeout=600, env=env)
+            assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+            yield DemoRun(folder, stage, demo.stdout, None)
+        else:
+            screen, joined = _demo_in_tmux(folder, env)
+            yield DemoRun(folder, stage, joined, screen)
+    finally:
+        subprocess.run([str(stage / "rewheel"), "--stop-service"], capture_output=True, timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _demo_in_tmux(folder: Path, env: dict[str, str]) -> tuple[str, str]:
+    """The demo's screen on an 80×40 tmux, once it has ended: as wrapped, and joined."""
+    sock = f"rewheel-demo-test-{os.getpid()}"
+    conf = folder / "tmux.conf"
+    conf.write_text("set -g history-limit 100000\n")
     tmux = ["tmux", "-L", sock, "-f", str(conf)]
     subprocess.run([*tmux, "new-session", "-d", "-x", "80", "-y", "40",
                     f"{shlex.quote(sys.executable)} -m devtools.demo; echo DEMO-EXIT $?; sleep 600"],
-                   cwd=tmp_path, env=env, check=True, timeout=30)
+                   cwd=folder, env=env, check=True, timeout=30)
     try:
         deadline = time.monotonic() + 400
         screen = ""
@@ -447,16 +437,50 @@ def test_the_demo_on_an_80_by_40_terminal_keeps_every_line_and_word_whole() -> N
                                     text=True, timeout=30).stdout
             if "DEMO-EXIT" in screen:
                 break
-            time.sleep(2)
+            time.sleep(1)
         joined = subprocess.run([*tmux, "capture-pane", "-p", "-J", "-S", "-", "-E", "-"], capture_output=True,
                                 text=True, timeout=30).stdout
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True, timeout=30)
-        subprocess.run([str(stage / "rewheel"), "--stop-service"], capture_output=True, timeout=60)
-    try:
-        check_demo_screen(screen, joined, tmp_path, stage)
-    finally:
-        shutil.rmtree(tmp_path, ignore_errors=True)
+    assert "DEMO-EXIT 0" in screen, screen[-4000:]
+    return screen, joined
+
+
+def test_readme_look_around_commands_work_after_the_demo(demo_run: DemoRun) -> None:
+    """After the whole demo, each of the README's look-around commands typed in the folder it
+    ran in, through a shell: each exits 0 and says what the README promises; no process of
+    the demo is left afterwards."""
+    from devtools.demo.__main__ import _stage_processes
+
+    commands = readme_look_around()
+    assert [c.split()[1] for c in commands] == ["history", "diff", "why", "check", "status"]
+    # The demo prints the same commands at its end.
+    printed = [line.strip()[2:] for line in demo_run.output.splitlines() if line.strip().startswith("$ .demo/rewheel ")]
+    assert printed[-5:] == commands, demo_run.output[-2000:]
+    env = {k: v for k, v in os.environ.items() if k not in ("REWHEEL_DEMO_DIR", "REWHEEL_HOME")}
+    out = {}
+    for cmd in commands:
+        cp = subprocess.run(cmd, shell=True, cwd=demo_run.folder, capture_output=True, text=True, timeout=300,
+                            env=env)
+        assert cp.returncode == 0, f"{cmd}\n{cp.stdout}\n{cp.stderr}"
+        out[cmd.split()[1]] = cp.stdout + cp.stderr
+    assert toy.GOOD_VERSION in out["history"] and "reverted" in out["history"]
+    # The live environment against the pre-upgrade snapshot, not the failed build.
+    assert "no package versions changed" in out["diff"] and "downgraded" not in out["diff"]
+    assert "Worker_TP4" in out["why"] and "deepseek_v2.py" in out["why"]
+    assert "recipe is ready" in out["check"] and "FAIL" not in out["check"]
+    assert "reverted" in out["status"] and toy.GOOD_VERSION in out["status"]
+    # The index the look-around served is gone, and the service stayed stopped.
+    assert _stage_processes(demo_run.stage) == []
+
+
+def test_the_demo_on_an_80_by_40_terminal_keeps_every_line_and_word_whole(demo_run: DemoRun) -> None:
+    """`make demo` on a real 80×40 terminal (tmux): no line is wider than the terminal (tmux
+    wrapped none: its joined capture equals the screen), the words and paths the story turns
+    on appear whole, and every path shown on the screen is a whole one that exists."""
+    if demo_run.screen is None:
+        pytest.skip("needs tmux")
+    check_demo_screen(demo_run.screen, demo_run.output, demo_run.folder, demo_run.stage)
 
 
 def check_demo_screen(screen: str, joined: str, tmp_path: Path, stage: Path) -> None:
