@@ -263,14 +263,16 @@ def start(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None 
     """`subprocess.Popen(argv(*args), ...)` for a command a test watches while it runs (its
     pid, `poll`, `wait`, `send_signal`, `kill`, `returncode`), started warm where it can be.
     stdin, stdout and stderr: None (this process's), `subprocess.DEVNULL`, a descriptor or a
-    file; pipes are not offered (a test reads a file it gave instead)."""
+    file, and stderr also `subprocess.STDOUT`; pipes are not offered (a test reads a file it
+    gave instead)."""
     full_env = dict(os.environ if env is None else env)
     cmd = argv(*args)
     z = None if full_env.get("REWHEEL_TESTS_REAL_CLI") == "1" else _zygote()
     if z is None or _interpreter_settings(full_env) != z["settings"]:
         return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr)
     fds = [_fd_for(stream, target, os.O_RDONLY if target == 0 else os.O_WRONLY)
-           for target, stream in enumerate((stdin, stdout, stderr))]
+           for target, stream in enumerate((stdin, stdout))]
+    fds.append(os.dup(fds[1]) if stderr == subprocess.STDOUT else _fd_for(stderr, 2, os.O_WRONLY))
     try:
         sock = _send(z, cmd, full_env, cwd, -1, fds)
     finally:

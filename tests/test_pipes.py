@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import support_cli
 from support_run import Host, make_host
 
 WIDTHS = ("60", "80", "200")
@@ -51,12 +52,18 @@ def host(tmp_path_factory: pytest.TempPathFactory):
 
 
 def piped(h: Host, env: dict[str, str], columns: str, *args: str, cwd: Path | None = None) -> tuple[int, str]:
-    """The CLI with stdout and stderr into one file, as `rewheel ... > out 2>&1` runs it."""
+    """The CLI with stdout and stderr into one file, as `rewheel ... > out 2>&1` runs it
+    (forked warm: tests/support_cli.py; its streams into a file are what a new interpreter's
+    are, which test_support_cli compares, and the diffs below run on new interpreters)."""
     out = h.tmp / f"out-{columns}.txt"
     with open(out, "w") as f:
-        rc = subprocess.run([sys.executable, "-m", "rewheel", *args], stdout=f, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, timeout=180, cwd=cwd,
-                            env={**os.environ, **env, "COLUMNS": columns, "LINES": "40"}).returncode
+        cmd = support_cli.start(*args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                env={**os.environ, **env, "COLUMNS": columns, "LINES": "40"})
+        try:
+            rc = cmd.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            cmd.kill()
+            raise
     return rc, out.read_text()
 
 

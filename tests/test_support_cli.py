@@ -152,6 +152,9 @@ def test_a_started_command_is_watched_as_a_popen(tmp_path: Path, real: bool) -> 
         p = support_cli.start("why", "-", "--json", stdin=i, stdout=o, stderr=e, env=env)
     assert p.wait(60) == 0 and p.poll() == 0 and p.returncode == 0
     assert "CUDA error: out of memory" in json.loads(out.read_text())["root_cause"]["message"], err.read_text()
+    with open(out, "w") as o:  # stderr into stdout's file, as `> out 2>&1`
+        p = support_cli.start("why", "--bogus", stdout=o, stderr=subprocess.STDOUT, env=env)
+    assert p.wait(60) == 2 and "No such option '--bogus'" in out.read_text(), out.read_text()
     r, w = os.pipe()  # stdin that never ends: `why -` waits on it
     try:
         p = support_cli.start("why", "-", stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
