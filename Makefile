@@ -20,15 +20,15 @@ $(STAMP): pyproject.toml Makefile
 
 # The types first (seconds): the package, and the unit layer's fakes against its Protocols.
 # TEST_WORKERS pytest workers: more than the 2 CPUs, so that both stay busy while tests wait on
-# a service, a timeout or a health check (5: 347 s where 3 took 391 s); how tests are grouped
-# and ordered across them: tests/conftest.py.
+# a service, a timeout or a health check (5: 281-296 s where 3 took 388-391 s and 6 took 300 s);
+# how tests are grouped and ordered across them: tests/conftest.py.
 TEST_WORKERS ?= 5
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -q
 test: venv typecheck
 	$(PYTEST) tests
 
 # The fault suites with every kill point, boundary and full-disk case instead of the sample
-# `make test` tries (a new spread each run): about 45 minutes on 2 CPUs.
+# `make test` tries (a new spread each run): the 880 kill points alone take some 40 minutes.
 FAULT_SUITES := tests/test_killpoints.py tests/test_killpoints_signals.py tests/test_crash_records.py \
 	tests/test_crash.py tests/test_full_disk.py
 test-faults: venv
