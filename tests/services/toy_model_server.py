@@ -2,53 +2,75 @@
 """A model server for the run-cycle tests, run by the environment's own interpreter: it
 imports `toypkg` from that environment and "initialises the model" at start — so what the
 environment holds decides whether it comes up. /health and /v1/models like `vllm serve`;
-/v1/models reports the toypkg version it runs, so tests can tell old from new."""
+/v1/models reports the toypkg version it runs, so tests can tell old from new.
+
+    toy_model_server.py --port N [--model NAME]
+
+HTTP/1.0 on `socketserver` (one answer per connection, as http.server's default): the suite
+starts this server a few hundred times, and http.server's and argparse's imports were half of
+each start's CPU."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
+import socketserver
 import sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+USAGE = "usage: toy_model_server.py --port N [--model NAME]"
+REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+
+
+def parse(argv: list[str]) -> tuple[int, str]:
+    opts = {"--port": "", "--model": "toy/model"}
+    it = iter(argv)
+    for arg in it:
+        name, eq, value = arg.partition("=")
+        if name not in opts:
+            sys.exit(f"{USAGE}\nunknown argument: {arg}")
+        opts[name] = value if eq else next(it, "")
+    if not opts["--port"].isdigit():
+        sys.exit(f"{USAGE}\n--port needs a number")
+    return int(opts["--port"]), opts["--model"]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--model", default="toy/model")
-    args = ap.parse_args()
+    port, model = parse(sys.argv[1:])
     import toypkg
     import toypkg.core
 
-    print(f"(APIServer pid={os.getpid()}) INFO loading model {args.model} with toypkg {toypkg.__version__}",
+    print(f"(APIServer pid={os.getpid()}) INFO loading model {model} with toypkg {toypkg.__version__}",
           flush=True)
     toypkg.core.load_model()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, fmt: str, *a: object) -> None:
-            pass
-
-        def do_GET(self) -> None:  # noqa: N802
-            if self.path == "/health":
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            request = self.rfile.readline(65537).decode("latin-1").split()
+            while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                pass  # the headers: nothing here needs them
+            path = request[1] if len(request) >= 2 else ""
+            if not request or request[0] != "GET":
+                code, body = 405, {"error": "only GET"}
+            elif path == "/health":
                 ok = getattr(toypkg.core, "healthy", lambda: True)()
                 code, body = (200, {}) if ok else (503, {"error": "engine dead"})
-            elif self.path == "/v1/models":
+            elif path == "/v1/models":
                 code, body = 200, {"object": "list", "data": [
-                    {"id": args.model, "object": "model", "toypkg": toypkg.__version__}]}
+                    {"id": model, "object": "model", "toypkg": toypkg.__version__}]}
             else:
                 code, body = 404, {"error": "not found"}
             data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.wfile.write(f"HTTP/1.0 {code} {REASONS[code]}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
 
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    class Server(socketserver.ThreadingTCPServer):
+        allow_reuse_address = True  # a restart binds the port its predecessor just closed
+        daemon_threads = True
+
+    server = Server(("127.0.0.1", port), Handler)
     signal.signal(signal.SIGTERM, lambda *a: (_ for _ in ()).throw(SystemExit(0)))
-    print(f"(APIServer pid={os.getpid()}) INFO ready on http://127.0.0.1:{args.port}", flush=True)
+    print(f"(APIServer pid={os.getpid()}) INFO ready on http://127.0.0.1:{port}", flush=True)
     try:
         server.serve_forever(poll_interval=0.1)
     except SystemExit:
