@@ -110,7 +110,7 @@ def mode() -> str:
 
 
 # Trials per scenario by default: a spread of the command's kill points or boundaries. Four
-# keep every kind of step in each run's spread while the fault suites stay under a fifth of the
+# keep every kind of step in each run's spread, and the fault suites at about a quarter of the
 # suite's time; each session's new seed moves the spread (`sample`), `=all` tries every one.
 DEFAULT_LIMIT = 4
 
