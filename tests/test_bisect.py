@@ -5,12 +5,15 @@ from a local git clone or a compare API on 127.0.0.1, and resuming after a kill.
 from __future__ import annotations
 
 import math
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 from rewheel import nightly
 from devtools.localindex import serve_index
+from support_env import cmdlines
 from support_nightly import (CompareApi, build_toypkg, fake_sha, json_of, make_git_repo,
                              nightly_version, rewheel, smoke_script, write_recipe)
 
@@ -101,6 +104,13 @@ def test_an_interrupted_bisect_resumes_without_retesting(flat_series) -> None:
     # The third smoke run kills rewheel (SIGKILL) while it tests that build.
     first = rewheel(*args, env={"TOY_KILL_PARENT_AT": "3"})
     assert first.returncode == -9, (first.returncode, first.stderr)
+    # The smoke test that killed it goes on for a moment, holding the lock: a command started
+    # now is refused (exit 4, "wait until they end"), as it should be. Wait until it has ended.
+    script = str(count.with_name("smoke_toy.py"))
+    deadline = time.monotonic() + 60
+    while any(script in line for _pid, line in cmdlines(skip={os.getpid()})):
+        assert time.monotonic() < deadline, "the smoke test that killed rewheel is still running"
+        time.sleep(0.05)
     before = runs(count)
     assert len(before) == 3
     second = rewheel(*args)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,58 @@ def test_a_symlinked_lock_file_or_folder_is_refused(tmp_path: Path, monkeypatch:
         with EnvLock(tmp_path / "home", "x", prefix=prefix):
             pass
     assert not any(elsewhere.iterdir())
+
+
+def _leftover_holding(lock: Path, holder_pid: int) -> subprocess.Popen:
+    """A process that holds the lock file the way a child a killed rewheel started does: the
+    file locked, the gone rewheel's record in it; it lets go when its stdin closes."""
+    code = ("import fcntl, json, os, sys\n"
+            f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            f"os.write(fd, json.dumps({{'pid': {holder_pid}, 'start': 1, 'purpose': 'bisect'}}).encode() + b'\\n')\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline() == "held\n"
+    return p
+
+
+def test_a_leftover_that_ends_while_the_lock_is_asked_for_leaves_it_free(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rewheel that held the lock was killed and a process it started still held it when a
+    new command asked — then ended before the command looked for it (a smoke test outliving
+    its rewheel by milliseconds): the command takes the lock instead of refusing for "unknown
+    processes". One that is still there is named, and the command refused (exit 4)."""
+    py = make_venv(tmp_path / "env")
+    t = _target(py)
+    lock_path = EnvLock(t.store.env_dir, "probe", prefix=t.env.prefix)._lock_path()[0]
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now: the killed rewheel's
+
+    still = _leftover_holding(lock_path, gone.pid)
+    try:
+        with pytest.raises(LockHeld) as held:
+            with EnvLock(t.store.env_dir, "second", prefix=t.env.prefix):
+                pass
+        assert f"(pid {gone.pid}: bisect) is gone" in held.value.message
+        assert f"hold its lock: {still.pid} (" in held.value.message, held.value.message
+    finally:
+        assert still.stdin is not None
+        still.stdin.close()
+        still.wait(10)
+
+    from rewheel import proc
+
+    ending = _leftover_holding(lock_path, gone.pid)
+    looked = proc.fd_holders
+
+    def ends_first(path: Path) -> list[int]:
+        assert ending.stdin is not None
+        ending.stdin.close()
+        ending.wait(10)  # it ends between the first ask and the look for who holds it
+        return looked(path)
+
+    monkeypatch.setattr(proc, "fd_holders", ends_first)
+    with EnvLock(t.store.env_dir, "third", prefix=t.env.prefix) as lock:
+        assert lock.path == lock_path
+    assert ending.returncode == 0

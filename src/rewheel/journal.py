@@ -204,17 +204,22 @@ class EnvLock:
             self.say(f"{how} {c.name} (pid {c.pid}, process group {c.pgid}, {done.signal}) left "
                      f"running by an interrupted rewheel: {procs}")
 
-    def _refuse(self, records: list[dict[str, Any]]) -> LockHeld:
+    def _users(self, records: list[dict[str, Any]]) -> list[int]:
+        """The live processes a gone holder left holding the lock: its recorded children's,
+        and whatever this user can see holding the lock file open."""
         assert self.path is not None
+        pids: list[int] = []
+        for c in self._recorded_children(records):
+            pids += [p for p in c.live_members() if p not in pids]
+        return pids + [p for p in proc.fd_holders(self.path) if p not in pids]
+
+    def _refuse(self, records: list[dict[str, Any]]) -> LockHeld:
         holder = self._holder(records)
         what = f"pid {holder.get('pid')}: {holder.get('purpose')}" if holder else "unknown"
         if self._holder_alive(holder):
             return LockHeld(f"another rewheel process holds this environment ({what})",
                             hint="wait for it to finish; the lock is released when it exits")
-        pids: list[int] = []
-        for c in self._recorded_children(records):
-            pids += [p for p in c.live_members() if p not in pids]
-        pids += [p for p in proc.fd_holders(self.path) if p not in pids]
+        pids = self._users(records)
         running = _describe(pids) if pids else "unknown processes (not visible to this user)"
         return LockHeld(f"the rewheel process that held this environment ({what}) is gone, but "
                         f"processes it started still run and hold its lock: {running}",
@@ -225,6 +230,12 @@ class EnvLock:
     def __enter__(self) -> EnvLock:
         self.path, self._owner = self._lock_path()
         got = self._try()
+        if not isinstance(got, int) and not self._holder_alive(self._holder(got)):
+            # The holder is gone, and what still held the lock a moment ago may have ended
+            # since (a smoke test that outlived a killed rewheel by milliseconds): nobody left
+            # holding it, ask once more instead of refusing for "unknown processes".
+            if not self._users(got):
+                got = self._try()
         if not isinstance(got, int):
             if not self.reclaim or self._holder_alive(self._holder(got)):
                 raise self._refuse(got)
