@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 
 # The types first (seconds): the package, and the unit layer's fakes against its Protocols.
 # TEST_WORKERS pytest workers: more than the 2 CPUs, so that both stay busy while tests wait on
-# a service, a timeout or a health check (5: 281-296 s where 3 took 388-391 s, 4 took 302 s and
+# a service, a timeout or a health check (5: 267-296 s where 3 took 388-391 s, 4 took 302 s and
 # 6 took 300 s); how tests are grouped and ordered across them: tests/conftest.py.
 TEST_WORKERS ?= 5
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -q
