@@ -85,6 +85,27 @@ def _zygote() -> dict[str, Any]:
         return z
 
 
+def _server_for(env: dict[str, str], wrapped: bool = False) -> dict[str, Any] | None:
+    """The warm interpreter a command with this environment is forked from, or None when a
+    real one must start it: under a wrapper, with `REWHEEL_TESTS_REAL_CLI=1`, or with settings
+    an interpreter fixes at start (`INTERPRETER_KEYS`) other than the warm one's."""
+    if wrapped or env.get("REWHEEL_TESTS_REAL_CLI") == "1":
+        return None
+    z = _zygote()
+    return z if _interpreter_settings(env) == z["settings"] else None
+
+
+def _answers(buf: bytearray) -> list[dict[str, Any]]:
+    """The warm interpreter's whole answers in `buf` (JSON lines: its pid, then its status),
+    taken out of it."""
+    found = []
+    while b"\n" in buf:
+        line, _, rest = bytes(buf).partition(b"\n")
+        buf[:] = rest
+        found.append(json.loads(line))
+    return found
+
+
 def rewheel(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
             input: str | bytes | None = None, stdin: int | IO[Any] | None = None,
             timeout: float | None = None, text: bool = True, check: bool = False,
@@ -99,8 +120,8 @@ def rewheel(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
     not make); a real interpreter runs under it as a prefix (`[*attach, *argv]`)."""
     full_env = dict(os.environ if env is None else env)
     cmd = argv(*args)
-    z = None if prefix or full_env.get("REWHEEL_TESTS_REAL_CLI") == "1" else _zygote()
-    if z is None or _interpreter_settings(full_env) != z["settings"]:
+    z = _server_for(full_env, wrapped=bool(prefix))
+    if z is None:
         return subprocess.run([*(prefix or attach or []), *cmd], capture_output=True, text=text, env=env,
                               cwd=cwd, input=input, stdin=stdin, timeout=timeout, check=check, umask=umask)
     return _run_warm(z, cmd, full_env, cwd, input, stdin, timeout, text, check, umask, attach)
@@ -188,10 +209,7 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
                 if key.fileobj is sock:
                     chunk = sock.recv(65536)
                     answer += chunk
-                    while b"\n" in answer:
-                        line, _, rest = bytes(answer).partition(b"\n")
-                        answer[:] = rest
-                        msg = json.loads(line)
+                    for msg in _answers(answer):
                         pid = msg.get("pid", pid)
                         status = msg.get("status", status)
                         if attach and tracer is None and pid is not None and w_hold is not None:
@@ -267,8 +285,8 @@ def start(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None 
     gave instead)."""
     full_env = dict(os.environ if env is None else env)
     cmd = argv(*args)
-    z = None if full_env.get("REWHEEL_TESTS_REAL_CLI") == "1" else _zygote()
-    if z is None or _interpreter_settings(full_env) != z["settings"]:
+    z = _server_for(full_env)
+    if z is None:
         return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr)
     fds = [_fd_for(stream, target, os.O_RDONLY if target == 0 else os.O_WRONLY)
            for target, stream in enumerate((stdin, stdout))]
@@ -299,7 +317,7 @@ class Started:
     def __init__(self, cmd: list[str], sock: socket.socket) -> None:
         self.args = cmd
         self._sock = sock
-        self._buf = b""
+        self._buf = bytearray()
         self.returncode: int | None = None
         self.pid: int = -1
         while self.pid < 0:
@@ -318,9 +336,7 @@ class Started:
         if not chunk:
             raise RuntimeError(f"the warm interpreter closed the connection of {self.args}")
         self._buf += chunk
-        while b"\n" in self._buf:
-            line, _, self._buf = self._buf.partition(b"\n")
-            msg = json.loads(line)
+        for msg in _answers(self._buf):
             if "pid" in msg:
                 self.pid = msg["pid"]
             if "status" in msg:
