@@ -26,6 +26,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,6 +61,8 @@ def _zygote() -> dict[str, Any]:
         z = _server.get("z")
         if z is not None and z["proc"].poll() is None:
             return z
+        if z is not None:  # it ended (a test killed it): its folder goes with it
+            shutil.rmtree(z["folder"], ignore_errors=True)
         folder = tempfile.mkdtemp(prefix="rewheel-zygote-")
         path = os.path.join(folder, "s")
         env = dict(os.environ)
@@ -69,17 +72,21 @@ def _zygote() -> dict[str, Any]:
         line = proc.stdout.readline()
         if line.strip() != b"ready":
             proc.kill()
+            proc.wait()
+            shutil.rmtree(folder, ignore_errors=True)
             raise RuntimeError(f"the warm interpreter did not start: {line!r}")
-        z = {"proc": proc, "path": path, "settings": _interpreter_settings(env)}
+        z = {"proc": proc, "path": path, "folder": folder, "settings": _interpreter_settings(env)}
         _server["z"] = z
 
-        def stop(p: subprocess.Popen = proc) -> None:
+        def stop(p: subprocess.Popen = proc, folder: str = folder) -> None:
             if p.stdin:
                 p.stdin.close()
             try:
                 p.wait(5)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
+            shutil.rmtree(folder, ignore_errors=True)  # its socket's folder, left in /tmp otherwise
 
         atexit.register(stop)
         return z

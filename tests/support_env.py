@@ -1,6 +1,6 @@
 """Real virtualenvs and uv for the tests: `uv` runs the uv rewheel itself finds, `make_venv`
-builds a virtualenv with the interpreter running the tests, `uv_install` installs into one, and
-`tree_state` fingerprints a folder so a restore can be checked byte for byte. `REPO` is the
+builds a virtualenv with the interpreter running the tests, `uv_install` installs into one,
+`pip_venv` builds one the way pip users do, and `tree_state` fingerprints a folder so a restore can be checked byte for byte. `REPO` is the
 repository root (where `python -m devtools...` runs from)."""
 
 from __future__ import annotations
@@ -29,6 +29,18 @@ def make_venv(path: Path) -> Path:
     """A real virtualenv made by uv, with the interpreter running these tests."""
     uv("venv", "-q", "--python", sys.executable, str(path))
     return path / "bin" / "python"
+
+
+def pip_venv(path: Path, *pip_args: str) -> Path:
+    """A `python -m venv` virtualenv whose distributions pip installs (`pip install *pip_args`),
+    byte-compiled at install and so listed in RECORD, as pip does. The pip running the tests
+    installs into it (`pip --python`): a pip of its own (ensurepip) would cost some 4 CPU-s a
+    virtualenv and add nothing the tests look at."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                    "--disable-pip-version-check", *pip_args], check=True, capture_output=True)
+    return python
 
 
 def uv_install(python: Path, *specs: str, find_links: Path | None = None, extra: tuple[str, ...] = ()) -> None:

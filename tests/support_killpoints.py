@@ -42,7 +42,7 @@ from typing import Any
 
 from rewheel.journal import list_runs
 import support_cli
-from support_env import cmdlines
+from support_env import cmdlines, uv_bin
 from support_run import SERVER, Host, make_host
 
 TRACED = ("rename", "renameat", "renameat2", "link", "linkat", "unlink", "unlinkat", "write", "fsync", "fdatasync")
@@ -162,7 +162,7 @@ class Bench:
         self.h.write_recipe(service__settle_s=0.1, install__staged=scenario.staged)
         # The old build installed as copies: the one link into uv's cache the proof allows is
         # none at all.
-        subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", str(self.h.python),
+        subprocess.run([uv_bin(), "pip", "install", "-q", "--python", str(self.h.python),
                         "--index-url", self.h.index_url, "--reinstall", "--link-mode", "copy", "toypkg==1.0.0"],
                        check=True, capture_output=True)
         self.template = tmp / "template"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import httpx
 import tomli_w
 
-from support_env import make_venv, tree_state
+from support_env import make_venv, tree_state, uv_bin
 from support_standins import free_port
 from devtools.wheelbuild import build_wheel
 import support_cli
@@ -166,7 +165,7 @@ def make_host(tmp: Path, new_version: str, variant: str, binary: bool = False) -
     build_toypkg(wheels, new_version, variant, binary=binary)
     index = start_index(wheels)
     py = make_venv(tmp / "env")
-    subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", str(py),
+    subprocess.run([uv_bin(), "pip", "install", "-q", "--python", str(py),
                     "--index-url", index.url, "toypkg==1.0.0"], check=True, capture_output=True)
     host = Host(tmp, py, free_port(), wheels, index.url, tmp / "toy.toml")
     host._index = index  # type: ignore[attr-defined]

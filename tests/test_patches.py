@@ -8,13 +8,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support_env import make_venv, uv, uv_install
+from support_env import make_venv, pip_venv, uv, uv_install
 from rewheel import patches
 from rewheel.environment import Environment
 from devtools.localindex import serve_index
@@ -92,10 +91,7 @@ def test_pristine_uv_environment_has_no_patches(env1: Path) -> None:
 
 def test_pristine_pip_environment_has_no_patches(tmp_path: Path, wheels: Path) -> None:
     # pip byte-compiles at install and lists the .pyc files in RECORD without hashes.
-    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "pipenv")], check=True)
-    py = tmp_path / "pipenv" / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels),
-                    "patchme==1.0"], check=True, capture_output=True)
+    py = pip_venv(tmp_path / "pipenv", "--no-index", "--find-links", str(wheels), "patchme==1.0")
     res = scan(py)
     dists = {d.name: d.installer for d in Environment.inspect(py).distributions()}
     assert dists["patchme"] == "pip"
@@ -356,10 +352,7 @@ def test_numpy_pandas_by_uv_no_false_positives(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_numpy_pandas_by_pip_no_false_positives(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "np-pip")], check=True)
-    py = tmp_path / "np-pip" / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "numpy", "pandas"],
-                   check=True, capture_output=True)
+    py = pip_venv(tmp_path / "np-pip", "numpy", "pandas")
     subprocess.run([str(py), "-c", "import numpy, pandas"], check=True)
     res = _measure(py)["scan"]
     assert res.patches == [], [(p.path, p.kind) for p in res.patches][:20]

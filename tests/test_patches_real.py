@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support_env import make_venv, uv_install
+from support_env import make_venv, pip_venv, uv_install
 from rewheel import patches
 from rewheel.environment import Environment
 from devtools.localindex import serve_index
@@ -202,11 +200,7 @@ def test_record_inconsistent_file_edited_in_place_is_a_patch(liar_env: Path, own
 
 
 def _pip_env(tmp_path: Path, wheels: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "pipenv")], check=True)
-    py = tmp_path / "pipenv" / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels),
-                    "--disable-pip-version-check", "liar==1.0"], check=True, capture_output=True)
-    return py
+    return pip_venv(tmp_path / "pipenv", "--no-index", "--find-links", str(wheels), "liar==1.0")
 
 
 def test_record_inconsistent_checked_against_the_index(tmp_path: Path, liar_wheels: Path) -> None:

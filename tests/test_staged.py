@@ -6,7 +6,6 @@ stops it, and the swap installs from uv's cache with the index gone."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ import httpx
 
 from devtools.wheelbuild import build_wheel
 import support_cli
+from support_env import uv_bin
 
 
 class HealthPoller:
@@ -142,15 +142,15 @@ def test_a_stale_prepared_build_is_refused(host_factory, tmp_path: Path) -> None
     assert h.run_json("--prepare-only")[0] == 0
     extra = tmp_path / "extra"
     build_wheel(extra, "toyextra", "1.0.0", {"toyextra/__init__.py": ""})
-    subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", str(h.python),
+    subprocess.run([uv_bin(), "pip", "install", "-q", "--python", str(h.python),
                     "--no-index", "--find-links", str(extra), "toyextra"], check=True)
     code, rep = prepared()
     assert code == 2 and "live environment" in rep["message"], rep
-    subprocess.run([sys.executable, "-m", "uv", "pip", "uninstall", "-q", "--python", str(h.python), "toyextra"],
+    subprocess.run([uv_bin(), "pip", "uninstall", "-q", "--python", str(h.python), "toyextra"],
                    check=True)
     assert h.state() == before
     assert h.run_json("--prepare-only")[0] == 0
-    subprocess.run([sys.executable, "-m", "uv", "cache", "clean", "toypkg"], check=True, capture_output=True)
+    subprocess.run([uv_bin(), "cache", "clean", "toypkg"], check=True, capture_output=True)
     code, rep = prepared()
     assert code == 2 and "offline" in rep["message"] and "cache" in rep["hint"], rep
     assert h.state() == before and h.served_version() == "1.0.0"
