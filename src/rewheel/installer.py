@@ -469,10 +469,13 @@ def _prepared(recipe: Recipe, lock: Path | None, installed: Sequence[str] | None
     so a first dry run lists what `--reinstall` would rewrite, and the real command names those
     packages one by one, less the kept ones."""
     kept = {canonicalize_name(n): v for n, v in (keep or {}).items()}
-    with (usable_lock(lock) if lock is not None else _no_lock()) as lock_path, \
-            tempfile.TemporaryDirectory(prefix="rewheel-uv-") as tmp:
+    with ExitStack() as stack:
+        lock_path = stack.enter_context(usable_lock(lock)) if lock is not None else None
         constraints = None
         if kept:
+            # Made only when it holds something: a rewheel killed mid-uv leaves its temporary
+            # folder behind, and most runs keep nothing.
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="rewheel-uv-"))
             constraints = Path(tmp) / "keep-constraints.txt"
             constraints.write_text("".join(f"{n}=={v}\n" for n, v in sorted(kept.items())))
         kwargs: dict[str, Any] = dict(lock=lock_path, installed=installed, keep=kept,
@@ -527,11 +530,6 @@ def plan(recipe: Recipe, *, lock: Path | None = None, installed: Sequence[str] |
     return InstallPlan(argv=shown, changes=parse_changes(lines),
                        resolved=_count(lines, r"^Resolved (\d+) packages?"),
                        lock=str(lock) if lock is not None else None, output=lines)
-
-
-@contextmanager
-def _no_lock() -> Iterator[None]:
-    yield None
 
 
 def _hint_for(lines: Sequence[str]) -> str | None:
