@@ -20,7 +20,6 @@ way a user runs it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devtools import REPO
+from devtools import REPO, sha256_file
 
 SMOKE_SCRIPT = Path(__file__).with_name("gpu_smoke.py")
 KNOB = "gpucheck-knob"
@@ -226,11 +225,7 @@ def tree_hashes(root: Path) -> dict[str, str]:
             elif stat.S_ISDIR(st.st_mode):
                 out[rel] = f"dir {mode}"
             else:
-                h = hashlib.sha256()
-                with open(p, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
-                out[rel] = f"file {mode} {h.hexdigest()}"
+                out[rel] = f"file {mode} {sha256_file(p)}"
     return out
 
 
