@@ -45,7 +45,7 @@ from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotError, UsageError
 from rewheel.snapshot import Manifest, SnapshotMeta, Store
 from rewheel.snapshot.lanes import fork_child, recv_msg, send_msg
-from rewheel.snapshot.manifest import Entry, match_roots
+from rewheel.snapshot.manifest import Entry, ManifestDamaged, match_roots
 from rewheel.snapshot.tree import (Progress, Root, exclusion, hash_file, kind_of, provably_pristine, record_index,
                                    scope_of, walk)
 
@@ -419,10 +419,10 @@ def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners,
     for e in man.entries if entries is None else entries:
         if e[2] != "f" or not e[1].endswith(".dist-info/RECORD"):
             continue
-        stored = snap.path / "tree" / str(e[0]) / e[1]
         try:
-            text = stored.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+            with open(man.stored_path(snap, e), encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except (OSError, ManifestDamaged):
             continue
         abs_rec = os.path.join(man.roots[e[0]].path, e[1])
         info_dir = os.path.dirname(abs_rec)
@@ -488,7 +488,8 @@ def _stored_bytes(snap: SnapshotMeta, man: Manifest, abs_path: str,
     for ri, root in enumerate(man.roots):
         base = root.path.rstrip("/") + "/"
         if abs_path.startswith(base):
-            return _read_bytes(str(snap.path / "tree" / str(ri) / abs_path[len(base):]), want_sha)
+            stored = man.stored_at(snap, ri, abs_path[len(base):])
+            return _read_bytes(stored, want_sha) if stored is not None else None
     return None
 
 

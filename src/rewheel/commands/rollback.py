@@ -19,7 +19,7 @@ from rewheel.commands.snapshots import (env_matches, protected_snapshots, pruned
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
 from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, out_of_space
 from rewheel.journal import EnvLock, RunJournal
-from rewheel.snapshot import (Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
+from rewheel.snapshot import (PreparedRestore, Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
 from rewheel.records import Finish, Note, Started, Step
 from rewheel.statuses import UNDO_SKIPPED, Finished, RollbackStatus, StepName
 
@@ -148,88 +148,107 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                           package=lambda: t.env.import_name(t.recipe.install.names),
                           checked=t.recipe.service is not None, recovery=recovery)
         was_up = up_now = unchanged = stopped = suspect = False
+        prepared: PreparedRestore | None = None
         try:
-            st = svc.status() if svc else None
             try:
-                # Whether a restore would change any byte: a running service is then left
-                # alone, and no undo snapshot is taken. A walk of the environment: skipped when
-                # neither question is asked (no service, `--no-undo`): the restore's own scan
-                # finds an unchanged environment just as well.
-                unchanged = env_matches(t, snap) if svc or undo else False
-            except (SnapshotDamaged, SnapshotError):
-                if svc:
-                    raise
-                # Nothing to stop: the restore's own checks refuse it below, with their
-                # precise message, before any file changes (and before an undo snapshot).
-                suspect = True
-            if svc and not unchanged:
-                svc.check_stoppable(st)
-        except BaseException:
-            j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
-            raise
-        undo_id = undo_error = None
-        served_undo = False
-        down_t0: float | None = None
-        if svc is not None and st is not None:
-            up_now = st.up
-            # Up now, or up before the run that stopped it and left it so.
-            was_up = up_now or noted_active(left_down)
-            j.append(Note(service_was_active=was_up, service_judged_by=st.judged_by,
-                          environment_unchanged=unchanged))
-            if unchanged:
-                say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
-            else:
-                if undo and up_now:
-                    # The undo snapshot while the service still serves: out of the downtime,
-                    # proven still current by one stat walk once it is stopped (below).
-                    undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
-                                                                   say=say, progress=progress, served=True)
-                    served_undo = undo_id is not None
-                stopped = True
-                down_t0 = time.monotonic() if up_now else None
+                st = svc.status() if svc else None
                 try:
-                    svc.stop()
-                except Exception as exc:
-                    # Nothing was changed: put the service back as it was (as a run does) and
-                    # finish, so that no stale record blocks the next command with exit 4.
-                    try:
-                        if was_up and not svc.was_active():
-                            svc.start_and_verify()
-                    except Exception as again:  # noqa: BLE001 - the stop's failure is reported
-                        j.append(Note(restart_after_abort_failed=str(again)))
-                    finally:
-                        if undo_id is not None:
-                            _forget_quietly(t.store, undo_id)  # nothing was replaced: nothing to undo
-                        j.append(Finish(status=Finished.FAILED, snapshot_id=snap.id,
-                                        error=getattr(exc, "message", None) or str(exc)))
-                    raise
-        if not undo and not unchanged:
-            undo_error = UNDO_SKIPPED
-            j.append(Note(undo_snapshot_error=undo_error))
-        elif served_undo:
-            assert undo_id is not None
-            undo_id, undo_error = _check_undo_snapshot(t, j, snap, undo_id, steps, failed_build=replaces_failed,
-                                                       say=say, progress=progress)
-        elif not unchanged and not suspect and undo_id is None and undo_error is None:
-            undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
-                                                           say=say, progress=progress)
-        say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
-        t0 = time.monotonic()
-        try:
-            # What the restore moved out (a failed build's new folders) is deleted once the
-            # service is back up: the environment is restored and synced already. Without a
-            # service, both lanes delete their own at once, inside the restore.
-            res = txn.restore(defer_removal=svc is not None)
-        except (SnapshotError, SnapshotDamaged):
-            # Refused before anything changed (wrong environment, damaged store): this
-            # rollback is over — leaving it unfinished would block every later command with
-            # exit 4 — and the service it stopped goes back up.
-            try:
-                if svc and stopped and was_up:
-                    svc.start_and_verify()
-            finally:
+                    # The restore compared, checked and staged now, while a service still
+                    # serves: its downtime then holds only the commit. The comparison also says
+                    # whether a restore would change any byte (a running service is then left
+                    # alone, and no undo snapshot is taken).
+                    t_prep = time.monotonic()
+                    prepared = txn.prepare()
+                    unchanged = not prepared.changes
+                    steps.append(StepRecord.since("restore-prepare", True, t_prep))
+                except (SnapshotDamaged, SnapshotError):
+                    if svc:
+                        raise
+                    # Nothing to stop: the restore's own checks refuse it below, with their
+                    # precise message, before any file changes (and before an undo snapshot).
+                    suspect = True
+                if svc and not unchanged:
+                    svc.check_stoppable(st)
+            except Exception:
+                # Refused before anything changed. (A kill or Ctrl-C leaves the journal open,
+                # as one in the middle of staging always did: the next command finishes it.)
                 j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
-            raise
+                raise
+            undo_id = undo_error = None
+            served_undo = False
+            down_t0: float | None = None
+            if svc is not None and st is not None:
+                up_now = st.up
+                # Up now, or up before the run that stopped it and left it so.
+                was_up = up_now or noted_active(left_down)
+                j.append(Note(service_was_active=was_up, service_judged_by=st.judged_by,
+                              environment_unchanged=unchanged))
+                if unchanged:
+                    say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
+                else:
+                    if undo and up_now:
+                        # The undo snapshot while the service still serves: out of the downtime,
+                        # proven still current by one stat walk once it is stopped (below).
+                        undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps,
+                                                                       failed_build=replaces_failed,
+                                                                       say=say, progress=progress, served=True)
+                        served_undo = undo_id is not None
+                    stopped = True
+                    down_t0 = time.monotonic() if up_now else None
+                    try:
+                        svc.stop()
+                    except Exception as exc:
+                        # Nothing was changed: put the service back as it was (as a run does) and
+                        # finish, so that no stale record blocks the next command with exit 4.
+                        try:
+                            if was_up and not svc.was_active():
+                                svc.start_and_verify()
+                        except Exception as again:  # noqa: BLE001 - the stop's failure is reported
+                            j.append(Note(restart_after_abort_failed=str(again)))
+                        finally:
+                            if undo_id is not None:
+                                _forget_quietly(t.store, undo_id)  # nothing was replaced: nothing to undo
+                            j.append(Finish(status=Finished.FAILED, snapshot_id=snap.id,
+                                            error=getattr(exc, "message", None) or str(exc)))
+                        raise
+            if not undo and not unchanged:
+                undo_error = UNDO_SKIPPED
+                j.append(Note(undo_snapshot_error=undo_error))
+            elif served_undo:
+                assert undo_id is not None
+                checked_id, undo_error = _check_undo_snapshot(t, j, snap, undo_id, steps,
+                                                              failed_build=replaces_failed, say=say,
+                                                              progress=progress)
+                if checked_id != undo_id and prepared is not None:
+                    # The environment changed while the service stopped: what was compared
+                    # before no longer holds. Compared again by the restore itself.
+                    prepared.discard()
+                    prepared = None
+                undo_id = checked_id
+            elif not unchanged and not suspect and undo_id is None and undo_error is None:
+                undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
+                                                               say=say, progress=progress)
+            say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
+            t0 = time.monotonic()
+            try:
+                # What the restore moved out (a failed build's new folders) is deleted once the
+                # service is back up: the environment is restored and synced already. Without a
+                # service, both lanes delete their own at once, inside the restore.
+                committing, prepared = prepared, None
+                res = txn.restore(defer_removal=svc is not None, prepared=committing)
+            except (SnapshotError, SnapshotDamaged):
+                # Refused before anything changed (wrong environment, damaged store): this
+                # rollback is over — leaving it unfinished would block every later command with
+                # exit 4 — and the service it stopped goes back up.
+                try:
+                    if svc and stopped and was_up:
+                        svc.start_and_verify()
+                finally:
+                    j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
+                raise
+        finally:
+            if prepared is not None:  # given up before its commit (an error, a signal)
+                prepared.discard()
         txn.move_back(res)
         steps.append(StepRecord.since("restore", True, t0))
         back = txn.service_back(res, was_up=was_up, up_now=up_now, stopped=stopped)

@@ -1,8 +1,17 @@
-"""Taking a snapshot: walk the environment, share what RECORD proves, copy the rest.
+"""Taking a snapshot: walk the environment, name each file's object, store what is new.
 
-Owns: `take_snapshot` and `estimate_snapshot`, the linker (hard link, reflink or copy into
-the store), hashed and sparse copies (`copy_hashed`), and reuse of an unchanged copy from
-the previous snapshot (`_PreviousCopies`).
+Owns: `take_snapshot` and `estimate_snapshot`, the stat cache they read (`_Previous`: the
+newest snapshot of the same roots), how a new file becomes an object (`_Ingest`: a private
+copy or clone for anything a person may edit or no RECORD proves, a hard link for a large
+binary RECORD proves), and the file copies other modules share (`copy_hashed`, `copy_plain`,
+`clone_file`).
+
+What a snapshot costs is what changed since the last one. A live file whose inode, size,
+mtime, ctime and mode are those the newest snapshot recorded is the same file, unchanged —
+an edit in place changes the ctime even when it puts the mtime back — so its object is that
+snapshot's, found without reading, linking or copying anything (git's index works so). Only
+the other files are looked at: their sha256 comes from RECORD (or an earlier restore's proof,
+or their bytes), and a content already in the store is not stored again.
 """
 
 from __future__ import annotations
@@ -10,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
-import json
 import os
 import secrets
 import shutil
@@ -22,83 +29,39 @@ from typing import Any
 
 from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotDamaged, SnapshotError, UsageError
-from rewheel.paths import atomic_write, fsync_dir
+from rewheel.paths import fsync_dir
 from rewheel.snapshot.manifest import Folder, Manifest, ManifestDamaged
+from rewheel.snapshot.objects import Objects, copy_fd, copy_fd_hashed
 from rewheel.snapshot.store import SnapshotMeta, Store, aliased_files
-from rewheel.snapshot.tree import (CHUNK, Progress, Root, TIE_HASH_MAX, excluded_distribution_file, exclusion,
-                                   hand_editable, hash_file, kind_of, provably_pristine, proven_sha, record_index, safe_rel, scope_of,
-                                   shared_paths, walk)
+from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, TIE_HASH_MAX, excluded_distribution_file,
+                                   exclusion, hand_editable, hash_file, nested_prefix, provably_pristine, proven_sha,
+                                   record_index, scope_of, shared_paths, walk)
 
 _FICLONE = 0x40049409
+_HOW = {"L": "link", "C": "copy", "R": "reflink"}
+_ZERO32 = bytes(32)
+
+
+def _by_name(de: os.DirEntry[str]) -> str:
+    return de.name
 
 
 # --------------------------------------------------------------------------------------
-# Taking a snapshot
+# File copies (also used by the restore and the recovery)
 # --------------------------------------------------------------------------------------
-class _Linker:
-    """Share a file's contents with the store: a reflink where the filesystem offers one
-    (XFS, btrfs, bcachefs), else a hard link, else a copy.
-
-    A reflink is a copy-on-write clone: an edit later written in place into the live file
-    cannot reach the snapshot's copy, as it does through a hard link (one inode). Whether
-    clones work between the environment and the store is probed once, on the first shared
-    file (one ioctl that fails at once on ext4): where they do, the whole snapshot is
-    reflinked; where not, nothing per file is added to the hard-link path."""
-
-    def __init__(self) -> None:
-        self.can_link = True
-        self.prefer_reflink: bool | None = None  # None: not probed yet
-        self.modes: set[str] = set()
-
-    def share(self, src: str, dst: str) -> str:
-        if self.prefer_reflink is None:
-            self.prefer_reflink = clone_file(src, dst)
-            if self.prefer_reflink:
-                self.modes.add("reflink")
-                return "reflink"
-        elif self.prefer_reflink:
-            if clone_file(src, dst):
-                self.modes.add("reflink")
-                return "reflink"
-            # A clone refused further down (another filesystem mounted inside the prefix):
-            # share this one as the filesystem allows.
-        if self.can_link:
-            try:
-                os.link(src, dst)
-                self.modes.add("hardlink")
-                return "link"
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-                    raise
-                self.can_link = exc.errno == errno.EMLINK
-        shutil.copyfile(src, dst)
-        self.modes.add("copy")
-        return "copy"
-
-    def private(self, src: str, dst: str, st: os.stat_result) -> str:
-        """A copy of its own for a file a person may edit (`hand_editable`): a reflink where
-        the filesystem has them (the store gets its own inode at no disk cost), else a copy
-        of the bytes, with the source's mtime. Never a hard link."""
-        if self.prefer_reflink is None:
-            self.prefer_reflink = clone_file(src, dst)
-            cloned = self.prefer_reflink
-        else:
-            cloned = self.prefer_reflink and clone_file(src, dst)
-        if cloned:
-            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-            self.modes.add("reflink")
-            return "reflink"
-        copy_plain(src, dst, st)
-        self.modes.add("copy")
-        return "copy"
-
-
 def clone_file(src: str, dst: str) -> bool:
     """Make dst a copy-on-write clone of src (FICLONE); False where the filesystem has
     none, or src and dst are on different ones (dst is then left absent)."""
     try:
-        with open(src, "rb") as s, open(dst, "wb") as d:
-            fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
+        fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.ioctl(fo, _FICLONE, fi)
+            finally:
+                os.close(fo)
+        finally:
+            os.close(fi)
         return True
     except OSError:
         with contextlib.suppress(FileNotFoundError):
@@ -107,26 +70,13 @@ def clone_file(src: str, dst: str) -> bool:
 
 
 def copy_plain(src: str, dst: str, st: os.stat_result) -> None:
-    """Copy src (whose lstat is `st`) to a new file dst in the kernel (copy_file_range: no
-    byte passes through this process; where the filesystem shares extents, it may share
-    them), and give dst src's mtime. For a file whose sha256 is already known (RECORD)."""
+    """Copy src (whose lstat is `st`) to a new file dst in the kernel where it can, and give
+    dst src's mtime. For a file whose sha256 is already known (RECORD)."""
     fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            try:
-                while os.copy_file_range(fi, fo, max(st.st_size, CHUNK)):
-                    pass
-            except OSError as exc:  # no in-kernel copy between these two (an older kernel, EXDEV)
-                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
-                    raise
-                os.lseek(fi, 0, os.SEEK_SET)
-                os.ftruncate(fo, 0)
-                os.lseek(fo, 0, os.SEEK_SET)
-                while chunk := os.read(fi, CHUNK):
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fo, view):]
+            copy_fd(fi, fo, st.st_size)
             os.utime(fo, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(fo)
@@ -134,190 +84,82 @@ def copy_plain(src: str, dst: str, st: os.stat_result) -> None:
         os.close(fi)
 
 
-_ZEROS = bytes(CHUNK)
-
-
 def copy_hashed(src: str, dst: str) -> tuple[str, int]:
     """Copy src to dst, returning (sha256 hex, size) of the bytes copied, in one pass. A
-    sparse file stays sparse: its holes are hashed as the zeros they read as, not written."""
-    h = hashlib.sha256()
-    n = 0
-    with open(src, "rb") as s, open(dst, "wb") as d:
-        st = os.fstat(s.fileno())
-        if st.st_blocks * 512 < st.st_size and hasattr(os, "SEEK_DATA"):
-            return _copy_sparse(s, d, st.st_size)
-        while True:
-            chunk = s.read(CHUNK)
-            if not chunk:
-                break
-            h.update(chunk)
-            d.write(chunk)
-            n += len(chunk)
-    return h.hexdigest(), n
-
-
-def _copy_sparse(s: Any, d: Any, size: int) -> tuple[str, int]:
-    """Copy the data extents of a sparse file (SEEK_DATA / SEEK_HOLE) and leave the holes."""
-    h = hashlib.sha256()
-    fd_in = s.fileno()
-    pos = 0
-    while pos < size:
+    sparse file stays sparse: its holes are hashed as the zeros they read as, not written.
+    (Plain descriptors, not Python's buffered files: no terminal check per file opened.)"""
+    fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            data = os.lseek(fd_in, pos, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno != errno.ENXIO:  # ENXIO: no data after pos, only a hole to the end
-                raise
-            data = size
-        for _ in range(0, data - pos, CHUNK):  # the hole reads as zeros
-            h.update(_ZEROS[:min(CHUNK, data - pos - _)])
-        if data >= size:
-            break
-        hole = os.lseek(fd_in, data, os.SEEK_HOLE)
-        s.seek(data)
-        d.seek(data)
-        left = hole - data
-        while left > 0:
-            chunk = s.read(min(CHUNK, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            d.write(chunk)
-            left -= len(chunk)
-        pos = hole
-    d.truncate(size)
-    return h.hexdigest(), size
+            return copy_fd_hashed(fi, fo)
+        finally:
+            os.close(fo)
+    finally:
+        os.close(fi)
 
 
-@dataclass
-class SnapshotResult:
-    meta: SnapshotMeta
-    seconds: float
-    files_linked: int
-    files_copied: int
-
-    def to_json(self) -> dict[str, Any]:
-        m = self.meta
-        return {"id": m.id, "path": str(m.path), "files": m.files, "bytes_copied": m.bytes_copied,
-                "bytes_linked": m.bytes_linked, "bytes_total": m.bytes_total,
-                "link_mode": m.link_mode, "files_linked": self.files_linked,
-                "files_copied": self.files_copied, "seconds": round(self.seconds, 3),
-                "label": m.label, "status": m.status, "nested_skipped": m.extra.get("nested_skipped", []),
-                "files_reused": m.extra.get("files_reused", 0), "bytes_reused": m.extra.get("bytes_reused", 0),
-                "files_private": m.extra.get("files_private", 0), "bytes_private": m.extra.get("bytes_private", 0)}
-
-
-def estimate_snapshot(env: Environment, store: Store, *, dists: list[Distribution] | None = None,
-                      exclude: tuple[str, ...] = ()) -> dict[str, Any]:
-    """What a snapshot of the environment would cost now, for the plan a person reads
-    before saying yes: the walk `take_snapshot` makes, without linking or copying. Files no
-    RECORD proves are copied, and so are the hand-editable files it proves (`hand_editable`);
-    an unchanged one the previous snapshot holds is shared with it instead. The rest are
-    shared with the environment at no disk cost (on one filesystem)."""
-    dists = dists if dists is not None else env.distributions()
-    records = record_index(dists)
-    _refuse_excluded_distributions(env, records, exclude)
-    roots = scope_of(env)
-    previous = _PreviousCopies(store, roots)
-    files = to_copy = bytes_to_copy = bytes_reused = bytes_total = 0
-    nested: list[str] = []
-    src_base = [r.path.rstrip("/") + "/" for r in roots]
-    for ri, rel, st in walk(roots, records, {str(store.home)}, nested, exclusion(exclude)):
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        files += 1
-        size = st.st_size
-        bytes_total += size
-        rec = records.get(src_base[ri] + rel)
-        # A tie with RECORD's mtime counts as a copy here (a snapshot proves a small one by
-        # its bytes): the estimate errs towards more space, never less.
-        if rec and rec[0] and provably_pristine(size, st.st_mtime_ns, rec[1], rec[2]):
-            if not hand_editable(rel.rpartition("/")[2], size):
-                continue
-            # Hand-editable: copied, unless the previous snapshot holds it unchanged.
-            if previous.holds(ri, rel, st):
-                bytes_reused += size
-                continue
-        elif size >= _REUSE_MIN and previous.holds(ri, rel, st):
-            bytes_reused += size
-            continue
-        to_copy += 1
-        # Sparse files are copied sparse: what they occupy, not their length.
-        bytes_to_copy += min(size, st.st_blocks * 512)
-    free = shutil.disk_usage(store.snapshots_dir).free
-    return {"files": files, "bytes_total": bytes_total, "files_to_copy": to_copy,
-            "bytes_to_copy": bytes_to_copy, "bytes_reused": bytes_reused, "store_free": free,
-            "nested_skipped": nested}
-
-
-_REUSE_MIN = 64 << 10  # smaller copies cost less than looking for them in the previous snapshot
-
-
-class _PreviousCopies:
-    """The newest earlier snapshot of the same roots, for files a snapshot must copy (no
-    RECORD proves them: a model cache, a debug dump written into a package folder): one
-    that is still as that snapshot stored it (same size and mtime, a regular file) is linked
-    to its stored copy instead of copied again. Stored copies are never written after they
-    are made, so snapshots may share them; deleting one snapshot leaves the other's."""
+# --------------------------------------------------------------------------------------
+# The stat cache: the newest snapshot of the same roots
+# --------------------------------------------------------------------------------------
+class _Previous:
+    """The newest snapshot of these roots, when it names objects (version 3): each live file
+    it recorded with the same inode, size, mtime, ctime and mode is unchanged since, and its
+    object is the one that snapshot names. Objects a committed manifest names are kept by
+    the store's sweep, so they are there."""
 
     def __init__(self, store: Store, roots: list[Root]) -> None:
-        self.store, self.roots = store, roots
-        self._prev: tuple[SnapshotMeta, Manifest] | None | bool = False
+        self.meta: SnapshotMeta | None = None
+        self.man: Manifest | None = None
+        real = [os.path.realpath(r.path) for r in roots]
+        for meta in store.list():
+            try:
+                man = Manifest.load(meta, validate=False)
+            except SnapshotDamaged:
+                continue
+            if man.uses_objects and (man.real_roots or [os.path.realpath(r.path) for r in man.roots]) == real:
+                self.meta, self.man = meta, man
+            break
+        self._key: tuple[int, str] | None = None
+        self._f: Folder | None = None
+        self._shas: list[Any] | None = None
 
-    def _load(self) -> tuple[SnapshotMeta, Manifest] | None:
-        if self._prev is False:
-            self._prev = None
-            real = [os.path.realpath(r.path) for r in self.roots]
-            for meta in self.store.list():
-                try:
-                    man = Manifest.load(meta, validate=False)
-                except SnapshotDamaged:
-                    continue
-                if (man.real_roots or [os.path.realpath(r.path) for r in man.roots]) == real:
-                    self._prev = (meta, man)
-                break
-        return self._prev if isinstance(self._prev, tuple) else None
-
-    def _find(self, ri: int, rel: str, st: os.stat_result) -> tuple[SnapshotMeta, Folder, int] | None:
-        prev = self._load()
-        if prev is None:
+    def folder(self, ri: int, rel: str) -> Folder | None:
+        if self.man is None:
             return None
-        meta, man = prev
-        folder, _, name = rel.rpartition("/")
-        f = man.folders.get((ri, folder))
-        i = f.index.get(name) if f is not None else None
-        if (f is None or i is None or f.types[i] != "f" or f.stored[i] != "C" or f.sizes[i] != st.st_size
-                or f.mtimes[i] != st.st_mtime_ns or not safe_rel(rel)):
-            return None
-        return meta, f, i
+        if self._key != (ri, rel):
+            self._key, self._f, self._shas = (ri, rel), self.man.folders.get((ri, rel)), None
+        return self._f
 
-    def holds(self, ri: int, rel: str, st: os.stat_result) -> bool:
-        return self._find(ri, rel, st) is not None
-
-    def share(self, ri: int, rel: str, st: os.stat_result, dst: str, want: str | None = None) -> str | None:
-        """Link dst to the previous snapshot's stored copy of rel; its sha256, or None.
-        `want`: the sha256 the file is known to have (RECORD's), which that copy's must be."""
-        found = self._find(ri, rel, st)
-        if found is None:
+    def hit(self, ri: int, folder: str, name: str, st: os.stat_result) -> tuple[str, str] | None:
+        """(sha256, stored code) of an unchanged file, else None."""
+        f = self.folder(ri, folder)
+        if f is None or f.ctimes is None:
             return None
-        meta, f, i = found
+        i = f.index.get(name)
+        if (i is None or f.types[i] != "f" or f.ctimes[i] != st.st_ctime_ns or f.inos[i] != st.st_ino
+                or f.sizes[i] != st.st_size or f.mtimes[i] != st.st_mtime_ns
+                or f.modes[i] != stat.S_IMODE(st.st_mode)):
+            return None
         try:
-            sha = f.sha(i)
-            stored = f"{meta.path}/tree/{ri}/{rel}"
-            sst = os.lstat(stored)
-            if not (stat.S_ISREG(sst.st_mode) and sst.st_size == st.st_size and sst.st_mtime_ns == st.st_mtime_ns
-                    and isinstance(sha, str) and (want is None or sha == want)):
-                return None
-            os.link(stored, dst)
-        except (OSError, ManifestDamaged):
+            if self._shas is None:
+                self._shas = f.shas()
+            sha = self._shas[i]
+        except ManifestDamaged:
             return None
-        return sha
+        return (sha, f.stored[i]) if isinstance(sha, str) else None
+
+    def dist_infos(self) -> set[tuple[int, str]]:
+        if self.man is None:
+            return set()
+        return {k for k in self.man.folders if k[1].endswith(".dist-info")}
 
 
 class _Aliased:
     """Files a restore proved to hold a snapshot's bytes under a new inode (`aliases.bin`,
     see `SameBytes`): after a rollback over a force-reinstall their mtimes are newer than the
     RECORD put back, so RECORD no longer proves them — but the same inode with the same mtime
-    and size still holds the bytes whose sha256 the restore recorded. Linked, not copied."""
+    and size still holds the bytes whose sha256 the restore recorded."""
 
     def __init__(self, store: Store, roots: list[Root]) -> None:
         self.store, self.roots = store, roots
@@ -343,132 +185,413 @@ class _Aliased:
         return v[3]
 
 
+class _Dists:
+    """The environment's distributions and what their RECORDs say, read once and only when
+    a file changed since the last snapshot needs them (reading every RECORD of a vLLM
+    environment costs a third of a second)."""
+
+    def __init__(self, env: Environment, dists: list[Distribution] | None) -> None:
+        self.env = env
+        self._dists = dists
+        self._records: dict[str, tuple[str | None, int | None, int]] | None = None
+        self._shared: dict[str, list[tuple[str | None, int | None, int]]] | None = None
+
+    @property
+    def given(self) -> bool:
+        return self._dists is not None
+
+    @property
+    def dists(self) -> list[Distribution]:
+        if self._dists is None:
+            self._dists = self.env.distributions()
+        return self._dists
+
+    @property
+    def records(self) -> dict[str, tuple[str | None, int | None, int]]:
+        if self._records is None:
+            self._records = record_index(self.dists)
+        return self._records
+
+    @property
+    def shared(self) -> dict[str, list[tuple[str | None, int | None, int]]]:
+        if self._shared is None:
+            self._shared = shared_paths(self.dists)
+        return self._shared
+
+
+# --------------------------------------------------------------------------------------
+# A file that changed: its sha256 and its object
+# --------------------------------------------------------------------------------------
+class _Ingest:
+    """What a changed file becomes in the store. `dry`: only count (the estimate)."""
+
+    def __init__(self, objects: Objects | None, dists: _Dists, aliased: _Aliased, *, dry: bool = False) -> None:
+        self.objects, self.dists, self.aliased, self.dry = objects, dists, aliased, dry
+        self.reflink: bool | None = None  # probed on the first file stored
+        self.can_link = True
+        self.planned: set[str] = set()  # (dry) private objects the snapshot would write
+        self.n_copied = self.bytes_copied = 0  # private objects written
+        self.n_reused = self.bytes_reused = 0  # contents already stored (unchanged, or seen before)
+        self.n_private = self.bytes_private = 0  # hand-editable files: never the live inode
+
+    def proven(self, ri: int, rel: str, src: str, st: os.stat_result) -> str | None:
+        """The sha256 the file provably has without reading it (RECORD; an earlier restore's
+        proof; a small file written in RECORD's clock tick, by its bytes), else None."""
+        rec = self.dists.records.get(src)
+        size = st.st_size
+        if src in self.dists.shared:  # several owners: any whose RECORD the file matches proves it
+            sha_shared = proven_sha(src, st, self.dists.shared[src])
+            rec = (sha_shared, size, st.st_mtime_ns + 1) if sha_shared else None
+        if rec and rec[0] and provably_pristine(size, st.st_mtime_ns, rec[1], rec[2]):
+            return rec[0]
+        sha = self.aliased.sha(ri, rel, st)
+        if sha is not None:
+            return sha
+        # Written in the same clock tick as RECORD (INSTALLER, REQUESTED, uv_cache.json...):
+        # not provably older, so proven by its bytes (small files) rather than a copy.
+        if rec and rec[0] and st.st_mtime_ns == rec[2] and size <= TIE_HASH_MAX and hash_file(src) == rec[0]:
+            return rec[0]
+        return None
+
+    def store(self, ri: int, rel: str, src: str, st: os.stat_result) -> tuple[str | None, str, int, int]:
+        """(sha256, stored code, inode, ctime) for a file the last snapshot did not have as it
+        is now; puts its object into the store unless it is there already. (`dry`: the sha256
+        of a file no RECORD proves is None, and nothing is written.)"""
+        size = st.st_size
+        sha = self.proven(ri, rel, src, st)
+        editable = hand_editable(rel.rpartition("/")[2], size)
+        if editable and sha is not None:
+            self.n_private += 1
+            self.bytes_private += size
+        objs = self.objects
+        if sha is None:
+            # No RECORD proves it: a copy, hashed while it is made (kept when the store lacks it).
+            if self.dry or objs is None:
+                # A small one is hashed, so that a content stored once counts once (as the
+                # snapshot will find); a large one counts as a copy: never less than it costs.
+                sha = hash_file(src) if size <= TIE_HASH_MAX else None
+                if sha is not None and (sha in self.planned or (objs is not None and objs.has_private(sha, size))):
+                    self._reused(size)
+                else:
+                    if sha is not None:
+                        self.planned.add(sha)
+                    self.n_copied += 1
+                    self.bytes_copied += min(size, st.st_blocks * 512)
+                return sha, "C", st.st_ino, st.st_ctime_ns
+            sha, _, new = objs.copy_hashed_in(src)
+            if new:
+                self.n_copied += 1
+                self.bytes_copied += min(size, st.st_blocks * 512)
+            else:
+                self._reused(size)
+            return sha, "C", st.st_ino, st.st_ctime_ns
+        if not self.dry and objs is not None:
+            if self.reflink is None:
+                # Whether this filesystem clones (XFS, btrfs): probed once, on the first file
+                # stored. Where it does, every file is a clone of its own (none is linked).
+                self.reflink = objs.can_clone(src)
+            if self.reflink:
+                if objs.has_private(sha, size):
+                    self._reused(size)
+                elif objs.clone_in(src, sha):
+                    self.n_copied += 1
+                else:  # a clone refused further down (another filesystem mounted inside)
+                    self._copy(sha, src, st)
+                return sha, "R", st.st_ino, st.st_ctime_ns
+            if not editable and self.can_link:
+                ost = objs.link_in(src, sha, st)
+                if ost is not None:
+                    # Linking changed the live inode's ctime (its link count): recorded as it is now.
+                    same = (ost.st_dev, ost.st_ino) == (st.st_dev, st.st_ino)
+                    ctime = ost.st_ctime_ns if same else st.st_ctime_ns
+                    return sha, "L", ost.st_ino, ctime
+                self.can_link = False  # the store is on another filesystem: copies from now on
+        elif not editable and self.can_link:
+            return sha, "L", st.st_ino, st.st_ctime_ns
+        if self.dry:
+            if sha in self.planned or (objs is not None and objs.has_private(sha, size)):
+                self._reused(size)
+            else:
+                self.planned.add(sha)
+                self.n_copied += 1
+                self.bytes_copied += min(size, st.st_blocks * 512)
+            return sha, "C", st.st_ino, st.st_ctime_ns
+        assert objs is not None
+        if objs.has_private(sha, size):
+            self._reused(size)
+        else:
+            self._copy(sha, src, st)
+        return sha, "C", st.st_ino, st.st_ctime_ns
+
+    def _copy(self, sha: str, src: str, st: os.stat_result) -> None:
+        assert self.objects is not None
+        self.objects.copy_in(src, sha, st.st_size)
+        self.n_copied += 1
+        self.bytes_copied += min(st.st_size, st.st_blocks * 512)
+
+    def _reused(self, size: int) -> None:
+        self.n_reused += 1
+        self.bytes_reused += size
+
+
+# --------------------------------------------------------------------------------------
+# Taking a snapshot
+# --------------------------------------------------------------------------------------
+@dataclass
+class SnapshotResult:
+    meta: SnapshotMeta
+    seconds: float
+    files_linked: int
+    files_copied: int
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.meta
+        return {"id": m.id, "path": str(m.path), "files": m.files, "bytes_copied": m.bytes_copied,
+                "bytes_linked": m.bytes_linked, "bytes_total": m.bytes_total,
+                "link_mode": m.link_mode, "files_linked": self.files_linked,
+                "files_copied": self.files_copied, "seconds": round(self.seconds, 3),
+                "label": m.label, "status": m.status, "nested_skipped": m.extra.get("nested_skipped", []),
+                "files_reused": m.extra.get("files_reused", 0), "bytes_reused": m.extra.get("bytes_reused", 0),
+                "files_unchanged": m.extra.get("files_unchanged", 0),
+                "files_private": m.extra.get("files_private", 0), "bytes_private": m.extra.get("bytes_private", 0)}
+
+
+class _Walk:
+    """One pass over the environment that names each entry's bytes, folder by folder: the
+    stat cache for files the last snapshot recorded as they are now, `_Ingest` for the rest.
+    A folder in which nothing changed keeps the last snapshot's columns as they are."""
+
+    def __init__(self, env: Environment, store: Store, dists: _Dists, exclude: tuple[str, ...],
+                 objects: Objects | None, *, dry: bool = False) -> None:
+        self.env, self.store, self.dists, self.exclude = env, store, dists, exclude
+        self.roots = scope_of(env)
+        self.prev = _Previous(store, self.roots)
+        self.ingest = _Ingest(objects, dists, _Aliased(store, self.roots), dry=dry)
+        self.folders: dict[tuple[int, str], Folder] = {}
+        self.nested: list[str] = []
+        self.files = self.bytes_total = self.unchanged = self.entries = 0
+        self.bytes_linked = self.n_linked = 0
+        self.codes: set[str] = set()
+        self.dist_info_changed = self.prev.man is None
+        self.dist_infos: set[tuple[int, str]] = set()
+        self.excluded = exclusion(exclude)
+        self.skip = str(store.home)
+        self.progress: Progress | None = None
+
+    def run(self, progress: Progress | None = None) -> None:
+        self.progress = progress
+        for ri, root in enumerate(self.roots):
+            if not root.whole:
+                self._listed(ri)
+                continue
+            stack = [("", root.path)]
+            while stack:
+                rel, path = stack.pop()
+                stack.extend(reversed(self._folder(ri, rel, path)))
+        if self.dist_infos != set(self.prev.dist_infos()):  # a .dist-info folder came or went
+            self.dist_info_changed = True
+
+    def _folder(self, ri: int, rel: str, path: str) -> list[tuple[str, str]]:
+        """Take folder `rel` (at `path`); returns its subfolders to take next, (rel, path)."""
+        try:
+            with os.scandir(path) as it:
+                ents = sorted(it, key=_by_name)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        prefix = f"{rel}/" if rel else ""
+        pf = self.prev.folder(ri, rel)
+        p_names = pf.names if pf is not None else []
+        p_shab = pf.sha_bytes() if pf is not None and pf.ctimes is not None else b""
+        same = pf is not None and pf.ctimes is not None
+        names: list[str] = []
+        types: list[str] = []
+        modes: list[int] = []
+        sizes: list[int] = []
+        mtimes: list[int] = []
+        stored: list[str] = []
+        inos: list[int | None] = []
+        ctimes: list[int] = []
+        shab: list[bytes] = []
+        targets: list[str | None] | None = None
+        subdirs: list[tuple[str, str]] = []
+        ingest, excluded, mode_of = self.ingest, self.excluded, stat.S_IMODE
+        root_path = self.roots[ri].path
+        for de in ents:
+            name = de.name
+            if name.startswith(STAGING_PREFIX) or de.path == self.skip:
+                continue
+            if excluded is not None and ri == 0 and excluded(prefix + name):
+                continue
+            st = de.stat(follow_symlinks=False)
+            m = st.st_mode
+            mode = mode_of(m)
+            i = len(names)
+            j: int | None = i if same and i < len(p_names) and p_names[i] == name else None
+            if j is None and pf is not None:
+                same = False
+                j = pf.index.get(name)
+            if stat.S_ISREG(m):
+                size = st.st_size
+                self.files += 1
+                self.bytes_total += size
+                if (j is not None and pf is not None and pf.ctimes is not None and pf.types[j] == "f"
+                        and pf.ctimes[j] == st.st_ctime_ns and pf.inos[j] == st.st_ino and pf.sizes[j] == size
+                        and pf.mtimes[j] == st.st_mtime_ns and pf.modes[j] == mode and pf.stored[j] != "-"
+                        and p_shab[32 * j:32 * j + 32] != _ZERO32):
+                    code, digest, ino, ctime = pf.stored[j], p_shab[32 * j:32 * j + 32], st.st_ino, st.st_ctime_ns
+                    self.unchanged += 1
+                else:
+                    same = False
+                    sha, code, ino, ctime = ingest.store(ri, prefix + name, de.path, st)
+                    digest = bytes.fromhex(sha) if sha else _ZERO32
+                if code == "L":
+                    self.n_linked += 1
+                    self.bytes_linked += size
+                self.codes.add(code)
+                kind, target = "f", None
+            else:
+                size = 0
+                code, digest, ino, ctime, target = "-", _ZERO32, None, 0, None
+                if stat.S_ISDIR(m):
+                    if nested_prefix(de.path, prefix + name, root_path):
+                        self.nested.append(de.path)
+                        same = False
+                        continue
+                    kind = "d"
+                    subdirs.append((prefix + name, de.path))
+                    if same and j is not None and pf is not None and (pf.types[j] != "d" or pf.mtimes[j] != st.st_mtime_ns):
+                        same = False
+                elif stat.S_ISLNK(m):
+                    kind, target = "l", os.readlink(de.path)
+                    if targets is None:
+                        targets = [None] * i
+                    if same and j is not None and pf is not None and (
+                            pf.types[j] != "l" or pf.link_targets()[j] != target):
+                        same = False
+                else:
+                    kind = "o"
+                    if same and j is not None and pf is not None and pf.types[j] != "o":
+                        same = False
+                if same and j is not None and pf is not None and pf.modes[j] != mode:
+                    same = False
+            names.append(name)
+            types.append(kind)
+            modes.append(mode)
+            sizes.append(size)
+            mtimes.append(st.st_mtime_ns if kind in "fd" else 0)
+            stored.append(code)
+            inos.append(ino)
+            ctimes.append(ctime)
+            shab.append(digest)
+            if targets is not None:
+                targets.append(target)
+        self.entries += len(names)
+        if self.progress is not None:
+            self.progress("snapshot", self.entries, 0)
+        key = (ri, rel)
+        in_dist_info = ".dist-info" in rel
+        if rel.endswith(".dist-info"):
+            self.dist_infos.add(key)
+        if same and pf is not None and len(names) == len(p_names):
+            self.folders[key] = pf  # nothing in it changed: the last snapshot's columns, as they are
+        else:
+            self.dist_info_changed = self.dist_info_changed or in_dist_info
+            self.folders[key] = Folder(names, "".join(types), modes, sizes, mtimes, "".join(stored), inos, None,
+                                       ctimes, b"".join(shab), targets)
+        return subdirs
+
+    def _listed(self, ri: int) -> None:
+        """A root of which only RECORD-listed files are the environment's (a system
+        interpreter's scripts folder): those files, one by one."""
+        entries: list[list[Any]] = []
+        base = self.roots[ri].path.rstrip("/") + "/"
+        for _, rel, st in walk([self.roots[ri]], self.dists.records, {self.skip}, None, None):
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            self.files += 1
+            self.bytes_total += st.st_size
+            self.dist_info_changed = True
+            sha, code, ino, ctime = self.ingest.store(ri, rel, base + rel, st)
+            if code == "L":
+                self.n_linked += 1
+                self.bytes_linked += st.st_size
+            self.codes.add(code)
+            entries.append([ri, rel, "f", stat.S_IMODE(st.st_mode), st.st_size, st.st_mtime_ns, sha, _HOW[code], None,
+                            ino, ctime])
+        by: dict[str, list[list[Any]]] = {}
+        for e in entries:
+            by.setdefault(e[1].rpartition("/")[0], []).append(e)
+        for folder, es in by.items():
+            self.folders[(ri, folder)] = Folder.of(es)
+        self.entries += len(entries)
+
+    def distributions(self) -> tuple[dict[str, str], list[dict[str, Any]]]:
+        """(versions, distributions) for meta.json: the previous snapshot's when no
+        `.dist-info` folder changed since (each file in them unchanged), else read now."""
+        prev = self.prev.meta
+        if prev is not None and not self.dist_info_changed and not self.dists.given:
+            return dict(prev.versions), list(prev.distributions)
+        dists = self.dists.dists
+        return {d.name: d.version_text for d in dists}, [d.to_json() for d in dists]
+
+    @property
+    def link_mode(self) -> str:
+        return "+".join(sorted({"L": "hardlink", "C": "copy", "R": "reflink"}[c] for c in self.codes)) or "none"
+
+
+def estimate_snapshot(env: Environment, store: Store, *, dists: list[Distribution] | None = None,
+                      exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a snapshot of the environment would cost now, for the plan a person reads
+    before saying yes: the walk `take_snapshot` makes, without storing anything. Files
+    unchanged since the last snapshot cost nothing; of the rest, a content the store already
+    holds costs nothing either, large binaries RECORD proves are hard-linked (no disk), and
+    everything else is copied (its bytes, or what a sparse file occupies)."""
+    lazy = _Dists(env, dists)
+    if exclude:
+        _refuse_excluded_distributions(env, lazy.records, exclude)
+    with Objects(store.env_dir, create=False) as objs:
+        w = _Walk(env, store, lazy, exclude, objs if objs.root.is_dir() else None, dry=True)
+        w.run()
+    ing = w.ingest
+    free = shutil.disk_usage(store.snapshots_dir).free
+    return {"files": w.files, "bytes_total": w.bytes_total, "files_to_copy": ing.n_copied,
+            "bytes_to_copy": ing.bytes_copied, "bytes_reused": ing.bytes_reused, "files_unchanged": w.unchanged,
+            "store_free": free, "nested_skipped": w.nested}
+
+
 def take_snapshot(env: Environment, store: Store, *, label: str = "", status: str = "manual",
                   run_id: str | None = None, progress: Progress | None = None,
                   dists: list[Distribution] | None = None, exclude: tuple[str, ...] = ()) -> SnapshotResult:
     """Capture the environment's files into a new snapshot in `store`. `exclude`: globs
     (`[snapshots] exclude`) left out, and left alone by its restore."""
     t0 = time.monotonic()
-    dists = dists if dists is not None else env.distributions()
-    records = record_index(dists)
-    _refuse_excluded_distributions(env, records, exclude)
-    shared = shared_paths(dists)
-    roots = scope_of(env)
+    lazy = _Dists(env, dists)
+    if exclude:
+        _refuse_excluded_distributions(env, lazy.records, exclude)
     snap_id = secrets.token_hex(4)
     tmp = store.snapshots_dir / f".tmp-{snap_id}"
-    tree = tmp / "tree"
     try:
-        tree.mkdir(parents=True, mode=0o700)
-        for ri in range(len(roots)):
-            (tree / str(ri)).mkdir()
+        tmp.mkdir(mode=0o700)
     except OSError as exc:  # a full disk already
-        shutil.rmtree(tmp, ignore_errors=True)
         raise _snapshot_failed(exc, env, store) from None
-    linker = _Linker()
-    entries: list[list[Any]] = []
-    bytes_total = bytes_copied = bytes_linked = 0
-    n_linked = n_copied = n_reused = bytes_reused = 0
-    n_private = bytes_private = 0  # hand-editable files RECORD proves: copied (or reflinked, or reused)
-    skip = {str(store.home)}
-    nested: list[str] = []
-    previous = _PreviousCopies(store, roots)
-    aliased = _Aliased(store, roots)
-    # Plain concatenation, not os.path.join: this loop runs once per file.
-    src_base = [r.path.rstrip("/") + "/" for r in roots]
-    dst_base = [f"{tree}/{ri}/" for ri in range(len(roots))]
     try:
-        for i, (ri, rel, st) in enumerate(walk(roots, records, skip, nested, exclusion(exclude))):
-            src = src_base[ri] + rel
-            dst = dst_base[ri] + rel
-            kind = kind_of(st.st_mode)
-            mode = stat.S_IMODE(st.st_mode)
-            if kind == "d":
-                # walk yields parents first, so the parent already exists in the tree:
-                # one mkdir per folder, and no per-file makedirs (3 syscalls a file).
-                try:
-                    os.mkdir(dst)
-                except FileExistsError:
-                    pass
-                entries.append([ri, rel, "d", mode, 0, st.st_mtime_ns, None, None, None, None])
-            elif kind == "l":
-                entries.append([ri, rel, "l", mode, 0, 0, None, None, os.readlink(src), None])
-            elif kind == "f":
-                if not roots[ri].whole:  # RECORD-listed files only: no parent entries walked
-                    os.makedirs(os.path.dirname(dst), exist_ok=True)
-                rec = records.get(src)
-                size = st.st_size
-                bytes_total += size
-                if src in shared:  # several owners: any whose RECORD the file matches proves it
-                    sha_shared = proven_sha(src, st, shared[src])
-                    rec = (sha_shared, size, st.st_mtime_ns + 1) if sha_shared else None
-                pristine = bool(rec and rec[0] and provably_pristine(size, st.st_mtime_ns, rec[1], rec[2]))
-                if not pristine:
-                    sha_aliased = aliased.sha(ri, rel, st)
-                    if sha_aliased is not None:
-                        rec, pristine = (sha_aliased, size, st.st_mtime_ns + 1), True
-                if pristine or (
-                        # Written in the same clock tick as RECORD (INSTALLER, REQUESTED,
-                        # uv_cache.json...): not provably older, so prove it by its bytes
-                        # (small files) rather than paying for a copy.
-                        rec and rec[0] and st.st_mtime_ns == rec[2] and size <= TIE_HASH_MAX
-                        and hash_file(src) == rec[0]):
-                    assert rec is not None  # pristine, or proven by its bytes: RECORD's entry
-                    sha = rec[0]
-                    if hand_editable(rel.rpartition("/")[2], size):
-                        # Never one inode with the live file: an edit written in place into it
-                        # must not reach the snapshot. An unchanged copy the previous snapshot
-                        # stored is shared instead (store with store), else a copy of its own.
-                        n_private += 1
-                        bytes_private += size
-                        if previous.share(ri, rel, st, dst, sha) is not None:
-                            how = "copy"
-                        else:
-                            how = linker.private(src, dst, st)
-                            bytes_copied += size if how == "copy" else 0
-                            bytes_linked += size if how == "reflink" else 0
-                            n_copied += how == "copy"
-                    else:
-                        how = linker.share(src, dst)
-                        if how == "link":
-                            bytes_linked += size
-                            n_linked += 1
-                        else:
-                            bytes_copied += size if how == "copy" else 0
-                            bytes_linked += size if how == "reflink" else 0
-                            n_copied += how == "copy"
-                            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-                else:
-                    how = "copy"
-                    sha = previous.share(ri, rel, st, dst) if size >= _REUSE_MIN else None
-                    if sha is not None:
-                        n_reused += 1
-                        bytes_reused += size
-                    else:
-                        sha, size = copy_hashed(src, dst)
-                        bytes_copied += size
-                        n_copied += 1
-                        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-                # A shared file's inode is the stored one: a restore that finds another inode at
-                # that path knows the file was replaced without stat'ing it.
-                entries.append([ri, rel, "f", mode, size, st.st_mtime_ns, sha, how, None,
-                                st.st_ino if how == "link" else None])
-            else:
-                entries.append([ri, rel, "o", mode, 0, 0, None, None, None, None])
-            if progress and i % 500 == 0:
-                progress("snapshot", i, 0)
-        manifest = Manifest.of(roots, entries, [os.path.realpath(r.path) for r in roots], list(exclude)).to_json()
-        atomic_write(tmp / "manifest.json", json.dumps(manifest, separators=(",", ":")))
+        with Objects(store.env_dir) as objs:
+            w = _Walk(env, store, lazy, exclude, objs)
+            w.run(progress)
+        roots = w.roots
+        Manifest(roots, w.folders, [os.path.realpath(r.path) for r in roots], list(exclude)).save(tmp)
+        versions, distributions = w.distributions()
+        ing = w.ingest
         meta = SnapshotMeta(
             id=snap_id, path=store.snapshots_dir / snap_id, home=store.home, label=label, status=status,
             created=time.time(), prefix=str(env.prefix), python=str(env.python), kind=env.kind,
-            versions={d.name: d.version_text for d in dists},
-            distributions=[d.to_json() for d in dists],
-            files=sum(1 for e in entries if e[2] == "f"), bytes_total=bytes_total,
-            bytes_copied=bytes_copied, bytes_linked=bytes_linked,
-            link_mode="+".join(sorted(linker.modes)) or "none", run_id=run_id,
-            extra={**({"nested_skipped": nested} if nested else {}),
-                   **({"files_reused": n_reused, "bytes_reused": bytes_reused} if n_reused else {}),
-                   **({"files_private": n_private, "bytes_private": bytes_private} if n_private else {})})
+            versions=versions, distributions=distributions,
+            files=w.files, bytes_total=w.bytes_total, bytes_copied=ing.bytes_copied, bytes_linked=w.bytes_linked,
+            link_mode=w.link_mode, run_id=run_id,
+            extra={**({"nested_skipped": w.nested} if w.nested else {}),
+                   **({"files_unchanged": w.unchanged} if w.unchanged else {}),
+                   **({"files_reused": ing.n_reused, "bytes_reused": ing.bytes_reused} if ing.n_reused else {}),
+                   **({"files_private": ing.n_private, "bytes_private": ing.bytes_private} if ing.n_private else {})})
         meta.path = tmp
         meta.save()
         os.rename(tmp, store.snapshots_dir / snap_id)
@@ -479,7 +602,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
         if isinstance(exc, OSError):
             raise _snapshot_failed(exc, env, store) from None
         raise
-    return SnapshotResult(meta, time.monotonic() - t0, n_linked, n_copied)
+    return SnapshotResult(meta, time.monotonic() - t0, w.n_linked, ing.n_copied)
 
 
 def _refuse_excluded_distributions(env: Environment, records: dict[str, Any], exclude: tuple[str, ...]) -> None:
