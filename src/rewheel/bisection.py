@@ -316,6 +316,8 @@ def journaled(home: Path | None = None) -> list[BisectResult]:
     """Every bisection journaled under the state home (`<home>/bisect/*/journal.jsonl`), as
     far as each got, oldest first: for `rewheel board`. A running or interrupted one has
     no `finished` record yet; its status is then UNTESTABLE and its message says so."""
+    from rewheel.diagnose import RootCause
+
     root = (home or state_home()) / "bisect"
     out: list[tuple[float, BisectResult]] = []
     for state in sorted(p for p in root.glob("*") if p.is_dir()) if root.is_dir() else []:
@@ -333,8 +335,6 @@ def journaled(home: Path | None = None) -> list[BisectResult]:
                           if isinstance(b, dict)]
         urls: dict[str, str] = {}
         for rec in j.all(BuildVerdict):
-            from rewheel.diagnose import RootCause
-
             root_cause = RootCause.from_json(rec.root_cause) if rec.root_cause else None
             res.steps.append(Verdict(Build(rec.version, rec.commit), rec.verdict, rec.reason, root_cause,
                                      rec.log, rec.seconds, True, rec.project_urls))

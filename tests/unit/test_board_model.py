@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +101,12 @@ def test_the_timeline_says_what_each_journal_was(tmp_path: Path) -> None:
     assert [runs[k].label for k in ("cut", "resumed", "rollback", "reverted", "kept")] == [
         "interrupted", "reverted", "rolled back", "reverted", "upgraded"]
     assert runs["resumed"].resumed and not runs["kept"].resumed
+    # A rollback journals no versions: the snapshot it restored, against what the run before left.
+    assert [(c.name, c.old, c.new, c.change) for c in runs["rollback"].changes] == [
+        ("vllm", NEW["vllm"], OLD["vllm"], "downgraded")]
     assert runs["reverted"].failed and not runs["kept"].failed
     assert env.page == f"env-{store.env_dir.name[-10:]}.html" and runs["kept"].page.startswith("run-")
-    assert env.versions["vllm"] == OLD["vllm"] or env.versions["vllm"] == NEW["vllm"]
+    assert env.versions == OLD  # as the newest finished run left it (the interrupted one has no end)
 
 
 def test_a_run_shows_its_versions_outage_smoke_time_and_steps(tmp_path: Path) -> None:
@@ -243,6 +247,62 @@ def test_hostile_text_is_escaped_by_the_engine_and_no_page_can_run_a_script(tmp_
     assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in run_html and "&lt;/pre&gt;" in run_html
     assert "\u2407bell" in run_html  # a control character shown as its symbol, ANSI colours taken out
     assert "Worker_TP4" in run_html and "deepseek_v2.py" in run_html
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: Any) -> None:
+        self.tags.append(tag)
+
+
+def _tags(html: str) -> list[str]:
+    parser = _Tags()
+    parser.feed(html)
+    return parser.tags
+
+
+# What a crash log, a model's output or a package name may hold: markup, entities, quotes,
+# terminal escapes, control characters, any Unicode.
+HOSTILE_TEXT = st.lists(st.one_of(st.sampled_from(["<", ">", "&", '"', "'", "</pre>", "<script>", "\x1b[31m",
+                                                     "\x1b]0;t\x07", "&amp;", "{{", "{%", "\x00", "\r"]),
+                                   st.characters(codec="utf-8")), max_size=30).map("".join)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(message=HOSTILE_TEXT, line=HOSTILE_TEXT, package=HOSTILE_TEXT)
+def test_any_text_in_a_log_a_root_cause_or_a_version_stays_text(tmp_path: Path, message: str, line: str,
+                                                                package: str) -> None:
+    """The run page of a failed run whose root cause, log line and package name are anything:
+    the page has exactly the elements it has for plain words (nothing injected), and each
+    text is in it, escaped."""
+    from markupsafe import escape
+
+    from rewheel.board.render import _env
+
+    run = model.RunView("env-0123456789", "20260101-000000-abcd", "run", "reverted", tmp_path,
+                        before={package: "1.0"}, attempted={package: "2.0"})
+    run.changes = model.diff_versions(run.before, run.attempted)
+    run.root_cause = model.RootCause.from_json({**root_cause_doc("Worker_TP4", 3, False, "/x"), "message": message})
+    run.log = model.LogExcerpt("smoke.log", 1, [line, "after"], 1)
+    board = Board(tmp_path, 0.0, "test", [], [], [], None)
+    page = _env().get_template("run.html.j2")
+
+    def render(r: model.RunView) -> str:
+        return page.render(page=r.page, board=board, nav=[], title="t", run=r, diff=None, diff_note="",
+                           longest=0.0, files=[], pager=[])
+
+    html = render(run)
+    tame = model.RunView(run.env_key, run.id, run.kind, run.status, tmp_path, before={"pkg": "1.0"},
+                         attempted={"pkg": "2.0"})
+    tame.changes, tame.root_cause = model.diff_versions(tame.before, tame.attempted), model.RootCause.from_json(
+        {**root_cause_doc("Worker_TP4", 3, False, "/x"), "message": "m"})
+    tame.log = model.LogExcerpt("smoke.log", 1, ["l", "after"], 1)
+    assert _tags(html) == _tags(render(tame))
+    for text in (message, line, package):
+        assert str(escape(plain(text))) in html
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -27,7 +27,7 @@ from rewheel.snapshot.lanes import fork_child, recv_msg, send_msg
 PAGE_FILES = 100
 PAGE_BYTES = 1 << 20
 FILE_LINES = 2000
-TOTAL_BYTES = 8 << 20
+TOTAL_BYTES = 4 << 20
 
 
 @dataclass
@@ -135,7 +135,7 @@ def source_diff(env: Environment, run: RunView, *, skip: set[str] | None = None)
 
 
 SPLIT_MIN_FILES = 200
-NOT_SHOWN = "diff not shown: the board shows the first 8 MiB of a run's diffs; `rewheel diff` shows the rest"
+NOT_SHOWN = "diff not shown: the board shows the first 4 MiB of a run's diffs; `rewheel diff` shows the rest"
 Done = tuple[int | None, int | None, str | None, str | None]  # added, removed, diff text, note
 Texts = Callable[[diffmod.FileChange], tuple[str | None, str | None]]
 

@@ -214,10 +214,33 @@ def read_env(store: Store, *, live_new: bool = False, python: str | None = None)
     running = next((j.id for j in journals if not j.finished), None) if holder is not None else None
     policies: dict[str, str | None] = {}
     runs = [run_view(j, key, policies=policies, running=j.id == running) for j in journals]
-    for i, r in enumerate(runs):
-        _diff_sides(r, by_id, metas, newest=i == 0 or all(x.kind != "run" for x in runs[:i]), live=live_new)
+    for i, (r, j) in enumerate(zip(runs, journals, strict=True)):
+        _diff_sides(r, by_id, metas, newest=i == 0, live=live_new)
+        if r.kind == "rollback":
+            _rollback_versions(r, j, by_id, runs[i + 1:])
     return EnvView(key, str(store.prefix), runs, metas, store.damaged() if store.snapshots_dir.is_dir() else [],
                    python)
+
+
+def _rollback_versions(r: RunView, j: journal.RunJournal, by_id: dict[str, SnapshotMeta],
+                       older: list[RunView]) -> None:
+    """A rollback journals no versions: they are the snapshot it restored (after), and the
+    state it replaced (before): its undo snapshot's, else what the command before it left."""
+    restored = by_id.get(r.snapshot_id or "")
+    undo = next((n.undo_snapshot_id for n in j.all(Note) if n.undo_snapshot_id), None)
+    replaced = by_id.get(undo or "")
+    if restored is not None and r.status in (Finished.RESTORED, Finished.FAILED):
+        r.after = dict(restored.versions)
+    if replaced is not None:
+        r.before = dict(replaced.versions)
+    else:
+        prev = next((x for x in older if x.finished is not None and (x.after or x.before)), None)
+        if prev is not None:
+            r.before = dict(prev.after or prev.before)
+    if r.before and r.after:
+        r.changes = diff_versions(r.before, r.after)
+
+
 
 
 def run_view(j: journal.RunJournal, env_key: str, *, policies: dict[str, str | None] | None = None,
