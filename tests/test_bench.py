@@ -248,3 +248,20 @@ def check_downtime_runs(result: dict) -> None:
                                                                    "snapshot-check"]
     assert [s["name"] for s in runs["unstaged"][0]["steps"]][:3] == ["preflight", "stop", "snapshot"]
 
+
+
+def test_the_board_row_times_the_command_on_a_synthetic_home(tmp_path: Path) -> None:
+    """`--only board` (and the row `make bench` adds): `rewheel board` on a synthetic home —
+    here 20 runs and a 150-file diff — against `diff -ruN` of the same trees, its largest
+    page, and the line saying both against their targets."""
+    cfg = BenchConfig(reps=1, root=tmp_path / "bench", only="board", board_runs=20, board_files=150,
+                      say=lambda m: None)
+    result = run_bench(cfg)
+    (row,) = result["rows"]
+    assert row["step"] == "board (20 runs, 150-file diff)" and row["baseline"] == "diff -ruN of the two trees"
+    assert row["rewheel_s"] > 0 and row["baseline_s"] > 0 and row["target"] == 15.0, row
+    board = result["board"]
+    assert board["pages"] == 20 + 1 + 1 + 2 + 1 and 0 < board["largest_page_mb"] < 4  # runs, index, env, …
+    assert board["cpu_seconds"] > 0 and isinstance(result["all_pass"], bool)
+    assert "board: written in" in render(result) and "largest page" in render(result)
+    json.dumps(result)

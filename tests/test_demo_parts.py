@@ -500,3 +500,31 @@ def check_demo_screen(screen: str, joined: str, tmp_path: Path, stage: Path) -> 
         if "/prepared" in token or token.startswith("/v1") or token in ("/", "/health", "/version"):
             continue  # a run's staging folders, gone once it ends; the toy server's URLs
         assert any(Path(base, token).exists() for base in (tmp_path, stage)), f"{token!r} is not a whole path:\n{screen}"
+
+
+def test_the_demos_board_in_a_real_browser(demo_run: DemoRun, tmp_path: Path) -> None:
+    """`make demo` ends by printing its board's path; every page of that board loads in a real
+    headless Chromium with no console error and no failed request, no page is wider than the
+    window at 1280×800 or at a 390-pixel phone width, every link between pages resolves, and
+    the run's page shows the upgrade, the revert and its root cause."""
+    from support_browser import DESKTOP, PHONE, broken_links, visit
+
+    board = demo_run.stage / "board"
+    lines = [line.strip() for line in demo_run.output.splitlines()]
+    said = next(i for i, line in enumerate(lines) if line.startswith("The board, a static site"))
+    assert lines[said + 1] == ".demo/board/index.html"  # what the demo prints last
+    pages = sorted(p.name for p in board.glob("*.html"))
+    assert {"index.html", "nightlies.html"} <= set(pages) and any(p.startswith("run-") for p in pages)
+    shots = Path(os.environ.get("REWHEEL_BOARD_SHOTS") or tmp_path / "shots")
+    visits = visit(board, shots=shots)
+    assert len(visits) == 2 * len(pages) and {v.size for v in visits} == {DESKTOP, PHONE}
+    for v in visits:
+        assert v.console_errors == [] and v.failed_requests == [], (v.name, v.size, v.console_errors, v.failed_requests)
+        assert not v.overflows, f"{v.name} at {v.size}: body {v.scroll_width}px in a {v.client_width}px window"
+    assert broken_links(board, visits) == []
+    (run_page,) = [p for p in pages if p.startswith("run-")]
+    html = (board / run_page).read_text()
+    for word in (toy.GOOD_VERSION, toy.BAD_VERSION, "reverted", "Worker_TP4", "deepseek_v2.py", "cannot reshape",
+                 "head_layout.py", 'class="mark"'):
+        assert word in html, word
+    assert run_page in (board / "index.html").read_text()  # the front page links the revert

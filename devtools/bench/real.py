@@ -323,6 +323,12 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
 
     downtime = run_real_downtime(cfg)
     rows += downtime["rows"]
+    board: dict[str, Any] | None = None
+    if cfg.board_runs:
+        from devtools.bench.board import board_row
+
+        row, board = board_row(cfg)  # synthetic: a home of that many runs, not this environment's
+        rows.append(row)
     result: dict[str, Any] = {
         "kind": "real", "environment": {**desc, "measured_files": env_files, "measured_bytes": env_bytes,
                                         "prefix": prefix},
@@ -330,10 +336,12 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
         "false_patches": false_patches, "edited_found_exactly": edited_found,
         "rollback": {"byte_exact": bool(exact) and all(exact)}, **info,
         "rollback_downtime": served["rollback_downtime"], "startup": startup["startup"],
-        "downtime": downtime["downtime"],
+        "downtime": downtime["downtime"], "board": board,
         "seconds": {"prepare": round(t_prepared - t_start, 1), "total": round(time.perf_counter() - t_start, 1)},
     }
     checks = [r["pass"] for r in result["rows"] if r["pass"] is not None]
+    if board is not None:
+        checks.append(board["pass"])
     checks += [result["rollback"]["byte_exact"], result["rollback_downtime"]["byte_exact"],
                result["rollback_downtime"]["undo_while_serving"], not any(false_patches),
                bool(edited_found) and all(edited_found)]
@@ -366,6 +374,10 @@ def render_real(result: dict[str, Any]) -> str:
     if rd:
         lines.append(f"rollback with the service up: byte-exact {'PASS' if rd['byte_exact'] else 'FAIL'}, undo "
                      f"snapshot taken while serving {'PASS' if rd['undo_while_serving'] else 'FAIL'}")
+    if result.get("board"):
+        from devtools.bench.board import board_line
+
+        lines.append(board_line(result["board"]))
     for r in result["rows"]:
         if r["note"]:
             lines.append(f"  {r['step']}: {r['note']}")

@@ -716,6 +716,7 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
        venv_python: Annotated[str | None, typer.Option("--venv-python", metavar="PATH|VERSION", help="Interpreter for the throwaway environment (default: the recipe's).")] = None,
        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
        packages_only: Annotated[bool, typer.Option("--packages-only", help="Start from the recipe's packages alone, not from the target environment's pinned set.")] = False,
+       board: Annotated[str | None, typer.Option("--board", metavar="DIR", help="Write the board (rewheel board) there, this verdict included.")] = None,
        json_out: JsonOpt = False, plain: PlainOpt = False) -> None:
     """Qualify the newest nightly in a throwaway environment; report for CI; promote its lock."""
     from pathlib import Path
@@ -732,6 +733,10 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
                              say=say, on_output=on_output, from_target=not packages_only)
     qualify.write_reports(result, junit=Path(junit) if junit else None,
                           summary=Path(summary) if summary else None)
+    if board:
+        from rewheel.board import write_board
+
+        err.print(f"board: {write_board(Path(board)).index}", highlight=False, markup=False)
     show(out, json_out, result, report.render_ci)
     if not json_out:
         report.render_ci_base(out, result)
@@ -876,6 +881,26 @@ def fleet_report(
     raise typer.Exit(result.exit_code)
 
 
+@app.command()
+@handles_errors
+def board(target: TargetArg = None, python: PythonOpt = None,
+          out_dir: Annotated[str, typer.Option("--out", metavar="DIR", help="The folder to write the site to (new, empty, or an earlier board's).", show_default=False)] = ...,  # type: ignore[assignment]
+          fleet: Annotated[str | None, typer.Option("--fleet", metavar="DIR", help="A rollout's run reports (HOST.json, as fleet-report reads them).")] = None,
+          expect: Annotated[list[str] | None, typer.Option("--expect", metavar="HOSTS", help="With --fleet: the rollout's hosts in order (comma-separated, repeatable).")] = None,
+          waves: Annotated[str, typer.Option("--waves", metavar="LIST", help="With --fleet: the rollout's waves, as the playbook's serial.")] = "1,30%,100%",
+          json_out: JsonOpt = False) -> None:
+    """Write a static HTML site of what rewheel knows: every environment's runs, rollbacks
+    and snapshots (or TARGET's), each run's versions, source diff, patches, root cause and
+    step timings, the nightlies `ci` qualified and `bisect` searched, a fleet's rollout. It
+    opens from file:// (no server, no network)."""
+    from rewheel.board import write_board
+
+    t = _target(target, python) if target is not None or python is not None else None
+    result = write_board(Path(out_dir), target=t, fleet=Path(fleet) if fleet else None, expect=expect, waves=waves)
+    out, _ = consoles(json_out)
+    show(out, json_out, result, report.render_board)
+
+
 # ---- global options: `--plain`, `--version` ----
 def _plain_first(args: list[str]) -> list[str]:
     """`--plain` is a global option (`rewheel --plain history X`); it is accepted after the
@@ -950,6 +975,7 @@ _SHORT_HELP = {
     "unpin": "Let retention prune a pinned snapshot again.",
     "forget": "Remove one snapshot from the store.",
     "fleet-report": "Summarize a rollout over many hosts from their run reports.",
+    "board": "Write a static HTML site of the runs, nightlies and fleet.",
 }
 for _info in app.registered_commands:
     _name = _info.name or (_info.callback.__name__ if _info.callback else "")

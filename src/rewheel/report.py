@@ -733,6 +733,21 @@ def render_fleet(console: Console, rep) -> None:  # fleet.FleetReport
             _plain(console, f"  {len(g.hosts)} host(s) ({', '.join(g.hosts)}): {g.text()}")
 
 
+def render_board(console: Console, res) -> None:  # board.BoardResult
+    """`rewheel board`: where the site is, what it holds, how large its largest page is."""
+    def say(text: str) -> None:  # wrapped between words on a terminal, never in a pipe
+        console.print(clean(text, lines=False), markup=False, highlight=False)
+
+    say(f"board: {res.index}")
+    say(f"  {res.pages:,} page(s), {human_bytes(res.bytes)}; the largest: {res.largest[0]} "
+        f"({human_bytes(res.largest[1])})")
+    say(f"  written in {res.seconds:.1f}s: {res.environments} environment(s), {res.runs:,} run(s), "
+        f"{res.nightlies} qualification(s), {res.bisections} bisection(s)"
+        + (f", {res.fleet_hosts} fleet host(s)" if res.fleet_hosts else ""))
+    if res.removed:
+        say(f"  removed {len(res.removed)} page(s) the last board had and this one has not")
+
+
 # ---- layout: tables that never cut a version, hash or id ----
 # `--plain` (or stdout not a terminal, e.g. a CI log): one fact per line, greppable. None:
 # decided per console. Set once by the CLI.

@@ -147,8 +147,20 @@ class Store:
         # What `prune` removed, by id: so that a report can say what each one was.
         self.pruned_meta: dict[str, SnapshotMeta] = {}
 
+    @classmethod
+    def of_folder(cls, env_dir: Path, prefix: Path, home: Path) -> Store:
+        """The store of an environment's state folder as it is (`rewheel board` reads every
+        environment under a home): nothing is created or written."""
+        store = cls.__new__(cls)
+        store.home, store.env_dir, store.prefix = home, env_dir, Path(prefix)
+        store.snapshots_dir = env_dir / "snapshots"
+        store.pruned_meta = {}
+        return store
+
     def list(self) -> list[SnapshotMeta]:
-        metas = []
+        metas: builtins.list[SnapshotMeta] = []
+        if not self.snapshots_dir.is_dir():
+            return metas
         for d in self.snapshots_dir.iterdir():
             if d.is_dir() and not d.name.startswith(".") and (d / "meta.json").exists():
                 try:
