@@ -19,17 +19,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import gc
 import os
 import secrets
 import shutil
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotDamaged, SnapshotError, UsageError
 from rewheel.paths import fsync_dir
+from rewheel.snapshot.lanes import fork_child, recv_msg, send_msg
 from rewheel.snapshot.manifest import Folder, Manifest, ManifestDamaged
 from rewheel.snapshot.objects import Objects, copy_fd, copy_fd_hashed
 from rewheel.snapshot.store import SnapshotMeta, Store, aliased_files
@@ -40,6 +43,8 @@ from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, TIE_HASH_MAX,
 _FICLONE = 0x40049409
 _HOW = {"L": "link", "C": "copy", "R": "reflink"}
 _ZERO32 = bytes(32)
+# Below this many entries in the packages to share, one process walks them all (a fork costs more).
+_LANES_MIN_ENTRIES = 4000
 
 
 def _by_name(de: os.DirEntry[str]) -> str:
@@ -378,28 +383,266 @@ class _Walk:
         self.skip = str(store.home)
         self.progress: Progress | None = None
 
-    def run(self, progress: Progress | None = None) -> None:
+    def run(self, progress: Progress | None = None, *, lanes: int = 1) -> None:
+        """The whole walk. `lanes=2`: the packages of site-packages are shared out between this
+        process and a forked one (balanced by the last snapshot's entries, or by RECORD's),
+        each walking and storing its own; the other sends its folders back. The work is system
+        calls (stats, links, copies), which a second process makes on a second CPU."""
         self.progress = progress
+        split = self._split() if lanes == 2 else None
+        if split is None:
+            self._lane(None)
+        else:
+            self._two_lanes(split)
+        if self.dist_infos != set(self.prev.dist_infos()):  # a .dist-info folder came or went
+            self.dist_info_changed = True
+
+    def _lane(self, split: tuple[int, str, frozenset[str]] | None, lane: int = 0) -> None:
+        """Walk what lane `lane` owns: with `split` (root, site-packages, the names of its
+        packages lane 1 owns), lane 1 takes those packages' folders, lane 0 everything else."""
         for ri, root in enumerate(self.roots):
+            if lane == 1:
+                if split is not None and ri == split[0]:
+                    base = f"{root.path.rstrip('/')}/{split[1]}" if split[1] else root.path.rstrip("/")
+                    prefix = f"{split[1]}/" if split[1] else ""
+                    stack = [(prefix + n, f"{base}/{n}") for n in sorted(split[2], reverse=True)]
+                    while stack:
+                        rel, path = stack.pop()
+                        stack.extend(reversed(self._folder(ri, rel, path)))
+                continue
             if not root.whole:
                 self._listed(ri)
                 continue
             stack = [("", root.path)]
             while stack:
                 rel, path = stack.pop()
-                stack.extend(reversed(self._folder(ri, rel, path)))
-        if self.dist_infos != set(self.prev.dist_infos()):  # a .dist-info folder came or went
-            self.dist_info_changed = True
+                subdirs = self._folder(ri, rel, path)
+                if split is not None and (ri, rel) == split[:2]:
+                    mine = len(split[1]) + 1 if split[1] else 0
+                    subdirs = [d for d in subdirs if d[0][mine:] not in split[2]]
+                stack.extend(reversed(subdirs))
+
+    def _split(self) -> tuple[int, str, frozenset[str]] | None:
+        """Where the second lane's share is: the packages (folders) of the largest
+        site-packages, about half the entries by the last snapshot's count (else by RECORD's);
+        None when there is nothing worth sharing."""
+        import sys
+
+        if not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2:
+            return None
+        best: tuple[int, str] | None = None
+        for site in self.env.site_dirs:
+            real = os.path.realpath(site)
+            for ri, r in enumerate(self.roots):
+                base = os.path.realpath(r.path).rstrip("/")
+                if r.whole and (real == base or real.startswith(base + "/")):
+                    best = best or (ri, real[len(base) + 1:] if real != base else "")
+                    break
+        if best is None:
+            return None
+        ri, site_rel = best
+        site_path = f"{self.roots[ri].path.rstrip('/')}/{site_rel}" if site_rel else self.roots[ri].path
+        weight: dict[str, int] = {}
+        if self.prev.man is not None:
+            prefix = f"{site_rel}/" if site_rel else ""
+            for (fri, rel), f in self.prev.man.folders.items():
+                if fri == ri and rel.startswith(prefix) and len(rel) > len(prefix):
+                    top = rel[len(prefix):].partition("/")[0]
+                    weight[top] = weight.get(top, 0) + len(f.names)
+        else:
+            real_site = os.path.realpath(site_path).rstrip("/") + "/"
+            for path in self.dists.records:
+                if path.startswith(real_site):
+                    top, _, below = path[len(real_site):].partition("/")
+                    if below:
+                        weight[top] = weight.get(top, 0) + 1
+        try:
+            with os.scandir(site_path) as it:
+                dirs = [de.name for de in it if de.is_dir(follow_symlinks=False)
+                        and not de.name.startswith(STAGING_PREFIX) and de.path != self.skip]
+        except OSError:
+            return None
+        total = sum(weight.get(d, 0) for d in dirs)
+        if total < _LANES_MIN_ENTRIES:
+            return None
+        share: list[str] = []
+        load = 0
+        for d in sorted(dirs, key=lambda n: -weight.get(n, 0)):
+            if load + weight.get(d, 0) <= total // 2:
+                share.append(d)
+                load += weight.get(d, 0)
+        # A name `exclude` or another environment takes out is the first lane's to leave out.
+        prefix = f"{site_rel}/" if site_rel else ""
+        share = [d for d in share if not (self.excluded is not None and ri == 0 and self.excluded(prefix + d))
+                 and not nested_prefix(f"{site_path}/{d}", prefix + d, self.roots[ri].path)]
+        return (ri, site_rel, frozenset(share)) if share else None
+
+    def _two_lanes(self, split: tuple[int, str, frozenset[str]]) -> None:
+        rfd, wfd = os.pipe()
+
+        def body() -> None:
+            os.close(rfd)
+            try:
+                self._lane(split, 1)
+                msg: tuple[Any, ...] = ("done", self._export())
+            except BaseException as exc:  # noqa: BLE001 - reported to the first lane, which raises it
+                msg = ("failed", type(exc).__name__, getattr(exc, "message", str(exc)), getattr(exc, "hint", None),
+                       getattr(exc, "errno", None), getattr(exc, "filename", None))
+            send_msg(wfd, msg)
+
+        pid = fork_child(body)
+        os.close(wfd)
+        try:
+            try:
+                self._lane(split, 0)
+            finally:
+                try:
+                    msg = recv_msg(rfd)
+                except (EOFError, OSError, ValueError) as exc:
+                    msg = ("failed", "RuntimeError", f"the snapshot's second process ended without reporting ({exc})",
+                           None, None, None)
+        finally:
+            os.close(rfd)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        if msg[0] != "done":
+            _, name, message, hint, err, filename = msg
+            if err is not None:
+                raise OSError(err, message, filename)
+            if name == "UsageError":
+                raise UsageError(message, hint=hint)
+            raise SnapshotError(f"the snapshot's second process failed: {name}: {message}", hint=hint or "")
+        self._merge(msg[1])
+
+    def _export(self) -> dict[str, Any]:
+        """This lane's result, for the pipe: a folder the last snapshot holds as it is goes
+        by its name alone."""
+        prev = self.prev.man.folders if self.prev.man is not None else {}
+        folders: list[tuple[int, str, Any]] = []
+        for (ri, rel), f in self.folders.items():
+            if prev.get((ri, rel)) is f:
+                folders.append((ri, rel, None))
+            else:
+                folders.append((ri, rel, (list(f.names), f.types, list(f.modes), list(f.sizes), list(f.mtimes),
+                                          f.stored, list(f.inos), list(f.ctimes or ()), f.sha_bytes(), f.targets)))
+        ing = self.ingest
+        return {"folders": folders, "nested": self.nested, "dist_infos": sorted(self.dist_infos),
+                "dist_info_changed": self.dist_info_changed, "codes": sorted(self.codes),
+                "n": [self.files, self.bytes_total, self.unchanged, self.entries, self.bytes_linked, self.n_linked,
+                      ing.n_copied, ing.bytes_copied, ing.n_reused, ing.bytes_reused, ing.n_private,
+                      ing.bytes_private]}
+
+    def _merge(self, got: dict[str, Any]) -> None:
+        prev = self.prev.man.folders if self.prev.man is not None else {}
+        for ri, rel, cols in got["folders"]:
+            if cols is None:
+                self.folders[(ri, rel)] = prev[(ri, rel)]
+            else:
+                names, types, modes, sizes, mtimes, stored, inos, ctimes, shab, targets = cols
+                self.folders[(ri, rel)] = Folder(names, types, modes, sizes, mtimes, stored, inos, None, ctimes, shab,
+                                                 targets)
+        self.nested += got["nested"]
+        self.dist_infos.update(tuple(k) for k in got["dist_infos"])
+        self.dist_info_changed = self.dist_info_changed or got["dist_info_changed"]
+        self.codes.update(got["codes"])
+        ing = self.ingest
+        (files, total, unchanged, entries, blinked, nlinked, ncopied, bcopied, nreused, breused, nprivate,
+         bprivate) = got["n"]
+        self.files += files
+        self.bytes_total += total
+        self.unchanged += unchanged
+        self.entries += entries
+        self.bytes_linked += blinked
+        self.n_linked += nlinked
+        ing.n_copied += ncopied
+        ing.bytes_copied += bcopied
+        ing.n_reused += nreused
+        ing.bytes_reused += breused
+        ing.n_private += nprivate
+        ing.bytes_private += bprivate
 
     def _folder(self, ri: int, rel: str, path: str) -> list[tuple[str, str]]:
         """Take folder `rel` (at `path`); returns its subfolders to take next, (rel, path)."""
         try:
             with os.scandir(path) as it:
-                ents = sorted(it, key=_by_name)
+                listing = {de.name: de for de in it}
         except (FileNotFoundError, NotADirectoryError):
             return []
-        prefix = f"{rel}/" if rel else ""
         pf = self.prev.folder(ri, rel)
+        if pf is not None and pf.ctimes is not None and pf.shab is not None:
+            subdirs = self._unchanged(ri, rel, pf, listing)
+            if subdirs is not None:
+                return subdirs
+        return self._changed(ri, rel, path, pf, sorted(listing.values(), key=_by_name))
+
+    def _unchanged(self, ri: int, rel: str, pf: Folder, listing: dict[str, os.DirEntry[str]]
+                   ) -> list[tuple[str, str]] | None:
+        """When every entry of the folder is as the last snapshot recorded it (files: inode,
+        size, mtime, ctime, mode; folders: mtime, mode; symlinks: target), its columns are
+        taken as they are: its subfolders, to take next. None at the first difference."""
+        names, types = pf.names, pf.types
+        extra = len(listing) - len(names)
+        if extra < 0:
+            return None
+        if extra:  # only names no snapshot holds may be left over (a staging folder, the store)
+            prefix = f"{rel}/" if rel else ""
+            left = [n for n in listing.keys() - pf.index.keys()
+                    if not (n.startswith(STAGING_PREFIX) or listing[n].path == self.skip
+                            or (self.excluded is not None and ri == 0 and self.excluded(prefix + n)))]
+            if left:
+                return None
+        modes, sizes, mtimes, inos, ctimes, stored = pf.modes, pf.sizes, pf.mtimes, pf.inos, pf.ctimes, pf.stored
+        assert ctimes is not None
+        subdirs: list[tuple[str, str]] = []
+        prefix = f"{rel}/" if rel else ""
+        files = total = linked = linked_bytes = 0
+        for k, name in enumerate(names):
+            de = listing.get(name)
+            if de is None:
+                return None
+            st = de.stat(follow_symlinks=False)
+            m = st.st_mode
+            kind = types[k]
+            if kind == "f":
+                if not (ctimes[k] == st.st_ctime_ns and inos[k] == st.st_ino and sizes[k] == st.st_size
+                        and mtimes[k] == st.st_mtime_ns and m & 0o170000 == 0o100000 and modes[k] == m & 0o7777):
+                    return None
+                files += 1
+                total += sizes[k]
+                if stored[k] == "L":
+                    linked += 1
+                    linked_bytes += sizes[k]
+            elif kind == "d":
+                # A folder whose mtime is the same has had no entry added since: it cannot have
+                # become another environment (a pyvenv.cfg or conda-meta in it) meanwhile.
+                if not (m & 0o170000 == 0o040000 and mtimes[k] == st.st_mtime_ns and modes[k] == m & 0o7777):
+                    return None
+                subdirs.append((prefix + name, de.path))
+            elif kind == "l":
+                if not (m & 0o170000 == 0o120000 and modes[k] == m & 0o7777
+                        and pf.link_targets()[k] == os.readlink(de.path)):
+                    return None
+            elif m & 0o170000 in (0o100000, 0o040000, 0o120000) or modes[k] != m & 0o7777:
+                return None
+        self.files += files
+        self.bytes_total += total
+        self.unchanged += files
+        self.n_linked += linked
+        self.bytes_linked += linked_bytes
+        self.codes.update(c for c in set(stored) if c != "-")
+        self.entries += len(names)
+        if self.progress is not None:
+            self.progress("snapshot", self.entries, 0)
+        if rel.endswith(".dist-info"):
+            self.dist_infos.add((ri, rel))
+        self.folders[(ri, rel)] = pf
+        return subdirs
+
+    def _changed(self, ri: int, rel: str, path: str, pf: Folder | None, ents: list[os.DirEntry[str]]
+                 ) -> list[tuple[str, str]]:
+        """A folder in which something changed (or that the last snapshot lacks): entry by
+        entry, unchanged files still taken from the last snapshot."""
+        prefix = f"{rel}/" if rel else ""
         p_names = pf.names if pf is not None else []
         p_shab = pf.sha_bytes() if pf is not None and pf.ctimes is not None else b""
         same = pf is not None and pf.ctimes is not None
@@ -575,11 +818,12 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
     except OSError as exc:  # a full disk already
         raise _snapshot_failed(exc, env, store) from None
     try:
-        with Objects(store.env_dir) as objs:
+        with Objects(store.env_dir) as objs, _gc_paused():
             w = _Walk(env, store, lazy, exclude, objs)
-            w.run(progress)
+            w.run(progress, lanes=capture_lanes())
         roots = w.roots
-        Manifest(roots, w.folders, [os.path.realpath(r.path) for r in roots], list(exclude)).save(tmp)
+        Manifest(roots, w.folders, [os.path.realpath(r.path) for r in roots], list(exclude)).save(
+            tmp, same_as=w.prev.man)
         versions, distributions = w.distributions()
         ing = w.ingest
         meta = SnapshotMeta(
@@ -603,6 +847,28 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
             raise _snapshot_failed(exc, env, store) from None
         raise
     return SnapshotResult(meta, time.monotonic() - t0, w.n_linked, ing.n_copied)
+
+
+def capture_lanes() -> int:
+    """How many processes take a snapshot: `REWHEEL_RESTORE_LANES` when set (it means the
+    same for both: 1 keeps rewheel to one CPU), else two where the system allows."""
+    from rewheel.snapshot.lanes import restore_lanes_setting
+
+    forced = restore_lanes_setting()
+    return forced if forced is not None else 2
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Tens of thousands of names, numbers and stat results, none of them in a cycle: the
+    cyclic collector would only walk them again and again."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _refuse_excluded_distributions(env: Environment, records: dict[str, Any], exclude: tuple[str, ...]) -> None:

@@ -101,8 +101,8 @@ class Folder:
             shas, targets = self.shas(), self.link_targets()
             cold = (json.dumps({"sha256": shas, "target": targets}, separators=(",", ":"))
                     if any(shas) or any(targets) else None)
-        return [ri, rel, self.names, self.types, self.modes, self.sizes, self.mtimes, self.stored, self.inos,
-                cold, self.ctimes]
+        return [ri, rel, list(self.names), self.types, list(self.modes), list(self.sizes), list(self.mtimes),
+                self.stored, list(self.inos), cold, list(self.ctimes) if self.ctimes is not None else None]
 
     @property
     def index(self) -> dict[str, int]:
@@ -186,6 +186,7 @@ class Folder:
 
 
 _ZERO32 = bytes(32)
+_ZERO_HEX = "0" * 64
 
 
 def shab_of(shas: Any) -> bytes:
@@ -211,6 +212,7 @@ class Manifest:
     real_roots: list[str] | None = None
     exclude: list[str] = field(default_factory=list)  # `[snapshots] exclude` when it was taken
     version: int = MANIFEST_VERSION
+    raw: bytes | None = field(default=None, repr=False)  # `manifest.bin` as read (version 3)
 
     @property
     def uses_objects(self) -> bool:
@@ -232,12 +234,20 @@ class Manifest:
                                   "inos", "cold", "ctimes_ns"],
                 "folders": [f.to_json(ri, rel) for (ri, rel), f in self.folders.items()]}
 
-    def save(self, folder: Path) -> None:
+    def save(self, folder: Path, *, same_as: Manifest | None = None) -> None:
         """Write this manifest into a snapshot's folder: version 3, `manifest.bin` (durably;
-        a version 1 or 2 `manifest.json` there is replaced by it)."""
+        a version 1 or 2 `manifest.json` there is replaced by it). `same_as`: a manifest read
+        from disk whose folders — the very objects — this one holds, all of them and no other:
+        its bytes are written as they were read, not encoded again."""
         header = {"roots": [r.__dict__ for r in self.roots], "real_roots": self.real_roots, "exclude": self.exclude}
-        atomic_write(folder / MANIFEST, manifest_codec.encode(
-            header, [(ri, rel, f) for (ri, rel), f in self.folders.items()]))
+        if (same_as is not None and same_as.raw is not None and same_as.roots == self.roots
+                and same_as.real_roots == self.real_roots and same_as.exclude == self.exclude
+                and list(same_as.folders) == list(self.folders)
+                and all(f is same_as.folders[k] for k, f in self.folders.items())):
+            data = same_as.raw
+        else:
+            data = manifest_codec.encode(header, [(ri, rel, f) for (ri, rel), f in self.folders.items()])
+        atomic_write(folder / MANIFEST, data)
         (folder / MANIFEST_JSON).unlink(missing_ok=True)
         self.version = MANIFEST_VERSION
 
@@ -282,20 +292,33 @@ class Manifest:
             raise ManifestDamaged(f"{e.path}: {exc}") from None
 
     def objects(self) -> set[str]:
-        """Every object this manifest names (version 3; none before)."""
+        """Every object this manifest names (version 3; none before). ManifestDamaged for a
+        file entry that names none."""
         names: set[str] = set()
         if not self.uses_objects:
             return names
+        add = names.add
         for f in self.folders.values():
-            if "f" not in f.types:
+            types = f.types
+            if "f" not in types:
                 continue
-            shas = f.shas()
-            for i, kind in enumerate(f.types):
-                if kind == "f":
-                    try:
-                        names.add(object_name(shas[i], "L" if f.stored[i] == "L" else "C", f.mtimes[i]))
-                    except ValueError as exc:
-                        raise ManifestDamaged(f"{f.names[i]}: {exc}") from None
+            if f.shab is None:  # (a version 3 manifest written as JSON: checked one by one)
+                shas = f.shas()
+                for i, kind in enumerate(types):
+                    if kind == "f":
+                        try:
+                            add(object_name(shas[i], "L" if f.stored[i] == "L" else "C", f.mtimes[i]))
+                        except ValueError as exc:
+                            raise ManifestDamaged(f"{f.names[i]}: {exc}") from None
+                continue
+            hexes, stored, mtimes = f.shab.hex(), f.stored, f.mtimes
+            i = types.find("f")
+            while i >= 0:
+                h = hexes[64 * i:64 * i + 64]
+                if h == _ZERO_HEX:
+                    raise ManifestDamaged(f"{f.names[i]}: names no object (no sha256)")
+                add(f"{h[:2]}/{h[2:]}-{mtimes[i]}" if stored[i] == "L" else f"{h[:2]}/{h[2:]}")
+                i = types.find("f", i + 1)
         return names
 
     @classmethod
@@ -376,7 +399,7 @@ class Manifest:
                 raise ValueError(f"folder {rel!r} of root {ri}: no such root, or listed twice")
             folders[(ri, rel)] = Folder(c["names"], c["types"], c["modes"], c["sizes"], c["mtimes"], c["stored"],
                                         c["inos"], None, c["ctimes"], c["shab"], c["targets"])
-        return cls(roots, folders, real_roots, exclude, MANIFEST_VERSION)
+        return cls(roots, folders, real_roots, exclude, MANIFEST_VERSION, data)
 
 
 def bad_entry(snap: SnapshotMeta, e: Any) -> SnapshotDamaged:

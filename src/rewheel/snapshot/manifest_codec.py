@@ -70,7 +70,8 @@ def encode(header: dict[str, Any], folders: list[tuple[int, str, Any]]) -> bytes
 def decode(data: bytes) -> tuple[dict[str, Any], list[tuple[int, str, dict[str, Any]]]]:
     """(header, [(root, rel, columns)]) of a file `encode` wrote; ValueError when it is not
     one, or does not add up. Columns: names, types, stored (str), modes, sizes, mtimes,
-    inos, ctimes (lists), shab (bytes), targets (list, or None without symlinks)."""
+    inos, ctimes (arrays of 64-bit numbers), shab (bytes), targets (list, or None without
+    symlinks)."""
     if not data.startswith(MAGIC):
         version = _version_of(data)
         raise ValueError(f"manifest version {version}; this rewheel reads versions 1 to 3" if version
@@ -118,7 +119,7 @@ def decode(data: bytes) -> tuple[dict[str, Any], list[tuple[int, str, dict[str, 
             t += links
         out.append((f_root[k], rels[k], {
             "names": names[a:b], "types": tp, "stored": stored[a:b],
-            **{c: nums[c][a:b].tolist() for c in _NUM}, "shab": shab[32 * a:32 * b], "targets": tg}))
+            **{c: nums[c][a:b] for c in _NUM}, "shab": shab[32 * a:32 * b], "targets": tg}))
         a = b
     return head, out
 

@@ -366,12 +366,10 @@ class Objects:
                 fd = self._dir(aa)
             except SnapshotError:
                 continue
-            with os.scandir(fd) as it:
-                names = [(de.name, de.stat(follow_symlinks=False)) for de in it]
-            for rest, st in names:
-                if f"{aa}/{rest}" in keep:
-                    continue
+            gone = [rest for rest in os.listdir(fd) if f"{aa}/{rest}" not in keep]
+            for rest in gone:
                 with contextlib.suppress(FileNotFoundError):
+                    st = os.stat(rest, dir_fd=fd, follow_symlinks=False)
                     os.unlink(rest, dir_fd=fd)
                     n += not rest.startswith(_TMP)
                     size += st.st_size if st.st_nlink <= 1 else 0
