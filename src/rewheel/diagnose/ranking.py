@@ -48,6 +48,9 @@ class Occ:
     frames: list[Frame] = field(default_factory=list)
     score: int = 0                    # error lines: how clean a `Type: message` line it is
     span: tuple[int, int] = (0, 0)    # tracebacks: the ticks it was read between
+    rank_source: str | None = None    # what named `rank` (see processes.RankSource)
+    tracebacks: int = 0               # tracebacks closed when it was found (see processes)
+    merged: bool = False              # several processes' tracebacks read as one: names none of them
 
 
 # Categories, in order of preference for the root.
@@ -104,6 +107,7 @@ class Ranking:
     lists: dict[int, list[Occ]]
     sig_procs: dict[tuple, set]
     sig_epochs: dict[tuple, set]
+    tracebacks: int
 
     def _epoch_for(self, jpid: int | None, ident: str | None, label: str | None,
                    pid: int | None, terminal: bool) -> int:
@@ -157,6 +161,7 @@ class Ranking:
         terminal = occ.kind == "traceback" and (
             label is None or label == "APIServer" or label.startswith("EngineCore"))
         epoch = self._epoch_for(jpid, ident, label, pid, terminal)
+        occ.tracebacks = self.tracebacks
         proc_key = (epoch, jpid, label, pid)
         procs = self.sig_procs.get(occ.sig)
         if procs is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from rewheel.diagnose.limits import (
     MAX_CHAIN, MAX_FRAMES_KEPT, MAX_MESSAGE_CHARS, MAX_MESSAGE_LINES, MAX_SOURCE_RUN, MAX_STREAMS, MAX_TWINS,
-    IDLE_CLOSE_LINES, TB_HEAD)
+    IDLE_CLOSE_LINES, TAIL_LINES, TB_HEAD)
 from rewheel.diagnose.ranking import (
     TB_CASCADE, TB_ERROR, TB_WARN, LOOKUP_TYPES, is_cascade, norm_sig, Occ, exc_line_score)
 from rewheel.diagnose.results import Frame
@@ -62,7 +62,7 @@ RECORD_START_RE = re.compile(
     r"|Process [\w\-]+:$|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s|\[[WEIF]\d{4} |\[rank\d+\]:\["
     r"|[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"
     r"|\S+\.py:\d+: \w*Warning|\s*warnings\.warn\(|\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\[\d{4}-\d\d-\d\d"
-    r"|Exception ignored in|Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
+    r"|Exception ignored |Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
     # rewheel's own annotations in the logs it keeps (smoke.log: "[rewheel] smoke failed: ...")
     r"|\[rewheel\] "
     # torchrun's failure summary, drawn between rules
@@ -72,6 +72,10 @@ RECORD_START_RE = re.compile(
     # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)
     r"|[\w@.\-]+\.service: |(?:Started|Stopped|Starting|Stopping|Failed to start) [\w@.\-]+\.service)")
 SPAN_FIELD_RE = re.compile(r"\s+(?:rank|shard)=(?P<rank>\d+)$")
+# A block after a message that imitates Python's header but is not a traceback: Ascend CANN's
+# indented "TraceBack (most recent call last):" and the C++ call sites under it, after its
+# "EI9999: Inner Error!" report. It ends the message; its indented lines are skipped.
+FOREIGN_TB_RE = re.compile(r"\s+TraceBack \(most recent call last\)")
 IGNORABLE_IN_TB_RE = re.compile(r"(?:INFO|WARNING|DEBUG):\s|\S+:\s+\d+%\|")
 # Python 3.11+ exception groups (asyncio.TaskGroup): the group's traceback is drawn inside
 # `| ` margins, `+ Exception Group Traceback` opens it, `+-+---- 1 ----` / `+---- 2 ----`
@@ -110,7 +114,7 @@ class Stream:
     jpid: int | None
     ident: str | None
     level: str | None
-    state: str = "frames"             # frames | msg | after | chain | group
+    state: str = "frames"             # frames | msg | after | chain | group | skip
     chain: list[_Exc] = field(default_factory=list)
     cur: _Exc | None = None
     pending: Frame | None = None      # frame awaiting its source line
@@ -129,6 +133,9 @@ class Stream:
     opened: int = 0                   # the tick it began at
     partial: str | None = None        # a frame line cut by a hard wrap, awaiting its rest
     lead: re.Pattern[str] | None = None  # a mid-line traceback: the text before it, as a pattern
+    rank_source: str | None = None    # what named `label` (see processes.RankSource)
+    ignored: bool = False             # Python's "Exception ignored in: ..." before it: never the cause
+    merged: bool = False              # several processes' tracebacks read as one (twins)
 
 
 class TracebackReader:
@@ -145,6 +152,7 @@ class TracebackReader:
     pytest_frames: deque[Frame]
     learned: re.Pattern[str] | None
     cut_frame: tuple[Stream, int] | None
+    tail: int
 
     def _open(self, key: tuple, label: str | None, pid: int | None, jpid: int | None,
               ident: str | None, level: str | None, pos: int, node: str | None = None) -> Stream:
@@ -152,7 +160,8 @@ class TracebackReader:
             oldest = min(self.streams.values(), key=lambda s: s.last_tick)
             self._close(oldest, truncated_end=oldest.state == "frames")
             del self.streams[oldest.key]
-        st = Stream(key, label, pid, jpid, ident, level, last_tick=self.tick, node=node, opened=self.tick)
+        st = Stream(key, label, pid, jpid, ident, level, last_tick=self.tick, node=node, opened=self.tick,
+                    rank_source="prefix" if label else None)
         st.cur = _Exc(None, [], pos)
         self.streams[key] = st
         return st
@@ -201,11 +210,10 @@ class TracebackReader:
                 st.chained_marker = True
                 st.state = "chain"
                 return True
-            span = SPAN_FIELD_RE.match(line)
-            if span:
-                # a structured logger's fields after the message (TGI's " rank=0"): the process
-                st.label = st.label or f"rank={span.group('rank')}"
-                st.state = "after"
+            if self._span_field(st, line):
+                return True
+            if FOREIGN_TB_RE.match(line):
+                st.state = "skip"
                 return True
             if RECORD_START_RE.match(line) or FRAME_RE.match(line):
                 self._finish_stream(st)
@@ -234,9 +242,22 @@ class TracebackReader:
             if line.startswith("Traceback (most recent call last)"):
                 return True
             return self._frames(st, line, pos)
+        if st.state == "skip":
+            if not line.strip() or line[:1] in (" ", "\t"):
+                return True
+            self._finish_stream(st)
+            return False
         if st.state in ("after", "chain"):
             if not line.strip():
                 return True
+            if st.state == "after":
+                # (a paste with a blank line after every line: the rank field, DataLoader's
+                # "Original Traceback", after a blank line)
+                if self._span_field(st, line):
+                    return True
+                if not line.startswith("Traceback") and NESTED_TB_RE.match(line.strip()):
+                    self._nest(st, pos)
+                    return True
             if line in (CHAIN_CONTEXT, CHAIN_CAUSE):
                 st.chained_marker = True
                 st.state = "chain"
@@ -287,6 +308,7 @@ class TracebackReader:
                 # writing to one terminal without prefixes): read as one, its repeated frames
                 # once (see _add_frame) and the cleaner exception line of the two.
                 st.twins += 1
+                st.merged = True
                 return True
             # A traceback restarted before this one ended: keep what we had, start anew.
             self._finish_stream(st, truncated_end=True)
@@ -346,6 +368,16 @@ class TracebackReader:
             # "RuntimeError: Traceback (most recent call last):": the message is the traceback
             # of the failure it wraps, which follows
             self._nest(st, pos)
+        return True
+
+    def _span_field(self, st: Stream, line: str) -> bool:
+        """A structured logger's field after the message (TGI's " rank=0"): the process."""
+        span = SPAN_FIELD_RE.match(line)
+        if span is None:
+            return False
+        if not st.label:
+            st.label, st.rank_source = f"rank={span.group('rank')}", "field"
+        st.state = "after"
         return True
 
     def _nest(self, st: Stream, pos: int) -> None:
@@ -447,7 +479,7 @@ class TracebackReader:
     def _reopen(self, st: Stream, pos: int) -> None:
         """A new traceback in the place of `st` (same key, identity and form)."""
         new = self._open(st.key, st.label, st.pid, st.jpid, st.ident, st.level, pos, st.node)
-        new.indent, new.ipython = st.indent, st.ipython
+        new.indent, new.ipython, new.rank_source = st.indent, st.ipython, st.rank_source
         if self.bare is st:
             self.bare = new
 
@@ -476,6 +508,7 @@ class TracebackReader:
         if not chain:
             return
         self.tracebacks += 1
+        self.tail = TAIL_LINES
         pick = _pick_from_chain(chain)
         exc = chain[pick]
         frame = exc.last_pkg_frame or exc.last_frame
@@ -487,7 +520,7 @@ class TracebackReader:
         message = exc.message
         # An error raised on the way down (an executor's shutdown, a destructor) after
         # another failure is that failure's consequence.
-        cascade = is_cascade(exc.type, message) or exc.shutdown
+        cascade = is_cascade(exc.type, message) or exc.shutdown or st.ignored
         if cascade:
             category = TB_CASCADE
         elif st.level in ("WARNING", "WARN", "INFO", "DEBUG"):
@@ -496,13 +529,15 @@ class TracebackReader:
             category = TB_ERROR
         others = [(e.type, e.message, e.pos) for i, e in enumerate(chain) if i != pick]
         rank, pid, node = st.label, st.pid if st.pid is not None else st.jpid, st.node
+        source = st.rank_source if rank else None
         if st.remote is not None:
             rank = f"{st.remote[0]} pid={st.remote[1]}"
-            pid, node = st.remote[1], st.remote[2] or node
+            pid, node, source = st.remote[1], st.remote[2] or node, "ray-task"
         frames = list(reversed(exc.frame_list)) or next(
             (list(reversed(e.frame_list)) for e in reversed(chain) if e.frame_list), [])
         occ = Occ("traceback", category, exc.type, message, norm_sig(exc.type, message),
-                   rank, chain[0].pos, frame, others, cascade, pid, node, frames, span=(st.opened, self.tick))
+                   rank, chain[0].pos, frame, others, cascade, pid, node, frames, span=(st.opened, self.tick),
+                   rank_source=source, merged=st.merged)
         self._register(occ, st.jpid, st.ident, st.label, st.pid)
 
 

@@ -52,10 +52,15 @@ WRAPPER_RE = re.compile(
     r"|(?P<task>\d{1,5}):(?: |$)"
     # a log quoted in a reply (markdown / e-mail): "> ", "> > "
     r"|(?P<quote>(?:> ?)+)")
+# grep -n's line number ("88410:" on a match, "88411-" on a context line): taken off where a
+# wrapper or prefix we know follows it
+GREP_N_RE = re.compile(r"\d{1,10}[:-](?=\S)")
 PROC_RE = re.compile(r"\((?:(?P<label>[A-Za-z][^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]*)[^)]*)?\) ?")
 # Ray's de-duplication of lines printed by many workers
 RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]$")
 RANK_RE = re.compile(r"\[rank(?P<rank>\d+)\]: ?")
+# torchrun's --tee / --redirects: "[default3]:" (the role and the local rank) before every line
+TEE_RE = re.compile(r"\[(?!rank\d)(?P<role>[A-Za-z_]+\d+)\]:")
 # sglang's logger header: [2025-07-28 15:07:00 DP0 TP1] (ranks absent in the main process)
 SGLANG_RE = re.compile(r"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: (?:DP|TP|PP|EP|CP)\d+)*)\] ")
 HEADER_RE = re.compile(
@@ -71,6 +76,8 @@ KNOWN_INNER_RE = re.compile(r"\((?:[A-Za-z][^()]*? )?pid=\d+|\[rank\d+\]:"
                             r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d")
 MAX_WRAPPER_CHARS = 80
 ESCAPED_TB = TB_HEAD + ":\\n"     # the same, inside an escaped string: its newlines are "\n"
+NEXT_STRING_RE = re.compile(r"\s*,\s*(['\"])")   # the next string of a list repr
+MAX_LIST_STRINGS = 400
 # A tqdm bar that another writer's line was glued to ("...| 5/10 [00:01<00:01, 3.2it/s]ERROR ...").
 TQDM_TAIL_RE = re.compile(r".*?\d+%(?:\|[^|]*\|| Completed \|)[^\[\]]*\[[^\]]*\]")
 
@@ -151,7 +158,11 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
                 continue
         m = WRAPPER_RE.match(line)
         if not m:
-            break
+            g = GREP_N_RE.match(line) if c.isdigit() else None
+            if g is None or not _known_after(line[g.end():], jpid):
+                break
+            line = line[g.end():]
+            continue
         if m.group("task") is not None:
             task = task or m.group("task")
         elif m.group("quote") is not None:
@@ -175,6 +186,12 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
                 line = line[m.end():]
                 continue
         break
+    tee: str | None = None
+    if line.startswith("[") and line[1:2].isalpha():
+        m = TEE_RE.match(line)
+        if m:
+            tee = m.group("role")
+            line = line[m.end():]
     rank_tag: str | None = None
     while line.startswith("[rank"):
         # torch's `[rankN]:`, repeated when a launcher prefixes it again; a process label
@@ -184,8 +201,9 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
             break
         rank_tag = f"rank{m.group('rank')}"
         line = line[m.end():]
-    if rank_tag is not None:
-        label = _join_label(label, rank_tag)
+    if rank_tag is not None or tee is not None:
+        # (torch's own rank tag, where there is one, says more than torchrun's local one)
+        label = _join_label(label, rank_tag or tee)
     level: str | None = None
     header = ""
     prefix_label = label
@@ -206,6 +224,14 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
     return Prefixes(line, jpid, ident, node, label, pid, level, header, prefix_label)
 
 
+def _known_after(rest: str, jpid: int | None) -> bool:
+    """Whether what follows a number is a wrapper or prefix we know (then the number is grep's)."""
+    if rest[:1] in "[(" or (jpid is None and JOURNAL_RE.match(rest) is not None):
+        return True
+    m = WRAPPER_RE.match(rest)
+    return m is not None and m.group("task") is None
+
+
 def _after_carriage(line: str) -> str:
     """What a terminal shows of a line with `\r` progress bars: the text after the last
     carriage return, without a progress bar that a logger line was written straight after."""
@@ -220,23 +246,42 @@ def _after_carriage(line: str) -> str:
 
 
 def escaped_traceback(line: str) -> str:
-    """The traceback held in one escaped string of `line` (a JSON field, a repr), unescaped:
-    from its start to the string's closing quote (the rest of the line is not its)."""
+    """The traceback held in an escaped string of `line` (a JSON field, a repr), unescaped:
+    from its start to the string's closing quote (the rest of the line is not its); in a list
+    of strings (`traceback.format_exception`'s, printed: `['Traceback ...\\n', '  File ...']`),
+    the strings that follow it too."""
     start = line.index(ESCAPED_TB)
     quote = line[start - 1] if start and line[start - 1] in "\"'" else None
-    end = len(line)
-    if quote:
-        i = start
-        while True:
-            i = line.find(quote, i)
-            if i < 0:
-                break
-            if line[i - 1] != "\\":
-                end = i
-                break
-            i += 1
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "r": ""}.get(m.group(1), m.group(1)),
-                  line[start:end])
+    if quote is None:
+        return _unescape(line[start:])
+    parts: list[str] = []
+    i = start
+    in_list = line[: start - 1].rstrip().endswith("[")
+    while len(parts) < MAX_LIST_STRINGS:
+        end = _closing_quote(line, i, quote)
+        parts.append(line[i:end])
+        m = NEXT_STRING_RE.match(line, end + 1) if in_list and end < len(line) else None
+        if m is None:
+            break
+        quote, i = m.group(1), m.end()
+    return _unescape("".join(parts))
+
+
+def _closing_quote(line: str, i: int, quote: str) -> int:
+    """Where the string literal whose text starts at `i` ends (its closing quote; the line's
+    end if it has none)."""
+    while True:
+        i = line.find(quote, i)
+        if i < 0:
+            return len(line)
+        backslashes = len(line[:i]) - len(line[:i].rstrip("\\"))
+        if backslashes % 2 == 0:
+            return i
+        i += 1
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "r": ""}.get(m.group(1), m.group(1)), text)
 
 
 def _rank_name(label: str, pid: str, ip: str | None) -> str:
