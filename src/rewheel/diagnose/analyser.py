@@ -15,8 +15,8 @@ from rewheel.diagnose.errorlines import ELASTIC_RE, ELASTIC_TB_RE, ErrorLineRead
 from rewheel.diagnose.processes import ProcessNamer, RankSource, Said, evidence
 from rewheel.diagnose.ranking import Ranking, Occ
 from rewheel.diagnose.results import Diagnosis, Frame, RootCause
-from rewheel.diagnose.tracebacks import (
-    FRAME_RE, IPY_HEAD_RE, PYTEST_DEF_RE, PYTEST_E_RE, PYTEST_SHORT_RE, TracebackReader, Stream, ungroup)
+from rewheel.diagnose.tblines import FRAME_RE, IPY_HEAD_RE, PYTEST_DEF_RE, PYTEST_E_RE, PYTEST_SHORT_RE, ungroup
+from rewheel.diagnose.tracebacks import TracebackReader, Stream
 from rewheel.diagnose.wrappers import (
     ESCAPED_TB, KNOWN_INNER_RE, MAX_WRAPPER_CHARS, escaped_traceback, wrapper_pattern, clean, journal_message,
     journal_pid, read_prefixes)

@@ -16,7 +16,7 @@ from rewheel.diagnose.ranking import (
     LINE_CASCADE, LINE_ERROR, LINE_EXC, LINE_STRONG, EXC_LINE_RE, is_cascade, norm_sig, Occ, exc_line_score)
 from rewheel.diagnose.processes import Said
 from rewheel.diagnose.results import Frame
-from rewheel.diagnose.tracebacks import in_package
+from rewheel.diagnose.tblines import in_package
 
 # faulthandler's dump after "Fatal Python error: ...": a thread header, then its frames
 # innermost first ("  File "x.py", line 12 in f")

@@ -150,7 +150,7 @@ class ProcessNamer:
         """Every naming of the root's process, the one the answer takes first (empty: none)."""
         found: list[Said] = []
         if occ.rank:
-            found.append(Said(occ.rank_source or RankSource.PREFIX, occ.rank, occ.pid, occ.node, occ.pos,
+            found.append(Said(RankSource(occ.rank_source or RankSource.PREFIX), occ.rank, occ.pid, occ.node, occ.pos,
                                occ.tracebacks))
         actor = actor_fields(occ.type, occ.message)
         if actor is not None:

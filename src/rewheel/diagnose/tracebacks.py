@@ -4,7 +4,8 @@ exceptions, exception groups, a traceback begun mid-line after a record's text, 
 inside an exception's message (Ray Serve's `RuntimeError: Traceback ...`, DataLoader's
 `Original Traceback`, a quoted `_RemoteTraceback`), tracebacks of several ranks interleaved
 line by line into one, Ray's remote frames after `RayTaskError(X)`, IPython's and pytest's
-forms, and logs cut off at either end."""
+forms, a foreign block imitating the header after a message (CANN's `TraceBack`), a structured
+logger's rank field after it, and logs cut off at either end. What each line is: `tblines`."""
 
 from __future__ import annotations
 
@@ -19,72 +20,11 @@ from rewheel.diagnose.limits import (
 from rewheel.diagnose.ranking import (
     TB_CASCADE, TB_ERROR, TB_WARN, LOOKUP_TYPES, is_cascade, norm_sig, Occ, exc_line_score)
 from rewheel.diagnose.results import Frame
-
-# A frame line; pastes that lost the quotes ("File /x.py, line 5, in f") are frames too.
-# (Pastes that lost their indentation have them at column 0: read there only inside a traceback.)
-FRAME_RE = re.compile(r'\s*File (?:"(?P<file>[^"]+)"|(?P<bare>[^\s",][^",]*)), line (?P<line>\d+)(?:, in (?P<func>.+))?$')
-# Statements that can be a frame's source line but look like a bare exception name
-NOT_EXCEPTIONS = {"return", "pass", "break", "continue", "raise", "yield", "else", "try", "finally"}
-WRAPPED_FRAME_MIN = 60          # a frame line this long that does not parse was cut by a wrap
-NESTED_TB_RE = re.compile(r'(?:Original |Remote )?Traceback \(most recent call last\):?\s*$')
-# Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
-RAY_WRAP_RE = re.compile(
-    r"(?:ray\.exceptions\.)?Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?: ray::(?P<call>\S*?)"
-    r" \(pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]+))?")
-# IPython / Jupyter tracebacks.
-IPY_HEAD_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}$")
-IPY_FRAME_RE = re.compile(
-    r"(?:\[(?P<f1>[^\]]+)\]\([^)]*\)|File (?P<f2>\S.*?):(?P<l2>\d+),|(?P<f3>(?:/|~|[A-Za-z]:\\|<ipython-input)\S*)"
-    r"|Input In \[\d+\],)"
-    r" in (?P<func>[^(]+)\(|Cell In ?\[\d+\], line (?P<l4>\d+)")
-IPY_SKIP_RE = re.compile(r"\d+ frames?$|\[\.\.\. skipping|\.\.\.$")
-IPY_ARROW_RE = re.compile(r"-*> ?(?P<line>\d+) ?(?P<src>.*)$")
-# pytest: the exception's `E   ` lines and the `path.py:LINE: Type` location after them.
-PYTEST_E_RE = re.compile(r"E(?: {3,}|\t)(?P<text>.*)$")
-PYTEST_LOC_RE = re.compile(r"(?P<file>[^\s:][^:]*\.py):(?P<line>\d+): (?P<what>.*)$")
-PYTEST_DEF_RE = re.compile(r"\s*(?:async )?def (?P<name>\w+)\(")
-# pytest --tb=short: `path.py:LINE: in func` before each frame's source line
-PYTEST_SHORT_RE = re.compile(r"(?P<file>[^\s:][^:]*\.py):(?P<line>\d+): in (?P<func>[\w<>.]+)$")
-# Functions of a shutdown or clean-up path: a traceback through them after a failure is its
-# consequence, not its cause.
-SHUTDOWN_FUNCS = {"shutdown", "_shutdown", "__del__", "cleanup", "_cleanup", "close_all", "atexit_handler",
-                  "_exit_function", "destroy_process_group", "destroy_model_parallel",
-                  "destroy_distributed_environment", "_python_exit", "terminate"}
-# a line that no exception's line starts like: a word, then a space ("Error executing job ...")
-NOT_AN_EXC_LINE_RE = re.compile(r"[A-Za-z_][\w.]* ")
-EXC_RE = re.compile(r"(?P<type>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::(?: (?P<msg>.*))?)?$")
-CHAIN_CONTEXT = "During handling of the above exception, another exception occurred:"
-CHAIN_CAUSE = "The above exception was the direct cause of the following exception:"
-# Lines that start a new record, so they end an exception message instead of continuing it.
-RECORD_START_RE = re.compile(
-    # a structured logger's record without its timestamp (tracing: " INFO target: ...")
-    r"(?: ?(?:TRACE|DEBUG|INFO|WARN|ERROR) [\w:.\-]+: "
-    r"|Process [\w\-]+:$|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s|\[[WEIF]\d{4} |\[rank\d+\]:\["
-    r"|[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"
-    r"|\S+\.py:\d+: \w*Warning|\s*warnings\.warn\(|\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\[\d{4}-\d\d-\d\d"
-    r"|Exception ignored |Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
-    # rewheel's own annotations in the logs it keeps (smoke.log: "[rewheel] smoke failed: ...")
-    r"|\[rewheel\] "
-    # torchrun's failure summary, drawn between rules
-    r"|={20,}$"
-    # the smoke runner's own status lines after the error it reports ("vllm_init: FAILED ...")
-    r"|\w+: (?:FAILED\b|timings |OK: )"
-    # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)
-    r"|[\w@.\-]+\.service: |(?:Started|Stopped|Starting|Stopping|Failed to start) [\w@.\-]+\.service)")
-SPAN_FIELD_RE = re.compile(r"\s+(?:rank|shard)=(?P<rank>\d+)$")
-# A block after a message that imitates Python's header but is not a traceback: Ascend CANN's
-# indented "TraceBack (most recent call last):" and the C++ call sites under it, after its
-# "EI9999: Inner Error!" report. It ends the message; its indented lines are skipped.
-FOREIGN_TB_RE = re.compile(r"\s+TraceBack \(most recent call last\)")
-IGNORABLE_IN_TB_RE = re.compile(r"(?:INFO|WARNING|DEBUG):\s|\S+:\s+\d+%\|")
-# Python 3.11+ exception groups (asyncio.TaskGroup): the group's traceback is drawn inside
-# `| ` margins, `+ Exception Group Traceback` opens it, `+-+---- 1 ----` / `+---- 2 ----`
-# separate the sub-exceptions and `+------` closes the group.
-EG_START_RE = re.compile(r"\s*\+ Exception Group Traceback \(most recent call last\):?\s*$")
-EG_MARGIN_RE = re.compile(r"\s*\|(?: |$)")
-EG_SEP_RE = re.compile(r"\s*\+(?:-\+)?-+ (?:\d+|\.\.\.) -+\s*$")
-EG_END_RE = re.compile(r"\s*\+-{8,}\s*$")
-GROUP_TYPES = {"ExceptionGroup", "BaseExceptionGroup"}
+from rewheel.diagnose.tblines import (
+    CHAIN_CAUSE, CHAIN_CONTEXT, EXC_RE, FOREIGN_TB_RE, FRAME_RE, GROUP_TYPES, IGNORABLE_IN_TB_RE, IPY_ARROW_RE,
+    IPY_FRAME_RE, IPY_SKIP_RE, NESTED_TB_RE, NOT_AN_EXC_LINE_RE, PYTEST_E_RE, PYTEST_LOC_RE, RAY_WRAP_RE,
+    RECORD_START_RE, SHUTDOWN_FUNCS, SPAN_FIELD_RE, WRAPPED_FRAME_MIN, decoration, exception_line, func_name,
+    in_package, ray_actor)
 
 
 @dataclass
@@ -183,7 +123,7 @@ class TracebackReader:
             if exc.wrapper and header == st.msg_header:
                 # Ray: carets under the wrapper line, then the remote process's frames
                 text = line.strip()
-                if not text or _decoration(text):
+                if not text or decoration(text):
                     return True
                 if FRAME_RE.match(line):
                     st.cur = _Exc(exc.type, [], exc.pos)
@@ -218,7 +158,7 @@ class TracebackReader:
             if RECORD_START_RE.match(line) or FRAME_RE.match(line):
                 self._finish_stream(st)
                 return False
-            if st.twins and _exception_line(line):
+            if st.twins and exception_line(line):
                 # the interleaved twin's exception line: the cleaner of the two is kept
                 st.twins -= 1
                 m = EXC_RE.match(line)
@@ -292,11 +232,11 @@ class TracebackReader:
                     st.indent = max(0, len(line) - len(line.lstrip(" ")) - 2)
                     line = line[st.indent:]
                 fr = Frame(m.group("file") or m.group("bare").strip(), int(m.group("line")),
-                           _func(m.group("func")))
+                           func_name(m.group("func")))
                 self._add_frame(st, exc, fr)
                 return True
             text = line.strip()
-            if st.pending is not None and text and not _decoration(text):
+            if st.pending is not None and text and not decoration(text):
                 st.pending.source = text[:500]
                 st.pending = None
             return True
@@ -321,12 +261,12 @@ class TracebackReader:
             m = FRAME_RE.match(line)
             if m:
                 self._add_frame(st, exc, Frame(m.group("file") or m.group("bare").strip(), int(m.group("line")),
-                                               _func(m.group("func"))))
+                                               func_name(m.group("func"))))
                 return True
         text = line.strip()
-        if _decoration(text):
+        if decoration(text):
             return True
-        if (st.pending is not None or 0 < st.source_run < MAX_SOURCE_RUN) and not _exception_line(line):
+        if (st.pending is not None or 0 < st.source_run < MAX_SOURCE_RUN) and not exception_line(line):
             # ... and so are their source lines (a statement may span several)
             if st.pending is not None:
                 st.pending.source = text[:500]
@@ -340,9 +280,9 @@ class TracebackReader:
             # and its own exception line follow, in the remote process (pid, node ip).
             exc.type = ray.group("inner") or exc.type or "RayTaskError"
             exc.wrapper = True
-            st.remote = (_ray_actor(ray.group("call")), int(ray.group("pid")), ray.group("ip"))
+            st.remote = (ray_actor(ray.group("call")), int(ray.group("pid")), ray.group("ip"))
             msg = line[line.index(": ") + 2:] if ": " in line else ""
-        elif m and _exception_line(line):
+        elif m and exception_line(line):
             exc.type = m.group("type")
             msg = m.group("msg") or ""
             exc.wrapper = False
@@ -425,7 +365,7 @@ class TracebackReader:
             return False
         file = m.group("f1") or m.group("f2") or m.group("f3") or text.split(",", 1)[0]
         num = m.group("l2") or m.group("l4")
-        self._add_frame(st, exc, Frame(file, int(num) if num else 0, _func(m.group("func"))))
+        self._add_frame(st, exc, Frame(file, int(num) if num else 0, func_name(m.group("func"))))
         return True
 
     def _pytest_msg(self, st: Stream, line: str, pos: int) -> bool:
@@ -541,61 +481,6 @@ class TracebackReader:
         self._register(occ, st.jpid, st.ident, st.label, st.pid)
 
 
-def _decoration(text: str) -> bool:
-    """Python 3.11+ caret/tilde markers and 3.13's elided-lines marker: not source."""
-    return (not text.strip("^~ ")) or (text.startswith("...<") and text.endswith(">...")) \
-        or text.startswith("[Previous line repeated")
-
-
-def ungroup(line: str) -> tuple[str, str | None]:
-    """An exception-group line as a plain traceback line: margins stripped, the group's
-    header as a traceback header; separators come back as "sep", the closing rule as "end"."""
-    while True:
-        m = EG_MARGIN_RE.match(line)
-        if not m:
-            break
-        line = line[m.end():]
-    if EG_START_RE.match(line):
-        return "Traceback (most recent call last):", None
-    if EG_SEP_RE.match(line):
-        return line, "sep"
-    if EG_END_RE.match(line):
-        return line, "end"
-    return line, None
-
-
-def _exception_line(line: str) -> bool:
-    """Whether an unindented line inside a traceback is its exception line rather than a
-    frame's source line that lost its indentation: `Type: message`, `pkg.Type`, `Type`."""
-    m = EXC_RE.match(line)
-    if not m:
-        return bool(RAY_WRAP_RE.match(line))
-    t = m.group("type")
-    return t not in NOT_EXCEPTIONS and (":" in line or "." in t or t[:1].isupper())
-
-
-def _func(name: str | None) -> str | None:
-    """A frame's function: `PreTrainedModel.to` (IPython, 3.11 qualified names) -> `to`."""
-    if not name:
-        return None
-    name = name.strip()
-    if name.startswith("<"):
-        return name
-    return name.rsplit(".", 1)[-1] or name
-
-
-def _ray_actor(call: str) -> str:
-    """The actor (or task) of Ray's `ray::NAME` call: `_Inner.train()` -> `_Inner`,
-    `ServeReplica:app:Model.handle_request()` -> `ServeReplica:app:Model`, `MapBatches(f)()`
-    -> `MapBatches(f)`, `IDLE` -> `IDLE`."""
-    if call.endswith("()"):
-        call = call[:-2]
-        head, dot, method = call.rpartition(".")
-        if dot and head and method.isidentifier():
-            call = head
-    return call or "ray"
-
-
 def _pick_from_chain(chain: list[_Exc]) -> int:
     """The original exception of a chain — unless it is a cascade, or a bare lookup failure
     that the code answered with a more telling error (KeyError -> "model type not
@@ -611,9 +496,3 @@ def _pick_from_chain(chain: list[_Exc]) -> int:
             continue
         return i
     return len(chain) - 1
-
-
-def in_package(path: str, package: str | None) -> bool:
-    if not package:
-        return False
-    return f"/{package}/" in path.replace("\\", "/")
