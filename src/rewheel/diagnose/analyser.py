@@ -279,7 +279,9 @@ class Analyser(TracebackReader, ErrorLineReader, ProcessNamer, Ranking):
         Python's "Exception ignored in: ...", torchrun's table sections, a launcher's summary of
         a failed child, raylet's report of a dead worker."""
         c = line[:1]
-        if c == "E" and line.startswith("Exception ignored "):
+        if not c and self.ignored_tick == self.tick - 1:
+            self.ignored_tick = self.tick   # (a paste with a blank line after every line)
+        elif c == "E" and line.startswith("Exception ignored "):
             self.ignored_tick = self.tick
         elif c == "R" and line.startswith("Root Cause"):
             self.elastic_root = True
@@ -287,7 +289,7 @@ class Analyser(TracebackReader, ErrorLineReader, ProcessNamer, Ranking):
             self.elastic_root = False
         elif "Worker PID: " in line:
             self._raylet_line(line, pos)
-        elif self.tail > 0:
+        elif self.tail > 0 or self.streams:
             self._launcher_line(line, pos)
 
     def _learn_lead(self, st: Stream) -> bool:
@@ -338,11 +340,14 @@ class Analyser(TracebackReader, ErrorLineReader, ProcessNamer, Ranking):
         procs = self.sig_procs.get(occ.sig, set())
         epochs = self.sig_epochs.get(occ.sig, set())
         rank, pid, node = occ.rank, occ.pid, occ.node
+        count = max(1, len(procs))
         if said:
             named = said[0]
             rank, pid, node = named.rank, named.pid if named.pid is not None else pid, named.node or node
+            if named.source == RankSource.SAME_ERROR and count > 1:
+                count -= 1      # its unnamed copy was the named process's, not another one's
         rc = RootCause(type=occ.type, message=occ.message, rank=rank, frame=occ.frame,
-                       log_line=mapping.get(occ.pos), kind=occ.kind, count=max(1, len(procs)),
+                       log_line=mapping.get(occ.pos), kind=occ.kind, count=count,
                        restarts=max(1, len(epochs)), secondary=secondary, pid=pid, node=node,
                        frames=occ.frames, rank_source=str(said[0].source) if said else None,
                        evidence=evidence(said, mapping))

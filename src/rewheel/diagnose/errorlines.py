@@ -59,10 +59,12 @@ CASCADE_LINE_RE = re.compile(
     r"|EngineCore encountered|Main process exited|Failed with result|Start request repeated too quickly"
     r"|Failed to start|Scheduled restart job|: FAILED during |ChildFailedError", re.I)
 # (after any letter but an ASCII one: a sentence in another script may run into the type,
-# "报错信息是AssertionError: ...")
-EXC_IN_LINE_RE = re.compile(r"(?<![A-Za-z0-9_.:])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>\S.*)")
-# where an error quoted in prose ends: a full-width stop or comma, or the quote around it
-PROSE_END_RE = re.compile(r"[，。；！？]|`")
+# "报错信息是AssertionError: ..."; never a C++ type's tail, "c10::DistBackendError")
+EXC_IN_LINE_RE = re.compile(r"(?<![A-Za-z0-9_.])(?<!::)(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>\S.*)")
+# where an error quoted in prose ends: a full-width stop or comma, a closing corner bracket,
+# or the quote that opened it ("`ValueError: ...` and then")
+PROSE_END_RE = re.compile(r"[，。；！？」』]")
+CLOSING_QUOTE = {"`": "`", "\"": "\"", "“": "”", "「": "」", "『": "』", "«": "»", "„": "“"}
 # an exception's name alone on its line, without a message (`AssertionError`)
 BARE_EXC_RE = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Failure|Fault)")
 # a rank named in an error's own text: "[Rank 2] Watchdog caught ...", "[PG 0 Rank 1] ..."
@@ -195,9 +197,12 @@ class ErrorLineReader:
         score = 0
         if m and m is not exc_start:
             # an error quoted in prose ends where the prose goes on
-            end = PROSE_END_RE.search(text, m.start("msg"))
-            if end is not None:
-                text = text[: end.start()].rstrip()
+            stops = [e.start() for e in [PROSE_END_RE.search(text, m.start("msg"))] if e is not None]
+            quote = CLOSING_QUOTE.get(text[m.start() - 1: m.start()])
+            if quote is not None and (q := text.find(quote, m.start("msg"))) >= 0:
+                stops.append(q)
+            if stops:
+                text = text[: min(stops)].rstrip()
         if m:
             type_ = m.group("type")
             if category == LINE_ERROR and is_cascade(type_, m.group("msg")):

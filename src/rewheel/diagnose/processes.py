@@ -122,6 +122,7 @@ class ProcessNamer:
     # (state set up by Analyser.__init__)
     tracebacks: int
     tail: int
+    streams: dict
     said: deque[Said]
     raylets: deque[Said]
 
@@ -131,9 +132,9 @@ class ProcessNamer:
             self._tell(found[0], found[1], found[2], pos, found[3])
 
     def _tell(self, rank: str, pid: int | None, node: str | None, pos: int, weight: int) -> Said | None:
-        """A launcher's statement about a failed child, kept when read just after a traceback
-        (where both readers read every line, so both keep the same)."""
-        if self.tail <= 0:
+        """A launcher's statement about a failed child, kept when read while a traceback is open
+        or just after one (where both readers read every line, so both keep the same)."""
+        if self.tail <= 0 and not self.streams:
             return None
         said = Said(RankSource.LAUNCHER, rank, pid, node, pos, self.tracebacks, weight)
         self.said.append(said)
@@ -168,7 +169,8 @@ class ProcessNamer:
                 found.append(Said(RankSource.SAME_ERROR, other.rank, other.pid, other.node, other.pos,
                                    other.tracebacks))
                 break
-        later = [s for s in self.said if s.pos > occ.pos and 0 <= s.tracebacks - occ.tracebacks <= LAUNCHER_TRACEBACKS]
+        # (said while the root's traceback was still open, or at most a few tracebacks after it)
+        later = [s for s in self.said if s.pos > occ.pos and -1 <= s.tracebacks - occ.tracebacks <= LAUNCHER_TRACEBACKS]
         found += sorted(later, key=lambda s: (-s.weight, s.pos))
         out: list[Said] = []
         for s in found:

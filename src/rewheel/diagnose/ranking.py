@@ -28,6 +28,8 @@ CASCADE_MESSAGE_RE = re.compile(
     # lmdeploy's main process after a rank's failure ("rank[0] failed with error: ..." before it)
     r"|^Rank\[\d+\] failed\.?$", re.I)
 LOOKUP_TYPES = {"KeyError", "StopIteration", "IndexError"}
+# a launcher's report that its child failed (torchrun, accelerate's simple launcher)
+LAUNCHER_TYPES = {"ChildFailedError", "CalledProcessError"}
 EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)): (?P<msg>.+)")
 
 
@@ -158,7 +160,8 @@ class Ranking:
 
     def _register(self, occ: Occ, jpid: int | None, ident: str | None, label: str | None,
                   pid: int | None) -> None:
-        terminal = occ.kind == "traceback" and (
+        # (a launcher's own traceback about its child is the same crash, never the next start's)
+        terminal = occ.kind == "traceback" and (occ.type or "").rsplit(".", 1)[-1] not in LAUNCHER_TYPES and (
             label is None or label == "APIServer" or label.startswith("EngineCore"))
         epoch = self._epoch_for(jpid, ident, label, pid, terminal)
         occ.tracebacks = self.tracebacks
@@ -227,6 +230,8 @@ class Ranking:
         for o in sorted(epoch_list, key=lambda o: o.pos):
             if o.sig in seen or (only_tracebacks and o.kind != "traceback"):
                 continue
+            if o.type is None and o.frame is not None and o.frame is root.frame:
+                continue    # the traceback whose frames the root took (its exception line was cut off)
             if o.category in (TB_WARN,) and o.pos < root.pos:
                 continue
             seen.add(o.sig)

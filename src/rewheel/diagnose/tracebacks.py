@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from rewheel.diagnose.limits import (
     MAX_CHAIN, MAX_FRAMES_KEPT, MAX_MESSAGE_CHARS, MAX_MESSAGE_LINES, MAX_SOURCE_RUN, MAX_STREAMS, MAX_TWINS,
     IDLE_CLOSE_LINES, TAIL_LINES, TB_HEAD)
+from rewheel.diagnose.processes import launcher_statement
 from rewheel.diagnose.ranking import (
     TB_CASCADE, TB_ERROR, TB_WARN, LOOKUP_TYPES, is_cascade, norm_sig, Occ, exc_line_score)
 from rewheel.diagnose.results import Frame
@@ -76,6 +77,13 @@ class Stream:
     rank_source: str | None = None    # what named `label` (see processes.RankSource)
     ignored: bool = False             # Python's "Exception ignored in: ..." before it: never the cause
     merged: bool = False              # several processes' tracebacks read as one (twins)
+    lines: int = 0                    # lines of its frames read, and blank ones among them: a paste
+    blanks: int = 0                   # with a blank line after every line has as many of each
+    msg_blank: bool = False           # ... and there one blank line inside its message goes on with it
+
+    @property
+    def blank_paste(self) -> bool:
+        return self.blanks >= 2 and self.blanks >= self.lines - self.blanks - 1
 
 
 class TracebackReader:
@@ -142,6 +150,10 @@ class TracebackReader:
                 return True
             if line.startswith("Traceback (most recent call last)"):
                 return self._next_traceback(st, pos)
+            if not line.strip() and st.blank_paste and not st.msg_blank:
+                st.msg_blank = True
+                return True
+            st.msg_blank = False
             if not line.strip().strip("\"'"):
                 # (a remote traceback quoted in the message ends with its closing quotes)
                 st.state = "after"
@@ -155,7 +167,8 @@ class TracebackReader:
             if FOREIGN_TB_RE.match(line):
                 st.state = "skip"
                 return True
-            if RECORD_START_RE.match(line) or FRAME_RE.match(line):
+            if RECORD_START_RE.match(line) or FRAME_RE.match(line) or launcher_statement(line):
+                # (a launcher's word on its child is its own record, not the child's message)
                 self._finish_stream(st)
                 return False
             if st.twins and exception_line(line):
@@ -211,6 +224,9 @@ class TracebackReader:
     def _frames(self, st: Stream, line: str, pos: int) -> bool:
         exc = st.cur
         assert exc is not None
+        st.lines += 1
+        if not line.strip():
+            st.blanks += 1
         if st.ipython and self._ipython_frame(st, exc, line):
             return True
         if st.pytest:

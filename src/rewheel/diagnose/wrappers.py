@@ -174,8 +174,11 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
         line = line[m.end():]
     label: str | None = None
     pid: int | None = None
-    for _ in range(2):
-        if line.startswith("("):
+    tee: str | None = None
+    rank_tag: str | None = None
+    for _ in range(6):
+        c = line[:1]
+        if c == "(":
             m = PROC_RE.match(line)
             if m:
                 # SkyPilot over Ray: "(worker1, rank=1, pid=N, ip=A)": the label without its comma
@@ -185,22 +188,21 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
                 node = m.group("ip") or node
                 line = line[m.end():]
                 continue
+        elif c == "[" and line.startswith("[rank"):
+            # torch's `[rankN]:`, repeated when a launcher prefixes it again; a process label
+            # around it (Ray, SkyPilot) names the node's process, the tag the torch rank
+            m = RANK_RE.match(line)
+            if m:
+                rank_tag = f"rank{m.group('rank')}"
+                line = line[m.end():]
+                continue
+        elif c == "[" and line[1:2].isalpha():
+            m = TEE_RE.match(line)
+            if m:
+                tee = m.group("role")
+                line = line[m.end():]
+                continue
         break
-    tee: str | None = None
-    if line.startswith("[") and line[1:2].isalpha():
-        m = TEE_RE.match(line)
-        if m:
-            tee = m.group("role")
-            line = line[m.end():]
-    rank_tag: str | None = None
-    while line.startswith("[rank"):
-        # torch's `[rankN]:`, repeated when a launcher prefixes it again; a process label
-        # around it (Ray, SkyPilot) names the node's process, the tag the torch rank
-        m = RANK_RE.match(line)
-        if not m:
-            break
-        rank_tag = f"rank{m.group('rank')}"
-        line = line[m.end():]
     if rank_tag is not None or tee is not None:
         # (torch's own rank tag, where there is one, says more than torchrun's local one)
         label = _join_label(label, rank_tag or tee)
