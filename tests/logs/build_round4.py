@@ -178,6 +178,7 @@ def build_all() -> None:
         "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
 
     build_launchers()
+    build_relatives()
 
 
 def build_launchers() -> None:
@@ -295,6 +296,90 @@ def build_launchers() -> None:
         "frame": {"file": f"{SP}/vllm_ascend/ops/fused_moe.py", "line": 612, "function": "forward",
                   "source": "torch_npu.npu_grouped_matmul("},
         "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+
+
+def build_relatives() -> None:
+    """The same families in other dress: a box in RichHandler's message column, a child named
+    by torch.multiprocessing.spawn or by mpirun, an actor whose creation task raised, an error
+    named in a sentence without its message."""
+    pad = " " * 20
+    inner = box(["/app/serve.py:86 in load", "", "   85 │   try:", "❱  86 │   │   model = build(cfg)", "",
+                 "/app/build.py:12 in build", "", "❱ 12 │   raise ValueError(\"no such architecture: qwen3_next\")"],
+                width=70)
+    lines = ["[03/04/25 11:20:17] INFO     Loading model /models/x" + " " * 30 + "serve.py:80",
+             "[03/04/25 11:20:19] ERROR    Model failed to load" + " " * 33 + "serve.py:88",
+             MARK + pad + "╭" + "─" * 16 + " Traceback (most recent call last) " + "─" * 17 + "╮",
+             *[pad + ln for ln in inner], pad + "╰" + "─" * 68 + "╯",
+             pad + "ValueError: no such architecture: qwen3_next",
+             "[03/04/25 11:20:19] INFO     Shutting down" + " " * 40 + "serve.py:95"]
+    write("rich_box_in_richhandler", lines, {
+        "type": "ValueError", "message": "no such architecture: qwen3_next", "rank": None,
+        "frame": {"file": "/app/build.py", "line": 12, "function": "build",
+                  "source": 'raise ValueError("no such architecture: qwen3_next")'},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+    lines = ["Epoch 0", MARK + "Traceback (most recent call last):", '  File "/work/train.py", line 100, in <module>',
+             "    mp.spawn(main, args=(world_size,), nprocs=world_size)",
+             f'  File "{SP}/torch/multiprocessing/spawn.py", line 160, in join',
+             "    raise ProcessRaisedException(msg, error_index, failed_process.pid)",
+             "torch.multiprocessing.spawn.ProcessRaisedException: ", "",
+             "-- Process 2 terminated with the following error:", "Traceback (most recent call last):",
+             f'  File "{SP}/torch/multiprocessing/spawn.py", line 69, in _wrap', "    fn(i, *args)",
+             '  File "/work/model.py", line 31, in forward', "    return self.fc(h.view(h.size(0), -1))",
+             "RuntimeError: mat1 and mat2 shapes cannot be multiplied (32x4096 and 2048x10)"]
+    write("spawn_names_the_child", lines, {
+        "type": "RuntimeError", "message": "mat1 and mat2 shapes cannot be multiplied (32x4096 and 2048x10)",
+        "rank": "rank2",
+        "frame": {"file": "/work/model.py", "line": 31, "function": "forward",
+                  "source": "return self.fc(h.view(h.size(0), -1))"},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": ["torch.multiprocessing.spawn.ProcessRaisedException"]})
+
+    rule = "-" * 74
+    lines = ["[1,0]<stdout>:Epoch 1/10", MARK + "Traceback (most recent call last):",
+             '  File "/work/train_hvd.py", line 88, in <module>', "    hvd.allreduce(t)",
+             f'  File "{SP}/horovod/torch/mpi_ops.py", line 441, in synchronize',
+             "    mpi_lib.horovod_torch_wait_and_clear(handle)",
+             "horovod.common.exceptions.HorovodInternalError: ncclCommInitRank failed: unhandled cuda error",
+             rule, "Primary job  terminated normally, but 1 process returned",
+             "a non-zero exit code. Per user-direction, the job has been aborted.", rule, rule,
+             "mpirun detected that one or more processes exited with non-zero status, thus causing",
+             "the job to be terminated. The first process to do so was:", "",
+             "  Process name: [[31226,1],3]", "  Exit code:    1", rule]
+    write("mpirun_names_the_first_process", lines, {
+        "type": "horovod.common.exceptions.HorovodInternalError", "message": "ncclCommInitRank failed: unhandled cuda error",
+        "rank": "rank3",
+        "frame": {"file": f"{SP}/horovod/torch/mpi_ops.py", "line": 441, "function": "synchronize",
+                  "source": "mpi_lib.horovod_torch_wait_and_clear(handle)"},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+    lines = [MARK + "Traceback (most recent call last):",
+             '  File "/workspace/verl/verl/trainer/main_ppo.py", line 33, in run_ppo', "    ray.get(runner.run.remote(config))",
+             f'  File "{SP}/ray/_private/worker.py", line 919, in get_objects', "    raise value",
+             "ray.exceptions.ActorDiedError: The actor died because of an error raised in its creation task, "
+             "ray::WorkerDict.__init__() (pid=2793, ip=10.0.0.5, actor_id=2bd4d1e9a1d2b3a34f0b3b8501000000)",
+             '  File "/workspace/verl/verl/workers/fsdp_workers.py", line 98, in __init__',
+             '    torch.distributed.init_process_group(backend="nccl")',
+             "torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
+             "address. port: 29500, useIPv6: 0, code: -98, name: EADDRINUSE, message: address already in use"]
+    write("ray_actor_creation_task_failed", lines, {
+        "type": "torch.distributed.DistNetworkError",
+        "message": "The server socket has failed to listen on any local network address. port: 29500, useIPv6: 0, "
+                   "code: -98, name: EADDRINUSE, message: address already in use",
+        "rank": "WorkerDict pid=2793", "pid": 2793, "node": "10.0.0.5",
+        "frame": {"file": "/workspace/verl/verl/workers/fsdp_workers.py", "line": 98, "function": "__init__",
+                  "source": 'torch.distributed.init_process_group(backend="nccl")'},
+        "kind": "traceback", "count": 1, "restarts": 1, "secondary_types": []})
+
+    lines = ["Traceback (most recent call last):", '  File "/srv/app/run.py", line 12, in <module>',
+             '    llm = LLM(model="Qwen/Qwen2.5-72B-Instruct-AWQ", quantization="awq")',
+             f'  File "{SP}/vllm/model_executor/layers/quantization/awq.py", line 88, in get_min_capability',
+             "    raise ValueError(", "(truncated)", "", MARK + "运行后报 ValueError 错误，显卡是 V100，是不是不支持 AWQ？"]
+    write("cut_traceback_error_named_in_prose", lines, {
+        "type": "ValueError", "message": "运行后报 ValueError 错误，显卡是 V100，是不是不支持 AWQ？", "rank": None,
+        "frame": {"file": f"{SP}/vllm/model_executor/layers/quantization/awq.py", "line": 88,
+                  "function": "get_min_capability", "source": "raise ValueError("},
+        "kind": "error-line", "count": 1, "restarts": 1, "secondary_types": []})
 
 
 if __name__ == "__main__":

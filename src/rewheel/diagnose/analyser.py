@@ -71,6 +71,7 @@ class Analyser(TracebackReader, ErrorLineReader, ProcessNamer, Ranking):
         self.elastic_root = False                       # torchrun's table: in its "Root Cause" entry
         self.elastic_said: Said | None = None           # ... and what its entry said so far
         self.ignored_tick = -2                          # when Python's "Exception ignored ..." was read
+        self.cut_tick = -1000                           # when a traceback cut before its exception line ended
 
     @property
     def busy(self) -> bool:
@@ -107,8 +108,9 @@ class Analyser(TracebackReader, ErrorLineReader, ProcessNamer, Ranking):
             # else: a wrapper on every line ("120:" of `grep -n`, "gpu-node-3: "), learnt
             self._learn_lead(bare)
         p = read_prefixes(line, jpid=jpid, ident=ident, node=node, learned=self.learned)
-        if p.line[:1] in BOX_START and self._unbox(line, p.line, pos, args, early, nxt):
-            return
+        if p.line[:1] in BOX_START or (p.line[:1] == " " and p.line.lstrip(" ")[:1] in BOX_START):
+            if self._unbox(line, p.line, pos, args, early, nxt):
+                return
         line, jpid, ident, node, label, pid = p.line, p.jpid, p.ident, p.node, p.label, p.pid
         level, header, prefix_label = p.level, p.header, p.prefix_label
         key = (jpid, label, pid, level is not None, node)
@@ -262,7 +264,8 @@ class Analyser(TracebackReader, ErrorLineReader, ProcessNamer, Ranking):
         behind the same prefixes. False: not a box traceback's line."""
         p = read_prefixes(line, jpid=args[0], ident=args[1], node=args[2], learned=self.learned)
         key = (p.jpid, p.label, p.pid, p.level is not None, p.node)
-        plain = self.boxes.translate(key, body, pos)
+        indent = len(body) - len(body.lstrip(" "))
+        plain = self.boxes.translate(key, body[indent:], pos)
         if plain is None:
             return False
         prefix = line[: len(line) - len(body)]
@@ -272,6 +275,10 @@ class Analyser(TracebackReader, ErrorLineReader, ProcessNamer, Ranking):
         st = self.streams.get(key)
         if st is not None:
             st.last_tick = self.tick
+            if indent:
+                # a box drawn in a logger's message column (rich's RichHandler): the exception
+                # line after it is indented as much
+                st.indent = indent
         return True
 
     def _other_line(self, line: str, pos: int) -> None:

@@ -16,7 +16,7 @@ from rewheel.diagnose.ranking import (
     LINE_CASCADE, LINE_ERROR, LINE_EXC, LINE_STRONG, EXC_LINE_RE, is_cascade, norm_sig, Occ, exc_line_score)
 from rewheel.diagnose.processes import Said
 from rewheel.diagnose.results import Frame
-from rewheel.diagnose.tblines import in_package
+from rewheel.diagnose.tblines import PROSE_TYPE_RE, in_package
 
 # faulthandler's dump after "Fatal Python error: ...": a thread header, then its frames
 # innermost first ("  File "x.py", line 12 in f")
@@ -65,6 +65,8 @@ EXC_IN_LINE_RE = re.compile(r"(?<![A-Za-z0-9_.])(?<!::)(?P<type>[A-Za-z_][\w.]*(
 # or the quote that opened it ("`ValueError: ...` and then")
 PROSE_END_RE = re.compile(r"[，。；！？」』]")
 CLOSING_QUOTE = {"`": "`", "\"": "\"", "“": "”", "「": "」", "『": "』", "«": "»", "„": "“"}
+CUT_PROSE_LINES = 12            # lines after a cut traceback where a sentence may name its error
+PROSE_SCORE = -5                # ... below every `Type: message` line
 # an exception's name alone on its line, without a message (`AssertionError`)
 BARE_EXC_RE = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Failure|Fault)")
 # a rank named in an error's own text: "[Rank 2] Watchdog caught ...", "[PG 0 Rank 1] ..."
@@ -114,6 +116,7 @@ class ErrorLineReader:
     fault_frames: dict[str | None, list[Frame]]
     recent: tuple[str, int | None, str | None, int, int | None] | None
     elastic_root: bool
+    cut_tick: int
     elastic_said: Said | None
     _tell: Callable[[str, int | None, str | None, int, int], Said | None]
 
@@ -182,6 +185,16 @@ class ErrorLineReader:
             label, pid, node, source = self._near_process(text, label, pid, node, jpid)
             occ = Occ("error-line", LINE_EXC, text, "", norm_sig(text, ""), label, pos, None, [], False,
                        pid if pid is not None else jpid, node, score=exc_line_score(text, ""), rank_source=source)
+            self._register(occ, jpid, ident, label, pid)
+            return
+        if category is None and exc_at_start is None and self.tick - self.cut_tick <= CUT_PROSE_LINES \
+                and (prose := PROSE_TYPE_RE.search(text)) is not None:
+            # a sentence just after a traceback cut before its exception line, naming the
+            # error without its message ("运行后报 ValueError 错误"): the floor's weakest candidate
+            label, pid, node, source = self._near_process(text, label, pid, node, jpid)
+            occ = Occ("error-line", LINE_EXC, prose.group("type"), text[:MAX_MESSAGE_CHARS],
+                       norm_sig(prose.group("type"), text), label, pos, None, [], False,
+                       pid if pid is not None else jpid, node, score=PROSE_SCORE, rank_source=source)
             self._register(occ, jpid, ident, label, pid)
             return
         if category is None:

@@ -16,7 +16,8 @@ A failing process is named in several places, not all of them on its own lines:
   table (`rank : 2 (local_rank: 2)`, the "Root Cause" entry first) and its
   `failed (exitcode: 1) local_rank: 2 (pid: N)`, lmdeploy's `Rank[2] failed.`, DeepSpeed's
   `[... '--local_rank=2' ...] exits with return code = 1`, srun's `srun: error: HOST: task 11:
-  Exited with exit code 1`, TGI's `Shard 0 failed to start`;
+  Exited with exit code 1`, mpirun's `Process name: [[31226,1],3]`, TGI's `Shard 0 failed to
+  start`;
 - the same error printed again by a process that is named (TGI prints a shard's traceback
   twice, only the second copy with its rank) — `same-error`.
 
@@ -62,6 +63,8 @@ LAUNCHER_RES: list[tuple[re.Pattern[str], int]] = [
     # srun: "srun: error: gpu-node-13: task 11: Exited with exit code 1" (one task, not "tasks 0-3")
     (re.compile(r"srun: error: (?P<host>[^\s:]+): task (?P<rank>\d+): (?:Exited with exit code [1-9]|Killed"
                 r"|Segmentation|Aborted|Bus error)"), 2),
+    # mpirun: "The first process to do so was:" / "Process name: [[31226,1],3]"
+    (re.compile(r"Process name: \[\[\d+,\d+\],(?P<rank>\d+)\]"), 2),
     # TGI: "Shard 0 failed to start", "Shard 1 crashed" (its own field says "rank=0")
     (re.compile(r"\bShard (?P<shard>\d+) (?:failed to start|crashed)"), 2),
 ]
@@ -74,7 +77,7 @@ ACTOR_FIELD_RE = re.compile(r"^\s+(?P<key>class_name|pid|ip): (?P<value>\S+)\s*$
 
 def launcher_statement(line: str) -> tuple[str, int | None, str | None, int] | None:
     """The child a launcher's line says failed: (name, pid, node, how sure), or None."""
-    if "ailed" not in line and "xit" not in line and "crashed" not in line:
+    if "ailed" not in line and "xit" not in line and "crashed" not in line and "Process name" not in line:
         return None
     for rx, weight in LAUNCHER_RES:
         m = rx.search(line)

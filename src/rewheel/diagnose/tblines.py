@@ -16,9 +16,16 @@ NOT_EXCEPTIONS = {"return", "pass", "break", "continue", "raise", "yield", "else
 WRAPPED_FRAME_MIN = 60          # a frame line this long that does not parse was cut by a wrap
 NESTED_TB_RE = re.compile(r'(?:Original |Remote )?Traceback \(most recent call last\):?\s*$')
 # Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
+# (also an actor whose creation task raised: "ActorDiedError: The actor died because of an error
+# raised in its creation task, ray::WorkerDict.__init__() (pid=N, ip=A, ...)", then its frames)
 RAY_WRAP_RE = re.compile(
-    r"(?:ray\.exceptions\.)?Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?: ray::(?P<call>\S*?)"
-    r" \(pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]+))?")
+    r"(?:ray\.exceptions\.)?(?:Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?:"
+    r"|(?P<died>ActorDiedError|RayActorError): The actor died because of an error raised in its creation task,)"
+    r" ray::(?P<call>\S*?) \(pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]+))?")
+# torch.multiprocessing.spawn's ProcessRaisedException: its message is the child's traceback
+SPAWN_CHILD_RE = re.compile(r"-- Process (?P<rank>\d+) terminated with the following error:$")
+# an exception's name in a sentence (no message after it): "运行后报 ValueError 错误"
+PROSE_TYPE_RE = re.compile(r"(?<![A-Za-z0-9_.])(?<!::)(?P<type>[A-Z]\w*(?:Error|Exception))(?![\w.])")
 # IPython / Jupyter tracebacks.
 IPY_HEAD_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}$")
 IPY_FRAME_RE = re.compile(
@@ -53,8 +60,11 @@ RECORD_START_RE = re.compile(
     r"|Exception ignored |Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
     # rewheel's own annotations in the logs it keeps (smoke.log: "[rewheel] smoke failed: ...")
     r"|\[rewheel\] "
-    # torchrun's failure summary, drawn between rules
-    r"|={20,}$"
+    # torchrun's failure summary and mpirun's, drawn between rules
+    r"|={20,}$|-{20,}$"
+    # rich.logging.RichHandler's records: "[03/04/25 11:20:19] INFO     ...", the time left out
+    # when it is the previous record's
+    r"|\[\d\d/\d\d/\d{2,4} \d\d:\d\d:\d\d\] |(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) {2,}\S"
     # the smoke runner's own status lines after the error it reports ("vllm_init: FAILED ...")
     r"|\w+: (?:FAILED\b|timings |OK: )"
     # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)

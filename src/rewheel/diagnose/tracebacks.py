@@ -24,8 +24,8 @@ from rewheel.diagnose.results import Frame
 from rewheel.diagnose.tblines import (
     CHAIN_CAUSE, CHAIN_CONTEXT, EXC_RE, FOREIGN_TB_RE, FRAME_RE, GROUP_TYPES, IGNORABLE_IN_TB_RE, IPY_ARROW_RE,
     IPY_FRAME_RE, IPY_SKIP_RE, NESTED_TB_RE, NOT_AN_EXC_LINE_RE, PYTEST_E_RE, PYTEST_LOC_RE, RAY_WRAP_RE,
-    RECORD_START_RE, SHUTDOWN_FUNCS, SPAN_FIELD_RE, WRAPPED_FRAME_MIN, decoration, exception_line, func_name,
-    in_package, ray_actor)
+    RECORD_START_RE, SHUTDOWN_FUNCS, SPAN_FIELD_RE, SPAWN_CHILD_RE, PROSE_TYPE_RE, WRAPPED_FRAME_MIN,
+    decoration, exception_line, func_name, in_package, ray_actor)
 
 
 @dataclass
@@ -80,6 +80,7 @@ class Stream:
     lines: int = 0                    # lines of its frames read, and blank ones among them: a paste
     blanks: int = 0                   # with a blank line after every line has as many of each
     msg_blank: bool = False           # ... and there one blank line inside its message goes on with it
+    spawned: str | None = None        # torch.multiprocessing.spawn: the child whose traceback follows
 
     @property
     def blank_paste(self) -> bool:
@@ -101,6 +102,7 @@ class TracebackReader:
     learned: re.Pattern[str] | None
     cut_frame: tuple[Stream, int] | None
     tail: int
+    cut_tick: int
 
     def _open(self, key: tuple, label: str | None, pid: int | None, jpid: int | None,
               ident: str | None, level: str | None, pos: int, node: str | None = None) -> Stream:
@@ -150,6 +152,8 @@ class TracebackReader:
                 return True
             if line.startswith("Traceback (most recent call last)"):
                 return self._next_traceback(st, pos)
+            if self._spawned(st, line):
+                return True
             if not line.strip() and st.blank_paste and not st.msg_blank:
                 st.msg_blank = True
                 return True
@@ -217,6 +221,8 @@ class TracebackReader:
                 return True
             if line.startswith("Traceback (most recent call last)"):
                 return self._next_traceback(st, pos)
+            if st.state == "after" and self._spawned(st, line):
+                return True
             self._finish_stream(st)
             return False
         return False
@@ -289,12 +295,12 @@ class TracebackReader:
                 st.pending = None
             st.source_run += 1
             return True
-        ray = RAY_WRAP_RE.match(line) if "Ray" in line[:40] else None
+        ray = RAY_WRAP_RE.match(line) if "ray::" in line else None
         m = EXC_RE.match(line)
         if ray:
             # Ray's wrapper of a remote failure: unwrap to the remote exception; its frames
             # and its own exception line follow, in the remote process (pid, node ip).
-            exc.type = ray.group("inner") or exc.type or "RayTaskError"
+            exc.type = ray.group("inner") or ray.group("died") or exc.type or "RayTaskError"
             exc.wrapper = True
             st.remote = (ray_actor(ray.group("call")), int(ray.group("pid")), ray.group("ip"))
             msg = line[line.index(": ") + 2:] if ": " in line else ""
@@ -307,9 +313,9 @@ class TracebackReader:
             # off and other output goes on
             self._finish_stream(st, truncated_end=True)
             return False
-        elif exc.frames and not st.chain and NOT_AN_EXC_LINE_RE.match(line):
+        elif exc.frames and not st.chain and (NOT_AN_EXC_LINE_RE.match(line) or PROSE_TYPE_RE.search(line)):
             # a sentence where the exception line should be: the traceback was cut off there
-            # (its process died, or another writer's output goes on)
+            # (its process died, or another writer's output goes on, or a person tells the error)
             self._finish_stream(st, truncated_end=True)
             return False
         else:
@@ -324,6 +330,15 @@ class TracebackReader:
             # "RuntimeError: Traceback (most recent call last):": the message is the traceback
             # of the failure it wraps, which follows
             self._nest(st, pos)
+        return True
+
+    def _spawned(self, st: Stream, line: str) -> bool:
+        """torch.multiprocessing.spawn's "-- Process 2 terminated with the following error:":
+        the exception's message is that child's traceback (read next, as the cause)."""
+        m = SPAWN_CHILD_RE.match(line) if line[:3] == "-- " else None
+        if m is None:
+            return False
+        st.spawned = f"rank{m.group('rank')}"
         return True
 
     def _span_field(self, st: Stream, line: str) -> bool:
@@ -420,6 +435,12 @@ class TracebackReader:
         return False
 
     def _next_traceback(self, st: Stream, pos: int) -> bool:
+        if st.spawned is not None:
+            if not st.label:
+                st.label, st.rank_source = st.spawned, "launcher"
+            st.spawned = None
+            self._nest(st, pos)
+            return True
         if st.chained_marker and st.cur is not None and len(st.chain) < MAX_CHAIN:
             st.chain.append(st.cur)
             st.cur = _Exc(None, [], pos)
@@ -467,6 +488,8 @@ class TracebackReader:
         self.tail = TAIL_LINES
         pick = _pick_from_chain(chain)
         exc = chain[pick]
+        if exc.type is None:
+            self.cut_tick = self.tick      # a sentence after it may tell its error (errorlines)
         frame = exc.last_pkg_frame or exc.last_frame
         if frame is None:
             for other in reversed(chain):

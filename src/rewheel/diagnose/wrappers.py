@@ -59,6 +59,8 @@ PROC_RE = re.compile(r"\((?:(?P<label>[A-Za-z][^()]*?) )?pid=(?P<pid>\d+)(?:, ip
 # Ray's de-duplication of lines printed by many workers
 RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]$")
 RANK_RE = re.compile(r"\[rank(?P<rank>\d+)\]: ?")
+# mpirun --tag-output (Horovod, DeepSpeed over MPI): "[1,3]<stderr>:" (the job and the rank)
+MPI_TAG_RE = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err|diag)>: ?")
 # torchrun's --tee / --redirects: "[default3]:" (the role and the local rank) before every line
 TEE_RE = re.compile(r"\[(?!rank\d)(?P<role>[A-Za-z_]+\d+)\]:")
 # sglang's logger header: [2025-07-28 15:07:00 DP0 TP1] (ranks absent in the main process)
@@ -192,6 +194,12 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
             # torch's `[rankN]:`, repeated when a launcher prefixes it again; a process label
             # around it (Ray, SkyPilot) names the node's process, the tag the torch rank
             m = RANK_RE.match(line)
+            if m:
+                rank_tag = f"rank{m.group('rank')}"
+                line = line[m.end():]
+                continue
+        elif c == "[" and line[1:2].isdigit() and "]<std" in line[:20]:
+            m = MPI_TAG_RE.match(line)
             if m:
                 rank_tag = f"rank{m.group('rank')}"
                 line = line[m.end():]
