@@ -243,3 +243,16 @@ def test_a_blank_line_after_every_line_gives_the_same_answer(name: str) -> None:
     assert (got["type"], got["rank"], got["kind"]) == (exp["type"], exp["rank"], exp["kind"])
     assert got["message"].split("\n")[0] == exp["message"].split("\n")[0]
     assert (got["frame"] or {}).get("line") == (exp["frame"] or {}).get("line")
+
+
+def test_the_report_says_what_named_the_process() -> None:
+    from rewheel import report
+
+    out = io.StringIO()
+    console = Console(file=out, width=120, color_system=None, force_terminal=False)
+    report.render_why(console, diagnose.analyse_file(LOGS / "launcher_names_rank_torchrun_table.log"))
+    assert "process: rank6 on gpu-09 (named by the launcher's summary, log line 27)" in out.getvalue()
+    out = io.StringIO()
+    report.render_why(Console(file=out, width=120, color_system=None),
+                      diagnose.analyse_file(LOGS / "cann_traceback_block_after_message.log"))
+    assert "process: Worker_TP0\n" in out.getvalue()     # its own prefix: nothing more to say
