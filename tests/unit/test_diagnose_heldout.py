@@ -1,11 +1,11 @@
-"""`rewheel why` on two held-out sets of crash logs written for it (`tests/logs/heldout`,
-`tests/logs/heldout_b`), scored like the real logs against a hand-made `truth.json`: the
+"""`rewheel why` on three held-out sets of crash logs written for it (`tests/logs/heldout`,
+`heldout_b`, `heldout_c`), scored like the real logs against a hand-made `truth.json`: the
 exception type, its message, the failing process and the innermost frame.
 
 Set A (26 logs: vLLM, vllm-ascend, SGLang, lmdeploy, TGI, torchrun, accelerate, DeepSpeed,
-Ray/verl, mlflow, llama.cpp bindings) was written before the fourth round changed the code, set
-B (16 logs) after its first changes and measured once before anything was tuned against it;
-the counts before and after are in the round's closing note. Now they are regression tests:
+Ray/verl, mlflow, llama.cpp bindings) was written before the fourth round changed the code;
+sets B (16) and C (10) later, each measured once before anything was tuned against it; the
+counts before and after are in the round's closing note. Now they are regression tests:
 every log fully right, by file and by lines alike, and never worse than grep on the type.
 """
 
@@ -22,7 +22,7 @@ from support_truth import score
 from test_diagnose_floor import baseline_type
 
 LOGS = Path(__file__).parents[1] / "logs"
-SETS = ("heldout", "heldout_b")
+SETS = ("heldout", "heldout_b", "heldout_c")
 CASES = [(name, truth) for name in SETS
          for truth in json.loads((LOGS / name / "truth.json").read_text(encoding="utf-8"))]
 

@@ -256,3 +256,17 @@ def test_the_report_says_what_named_the_process() -> None:
     report.render_why(Console(file=out, width=120, color_system=None),
                       diagnose.analyse_file(LOGS / "cann_traceback_block_after_message.log"))
     assert "process: Worker_TP0\n" in out.getvalue()     # its own prefix: nothing more to say
+
+
+@pytest.mark.parametrize("path", ["", "train.log", "logs/node-1/worker-3.log", "./run-2.out"])
+@pytest.mark.parametrize("prefix", ["[rank3]: ", "Mar 03 14:21:09 inf-07 python[9021]: [rank3]: ",
+                                    "(RayTrainWorker pid=3, ip=10.0.0.3) [rank3]: "])
+def test_grep_numbers_with_and_without_file_names(path: str, prefix: str) -> None:
+    # `grep -n` / `grep -rn -A8`: "N:" (or "path:N:") on the match, "N-" ("path-N-") on context lines
+    out = []
+    for i, ln in enumerate(TB, 8812):
+        sep = ":" if i == 8812 else "-"
+        out.append((f"{path}{sep}" if path else "") + f"{i}{sep}{prefix}{ln}")
+    rc = rc_of(out)
+    assert (rc["type"], rc["message"], rc["frame"]["line"], rc["frame"]["source"]) == ("ValueError", "bad shape", 3, "g()")
+    assert "rank3" in rc["rank"]

@@ -52,9 +52,11 @@ WRAPPER_RE = re.compile(
     r"|(?P<task>\d{1,5}):(?: |$)"
     # a log quoted in a reply (markdown / e-mail): "> ", "> > "
     r"|(?P<quote>(?:> ?)+)")
-# grep -n's line number ("88410:" on a match, "88411-" on a context line): taken off where a
-# wrapper or prefix we know follows it
-GREP_N_RE = re.compile(r"\d{1,10}[:-](?=\S)")
+# grep -n's line number ("88410:" on a match, "88411-" on a context line), after the file's
+# path with -r ("logs/w-3.log:8812:", "logs/w-3.log-8813-"): taken off where a wrapper or
+# prefix we know follows it
+# (one lazy run, bounded: linear in the line's first word)
+GREP_N_RE = re.compile(r"(?:[^\s:]{1,400}?[:-])?\d{1,10}[:-](?=\S)")
 PROC_RE = re.compile(r"\((?:(?P<label>[A-Za-z][^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]*)[^)]*)?\) ?")
 # Ray's de-duplication of lines printed by many workers
 RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]$")
@@ -148,7 +150,7 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
                 learned = None
                 continue
         c = line[:1]
-        if not (c.isalnum() or c in "<[>"):
+        if not (c.isalnum() or c in "<[>./"):
             break
         if jpid is None:
             m = JOURNAL_RE.match(line)
@@ -160,7 +162,7 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
                 continue
         m = WRAPPER_RE.match(line)
         if not m:
-            g = GREP_N_RE.match(line) if c.isdigit() else None
+            g = GREP_N_RE.match(line)
             if g is None or not _known_after(line[g.end():], jpid):
                 break
             line = line[g.end():]
