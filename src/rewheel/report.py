@@ -260,6 +260,22 @@ def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # res
             console.print(f"  GPUs: {escape(check.detail)}")
 
 
+# What named the failing process where its own lines do not (diagnose.processes.RankSource)
+_NAMED_BY = {"text": "its error's text", "nearby": "the record just before it", "ray-task": "Ray's task error",
+             "actor": "the dead actor's error", "raylet": "raylet's report of the dead worker",
+             "field": "the logger's field after it", "launcher": "the launcher's summary",
+             "same-error": "the same error printed again by it"}
+
+
+def _named_by(rc) -> str:  # diagnose.RootCause
+    """" (named by the launcher's summary, log line 57)", or "" where its own lines name it."""
+    words = _NAMED_BY.get(rc.rank_source or "")
+    if not words:
+        return ""
+    line = rc.evidence[0].log_line if rc.evidence else None
+    return f" (named by {words}" + (f", log line {line})" if line else ")")
+
+
 def render_root_cause(console: Console, rc, base: tuple[object, str] | None = None) -> None:  # diagnose.RootCause | None
     if not rc:
         console.print("  root cause: none found in the logs")
@@ -268,7 +284,7 @@ def render_root_cause(console: Console, rc, base: tuple[object, str] | None = No
     console.print(f"  [bold red]root cause{kind}:[/] {escape(str(rc.type))}: {escape(rc.message)}")
     if rc.rank:
         console.print(f"    in process {escape(rc.rank)}" +
-                      (f" ({rc.count} occurrences)" if rc.count > 1 else ""))
+                      (f" ({rc.count} occurrences)" if rc.count > 1 else "") + escape(_named_by(rc)))
     fr = rc.frame
     if fr and fr.file:
         from rewheel.diagnose import short_path
@@ -458,7 +474,8 @@ def render_why(console: Console, diag) -> None:  # diagnose.Diagnosis
             console.print(f"    {escape(extra)}")
     if rc.rank:
         console.print(f"  process: [bold]{escape(rc.rank)}[/]"
-                      + (f" on {escape(str(rc.node))}" if getattr(rc, "node", None) else ""))
+                      + (f" on {escape(str(rc.node))}" if getattr(rc, "node", None) else "")
+                      + f"[dim]{escape(_named_by(rc))}[/]")
     if rc.frame:
         fr = rc.frame
         console.print(f"  at: [cyan]{escape(short_path(fr.file))}:{fr.line}[/]"
