@@ -256,13 +256,13 @@ def test_a_snapshot_that_shares_sources_is_made_safe_by_the_next_restore(tmp_pat
     written — and from then on an edit in place leaves the snapshot whole."""
     from rewheel.recipe import Recipe
     from rewheel.commands import open_target, snapshot_now
-    from rewheel.snapshot import capture
+    from rewheel.snapshot import ingest
 
     py = make_venv(tmp_path / "env")
     prefix = py.parent.parent
     uv_install(py, "toypkg==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
     with monkeypatch.context() as m:
-        m.setattr(capture, "hand_editable", lambda name, size: False)  # the rule before
+        m.setattr(ingest, "hand_editable", lambda name, size: False)  # the rule before
         old = snapshot_now(open_target(Recipe.for_python(py))).result.meta
     core = next(prefix.glob("lib/python3*/site-packages/toypkg/core.py"))
     assert (core.stat().st_dev, core.stat().st_ino) in store_inodes(rewheel_home)  # the hazard
@@ -284,3 +284,61 @@ def test_a_snapshot_that_shares_sources_is_made_safe_by_the_next_restore(tmp_pat
     doc = json_of(rewheel("rollback", "--python", str(py), old.id, "--yes", "--json", "--no-undo"))
     assert doc["restore"]["written"] == 0 and doc["restore"]["unshared"] == 0
 
+
+
+def _paused(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def test_an_edit_between_the_restore_and_the_work_after_it_reaches_no_snapshot(
+        host_factory, rewheel_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollback with a service, paused right after its restore (the `start` step durable in
+    its journal: the service not started yet, nothing moved to the trash, nothing pruned):
+    every file a person may edit is edited then, each real editor's way in turn. The rollback
+    then finishes, and every snapshot is still whole — its pre-upgrade snapshot brings back the
+    restored bytes exactly, its undo snapshot the upgraded build's."""
+    import signal
+    import time
+
+    private_uv_cache(tmp_path, monkeypatch)
+    h = host_factory("2.0.0", "good", binary=True)
+    target = str(h.recipe)
+    code, rep = h.run_json()
+    assert code == 0 and rep["status"] == "upgraded", rep["_stderr"]
+    upgraded = h.state()
+    out = tmp_path / "rollback.json"
+    with open(out, "w") as fo:
+        p = support_cli.start("rollback", target, "--yes", "--json", stdout=fo, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL,
+                              env={**os.environ, "REWHEEL_FAULT_AT": "step:start", "REWHEEL_FAULT_SIGNAL": "STOP"})
+        try:
+            deadline = time.monotonic() + 120
+            while not _paused(p.pid):
+                assert p.poll() is None and time.monotonic() < deadline, "the rollback never reached its start"
+                time.sleep(0.01)
+            # (what the restore moved out waits at a root for the trash, as the service starts)
+            restored = {k: v for k, v in h.state().items() if not k.startswith(".rewheel-restore-")}
+            used = edit_everything([p for p in text_files(h.prefix) if ".rewheel-restore-" not in str(p)])
+            assert min(used.values()) >= 3 and h.state() != restored
+            os.kill(p.pid, signal.SIGCONT)
+            assert p.wait(timeout=120) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    doc = json.loads(out.read_text())
+    undo = doc["undo_snapshot_id"]
+    assert doc["restore"]["written"] > 0 and undo
+    check = json_of(rewheel("verify", target, "--full", "--json"))
+    assert check["ok"] is True and all(s["damaged"] == [] for s in check["snapshots"])
+    # The edits stay in the environment until a rollback puts bytes back: the snapshots have
+    # neither them nor anything else changed.
+    json_of(rewheel("rollback", target, rep["snapshot_id"], "--yes", "--json"))
+    assert h.state() == restored
+    json_of(rewheel("rollback", target, undo, "--yes", "--json", "--force"))
+    assert h.state() == upgraded
+    assert_private(h.prefix, rewheel_home, single=False)

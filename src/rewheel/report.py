@@ -896,10 +896,20 @@ def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
         console.print(f"[bold red]snapshot {escape(r.snapshot_id)}: {len(r.damaged)} of {r.files_checked:,} "
                       f"stored files damaged[/] ({how})")
         for d in r.damaged[:20]:
-            why = {"changed": "changed after the snapshot (size or mtime)",
-                   "sha256 differs": "bytes differ from the recorded sha256"}.get(d.problem, d.problem)
+            found = ""
+            if d.problem == "changed" and d.found_size is not None:
+                what = []
+                if d.found_size != d.size:
+                    what.append(f"size {d.found_size:,} where {d.size:,} was stored")
+                if d.found_mtime_ns is not None and d.size == d.found_size:
+                    what.append("its mtime moved")
+                found = f" ({', '.join(what)})" if what else ""
+            why = {"changed": "changed after the snapshot" + found,
+                   "sha256 differs": "its bytes differ from the recorded sha256 (its size and mtime do not)"
+                   }.get(d.problem, d.problem)
             shared = " — a hard link shared with the environment: edited in place?" if d.shared else ""
-            console.print(f"  {escape(r.display(d))}: {escape(why)}{shared}")
+            stored = f"the stored copy {d.stored_at}" if d.stored_at else "its stored copy"
+            console.print(f"  {escape(r.display(d))}: {escape(stored)}: {escape(why)}{shared}")
         if len(r.damaged) > 20:
             console.print(f"  … and {len(r.damaged) - 20} more (`--json` lists them all)")
     if res.strays:

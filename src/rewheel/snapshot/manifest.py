@@ -160,7 +160,7 @@ class Folder:
             raise ManifestDamaged(f"{self.names[i]}: sha256 and target do not load ({exc})") from None
         name = self.names[i]
         return Entry(ri, f"{rel}/{name}" if rel else name, kind, self.modes[i], self.sizes[i], self.mtimes[i],
-                     sha256, _STORED_BACK.get(self.stored[i]), target, self.inos[i])
+                     sha256, _STORED_BACK.get(self.stored[i]), target, self.inos[i] or None)
 
     def entries(self, ri: int, rel: str) -> list[Entry]:
         return [self.entry(ri, rel, i) for i in range(len(self.names))]

@@ -167,16 +167,52 @@ class Objects:
         self._n += 1
         return f"{_TMP}{os.getpid()}-{self._n}"
 
-    def copy_in(self, src: str, sha: str, size: int) -> None:
-        """Copy `src` (whose sha256 is known: RECORD's) into the private object `sha`."""
+    def copy_in(self, src: str, sha: str, size: int) -> bool:
+        """Copy `src` (whose sha256 is known: RECORD's) into the private object `sha`, unless
+        the store holds it whole already. Whether it copied.
+
+        Made under its own name, created exclusively (no rename: a copy's cost is its inode,
+        and a rename is a quarter more): the completion mark set last (its mtime) tells a whole
+        object from one a killed copy left, which is replaced by a copy renamed over it."""
         aa, rest = sha[:2], sha[2:]
+        name = f"{aa}/{rest}"
+        if name in self.known:
+            return False
         fd_dir = self._dir(aa)
-        tmp = self._tmp()
         fi = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            try:
+                fo = os.open(rest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE,
+                             dir_fd=fd_dir)
+            except FileExistsError:
+                if private_ok(self.lstat(name), size):
+                    self.known.add(name)
+                    return False
+                self._copy_over(fi, fd_dir, rest, size)  # left by a killed copy (or another lane's, half done)
+                self.known.add(name)
+                return True
+            try:
+                copy_fd(fi, fo, size)
+                os.utime(fo, ns=(OBJECT_MTIME_NS, OBJECT_MTIME_NS))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    if os.stat(rest, dir_fd=fd_dir, follow_symlinks=False).st_ino == os.fstat(fo).st_ino:
+                        os.unlink(rest, dir_fd=fd_dir)  # never whole: not left under its name
+                raise
+            finally:
+                os.close(fo)
+        finally:
+            os.close(fi)
+        self.known.add(name)
+        return True
+
+    def _copy_over(self, fi: int, fd_dir: int, rest: str, size: int) -> None:
+        tmp = self._tmp()
         try:
             fo = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE,
                          dir_fd=fd_dir)
             try:
+                os.lseek(fi, 0, os.SEEK_SET)
                 copy_fd(fi, fo, size)
                 os.utime(fo, ns=(OBJECT_MTIME_NS, OBJECT_MTIME_NS))
             finally:
@@ -185,10 +221,7 @@ class Objects:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=fd_dir)
             raise
-        finally:
-            os.close(fi)
         self._publish(fd_dir, tmp, rest)
-        self.known.add(f"{aa}/{rest}")
 
     def copy_hashed_in(self, src: str) -> tuple[str, int, bool]:
         """Copy `src`, whose bytes no RECORD proves, hashing it on the way; the private
