@@ -29,14 +29,14 @@ STEP = "rollback + undo snapshot (the story's run, reinstall all)"
 BASELINE = "cp -al + uv pip sync"
 
 
-def _recipe(path: Any, python: Any, uv_args: tuple[str, ...]) -> None:
+def _recipe(path: Any, python: Any, package: str, uv_args: tuple[str, ...]) -> None:
     import tomli_w
 
     path.write_text(tomli_w.dumps({
         "name": "bench-story",
         "environment": {"python": str(python)},
-        "install": {"packages": ["vllm"], "reinstall": "all", "uv_args": list(uv_args)},
-        "smoke": {"command": ["{python}", "-c", "import vllm"], "timeout_s": 900, "gpus": 0},
+        "install": {"packages": [package], "reinstall": "all", "uv_args": list(uv_args)},
+        "smoke": {"command": ["{python}", "-c", f"import {package}"], "timeout_s": 900, "gpus": 0},
     }))
 
 
@@ -48,7 +48,8 @@ def bench_story(cfg: BenchConfig, rb: RealBench) -> dict[str, Any]:
         rm_tree(d)
     root.mkdir(parents=True, exist_ok=True)
     recipe = root / "recipe.toml"
-    _recipe(recipe, python, cfg.real_uv_args)
+    package = cfg.real_new.split("==")[0].strip()
+    _recipe(recipe, python, package, cfg.real_uv_args)
     rb.uv("venv", "-q", "--python", sys.executable, str(env))
     mine: list[float] = []
     hand: list[float] = []
@@ -70,7 +71,7 @@ def bench_story(cfg: BenchConfig, rb: RealBench) -> dict[str, Any]:
         if after != before:
             cfg.say("  story rollback NOT byte-exact: " + "; ".join(first_differences(before, after)))
         r = doc.get("restore", {})
-        notes.append({"versions": f"{(run.get('before') or {}).get('vllm')} -> {(run.get('after') or {}).get('vllm')}",
+        notes.append({"versions": f"{(run.get('before') or {}).get(package)} -> {(run.get('after') or {}).get(package)}",
                       "steps": {x["name"]: x["seconds"] for x in doc.get("steps", [])},
                       **{k: r.get(k) for k in ("written", "from_cache", "proven_same")}})
         # By hand, from the same state: the same run again, then the person's undo copy and sync.
@@ -91,7 +92,7 @@ def bench_story(cfg: BenchConfig, rb: RealBench) -> dict[str, Any]:
     rm_tree(home)
     last = notes[-1] if notes else {}
     row = Row(STEP, _median(mine), BASELINE, _median(hand), TARGETS["rollback"], samples=mine, baseline_samples=hand,
-              note=(f"vllm {last.get('versions')}; {', '.join(f'{k} {v:.2f}s' for k, v in (last.get('steps') or {}).items())}; "
+              note=(f"{package} {last.get('versions')}; {', '.join(f'{k} {v:.2f}s' for k, v in (last.get('steps') or {}).items())}; "
                     f"written {last.get('written') or 0:,}, of them {last.get('from_cache') or 0:,} from uv's cache, "
                     f"{last.get('proven_same') or 0:,} proven identical; "
                     f"{'byte-exact' if exact and all(exact) else 'NOT byte-exact'}"))

@@ -107,20 +107,34 @@ def _run_versions(summary: dict, names: list[str], limit: int = 2) -> str:
     return ", ".join(f"{n} {before.get(n, '-')} → {after.get(n, '-')}" for n in changed[:limit])
 
 
+def snapshot_cost(r) -> str:  # snapshot.SnapshotResult
+    """What a snapshot stored, in words: `57,737 files (8.0 GiB): 57,000 unchanged since the
+    last snapshot; 700 new contents copied (12.0 MiB), 37 already in the store; 1,184 large
+    binaries shared by hard links (6.9 GiB)`."""
+    m = r.meta
+    unchanged = m.extra.get("files_unchanged", 0)
+    parts = [f"{m.files:,} files ({human_bytes(m.bytes_total)})"]
+    said = []
+    if unchanged:
+        said.append(f"{unchanged:,} unchanged since the last snapshot")
+    said.append(f"{r.files_copied:,} new content(s) stored ({human_bytes(m.bytes_copied)} of extra disk)")
+    if m.extra.get("files_reused"):
+        said.append(f"{m.extra['files_reused']:,} already in the store")
+    if r.files_linked:
+        said.append(f"{r.files_linked:,} large binaries shared with the environment by hard links "
+                    f"({human_bytes(m.bytes_linked)})")
+    return parts[0] + ": " + "; ".join(said)
+
+
 def render_snapshot(console: Console, result) -> None:  # results.SnapshotCommandResult
     r = result.result
     m = r.meta
     console.print(f"[bold green]snapshot {escape(m.id)}[/] taken of {escape(m.prefix)}"
                   + (f" — label {escape(repr(m.label))}" if m.label else ""))
-    console.print(f"  {m.files:,} files, {human_bytes(m.bytes_total)} in all; "
-                  f"{r.files_linked:,} shared by {m.link_mode} ({human_bytes(m.bytes_linked)}), "
-                  f"{r.files_copied:,} copied ({human_bytes(m.bytes_copied)} of extra disk) "
-                  f"in {r.seconds:.2f}s")
-    if m.extra.get("files_reused"):
-        console.print(f"  {m.extra['files_reused']:,} unlisted file(s) unchanged since the previous snapshot: "
-                      f"shared with its copy ({human_bytes(m.extra['bytes_reused'])} not copied again)")
-    if "copy" in m.link_mode and r.files_linked == 0:
-        console.print("  [yellow]the store is on another filesystem: unchanged files were copied, not linked[/]")
+    console.print(f"  {snapshot_cost(r)} in {r.seconds:.2f}s")
+    if m.extra.get("links_refused"):
+        console.print("  [yellow]the store is on another filesystem than the environment: its binaries were "
+                      "copied, not linked (put the store on the environment's filesystem to share them)[/]")
     console.print(f"  stored at {escape(str(m.path))}")
     for nested in m.extra.get("nested_skipped", []):
         console.print(f"  [yellow]left out {escape(nested)}: another environment inside this one "
@@ -331,8 +345,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
         return
     if rep.snapshot:
         s = rep.snapshot  # snapshot.SnapshotResult
-        console.print(f"  snapshot {s.meta.id}: {s.meta.files:,} files, {s.files_linked:,} shared by "
-                      f"{s.meta.link_mode}, {human_bytes(s.meta.bytes_copied)} copied")
+        console.print(f"  snapshot {s.meta.id}: {snapshot_cost(s)}")
     if rep.cleanup:
         console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")

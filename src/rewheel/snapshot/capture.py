@@ -168,7 +168,8 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
             extra={**({"nested_skipped": w.nested} if w.nested else {}),
                    **({"files_unchanged": w.unchanged} if w.unchanged else {}),
                    **({"files_reused": ing.n_reused, "bytes_reused": ing.bytes_reused} if ing.n_reused else {}),
-                   **({"files_private": ing.n_private, "bytes_private": ing.bytes_private} if ing.n_private else {})})
+                   **({"files_private": ing.n_private, "bytes_private": ing.bytes_private} if ing.n_private else {}),
+                   **({"links_refused": True} if not ing.can_link else {})})
         meta.path = tmp
         meta.save()
         os.rename(tmp, store.snapshots_dir / snap_id)

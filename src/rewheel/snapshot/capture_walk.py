@@ -199,6 +199,7 @@ class CaptureWalk:
                                           f.stored, list(f.inos), list(f.ctimes or ()), f.sha_bytes(), f.targets)))
         ing = self.ingest
         return {"folders": folders, "nested": self.nested, "dist_infos": sorted(self.dist_infos),
+                "can_link": self.ingest.can_link,
                 "dist_info_changed": self.dist_info_changed, "codes": sorted(self.codes),
                 "n": [self.files, self.bytes_total, self.unchanged, self.entries, self.bytes_linked, self.n_linked,
                       ing.n_copied, ing.bytes_copied, ing.n_reused, ing.bytes_reused, ing.n_private,
@@ -218,6 +219,7 @@ class CaptureWalk:
         self.dist_info_changed = self.dist_info_changed or got["dist_info_changed"]
         self.codes.update(got["codes"])
         ing = self.ingest
+        ing.can_link = ing.can_link and got["can_link"]
         (files, total, unchanged, entries, blinked, nlinked, ncopied, bcopied, nreused, breused, nprivate,
          bprivate) = got["n"]
         self.files += files
