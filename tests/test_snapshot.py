@@ -881,3 +881,37 @@ def test_diff_leaves_out_what_the_snapshot_excluded(venv: Path, tmp_path: Path) 
     (sp / "toypkg" / "new.py").write_text("NEW = 1\n")
     files = [f.path for f in diff_trees(t.env, snap).files]
     assert "toypkg/new.py" in files and not any(p.endswith(".pt") for p in files)
+
+
+def test_a_snapshot_in_two_processes_is_the_one_one_process_takes(venv: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packages of site-packages shared out between two processes (the second sending its
+    folders back): the same entries and objects as one process finds, for a first snapshot into
+    an empty store, for one with nothing changed, and for one where files changed on both sides."""
+    from rewheel.snapshot import capture_walk
+
+    monkeypatch.setattr(capture_walk, "_LANES_MIN_ENTRIES", 1)  # the toy environment is small
+    env = Environment.inspect(venv)
+
+    def take(lanes: int, home: Path) -> list[tuple]:
+        monkeypatch.setenv("REWHEEL_RESTORE_LANES", str(lanes))
+        res = snapmod.take_snapshot(env, snapmod.Store(env.prefix, home))
+        return sorted((e.root, e.path, e.kind, e.mode, e.size, e.mtime_ns, e.sha256, e.stored, e.target)
+                      for e in snapmod.Manifest.load(res.meta).entries)
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert take(2, two) == take(1, one)  # the first snapshot of a store
+    split = capture_walk.CaptureWalk(env, snapmod.Store(env.prefix, two), capture_walk.Dists(env, None), (),
+                                     None)._split()
+    assert split is not None and split[2]  # the second process had packages of its own
+    assert take(2, two) == take(1, one)  # nothing changed
+    for pkg in ("toypkg", "toyhelper"):  # files of both processes' shares change
+        (site_packages(venv) / pkg / "added.py").write_text(f"# added to {pkg}\n")
+    assert take(2, two) == take(1, one)
+    for home in (one, two):
+        check = verify_store_of(env, home)
+        assert check.ok, [d.to_json() for r in check.results for d in r.damaged]
+
+
+def verify_store_of(env: Environment, home: Path) -> snapmod.StoreVerify:
+    return snapmod.verify_store(snapmod.Store(env.prefix, home), None, full=True)

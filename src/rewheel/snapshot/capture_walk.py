@@ -27,6 +27,9 @@ _HOW = {"L": "link", "C": "copy", "R": "reflink"}
 _ZERO32 = bytes(32)
 # Below this many entries in the packages to share, one process walks them all (a fork costs more).
 _LANES_MIN_ENTRIES = 4000
+# What each lane counts, added up once the second has reported.
+_WALK_COUNTS = ("files", "bytes_total", "unchanged", "entries", "bytes_linked", "n_linked")
+_INGEST_COUNTS = ("n_copied", "bytes_copied", "n_reused", "bytes_reused", "n_private", "bytes_private")
 
 
 def _by_name(de: os.DirEntry[str]) -> str:
@@ -201,9 +204,8 @@ class CaptureWalk:
         return {"folders": folders, "nested": self.nested, "dist_infos": sorted(self.dist_infos),
                 "can_link": self.ingest.can_link,
                 "dist_info_changed": self.dist_info_changed, "codes": sorted(self.codes),
-                "n": [self.files, self.bytes_total, self.unchanged, self.entries, self.bytes_linked, self.n_linked,
-                      ing.n_copied, ing.bytes_copied, ing.n_reused, ing.bytes_reused, ing.n_private,
-                      ing.bytes_private]}
+                "walk": [getattr(self, k) for k in _WALK_COUNTS],
+                "ingest": [getattr(ing, k) for k in _INGEST_COUNTS]}
 
     def _merge(self, got: dict[str, Any]) -> None:
         prev = self.prev.man.folders if self.prev.man is not None else {}
@@ -220,20 +222,10 @@ class CaptureWalk:
         self.codes.update(got["codes"])
         ing = self.ingest
         ing.can_link = ing.can_link and got["can_link"]
-        (files, total, unchanged, entries, blinked, nlinked, ncopied, bcopied, nreused, breused, nprivate,
-         bprivate) = got["n"]
-        self.files += files
-        self.bytes_total += total
-        self.unchanged += unchanged
-        self.entries += entries
-        self.bytes_linked += blinked
-        self.n_linked += nlinked
-        ing.n_copied += ncopied
-        ing.bytes_copied += bcopied
-        ing.n_reused += nreused
-        ing.bytes_reused += breused
-        ing.n_private += nprivate
-        ing.bytes_private += bprivate
+        for k, n in zip(_WALK_COUNTS, got["walk"], strict=True):
+            setattr(self, k, getattr(self, k) + n)
+        for k, n in zip(_INGEST_COUNTS, got["ingest"], strict=True):
+            setattr(ing, k, getattr(ing, k) + n)
 
     def _folder(self, ri: int, rel: str, path: str) -> list[tuple[str, str]]:
         """Take folder `rel` (at `path`); returns its subfolders to take next, (rel, path)."""

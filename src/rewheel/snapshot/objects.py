@@ -33,8 +33,9 @@ import fcntl
 import hashlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from rewheel.errors import SnapshotError
 
@@ -46,6 +47,7 @@ _FICLONE = 0x40049409
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _HEX = frozenset("0123456789abcdef")
 _TMP = ".tmp-"
+T = TypeVar("T")
 
 
 def valid_sha(sha: object) -> bool:
@@ -133,9 +135,6 @@ class Objects:
             self._fds[aa] = fd
         return fd
 
-    def path(self, name: str) -> str:
-        return f"{self.root}/{name}"
-
     # Looking ---------------------------------------------------------------------------
     def lstat(self, name: str) -> os.stat_result | None:
         aa, _, rest = name.partition("/")
@@ -167,6 +166,43 @@ class Objects:
         self._n += 1
         return f"{_TMP}{os.getpid()}-{self._n}"
 
+    def _write(self, fd_dir: int, name: str, src: str, fill: Callable[[int, int], T]) -> T:
+        """A new file `name` in folder fd_dir, created exclusively (mode 0400), holding what
+        `fill(source fd, new fd)` writes from `src`, then given its completion mark (its
+        mtime): what `fill` returns. Removed again when anything fails."""
+        fi = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fo = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE,
+                         dir_fd=fd_dir)
+            try:
+                got = fill(fi, fo)
+                os.utime(fo, ns=(OBJECT_MTIME_NS, OBJECT_MTIME_NS))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    if os.stat(name, dir_fd=fd_dir, follow_symlinks=False).st_ino == os.fstat(fo).st_ino:
+                        os.unlink(name, dir_fd=fd_dir)  # never whole: not left under its name
+                raise
+            finally:
+                os.close(fo)
+        finally:
+            os.close(fi)
+        return got
+
+    def _write_renamed(self, fd_dir: int, rest: str, src: str, fill: Callable[[int, int], T], *,
+                       from_dir: int | None = None) -> T:
+        """`_write` under a temporary name (in `from_dir`, else fd_dir), then renamed over
+        `rest`: the object is whole or absent, whatever was under its name before."""
+        tmp_dir = fd_dir if from_dir is None else from_dir
+        tmp = self._tmp()
+        got = self._write(tmp_dir, tmp, src, fill)
+        try:
+            os.rename(tmp, rest, src_dir_fd=tmp_dir, dst_dir_fd=fd_dir)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=tmp_dir)
+            raise
+        return got
+
     def copy_in(self, src: str, sha: str, size: int) -> bool:
         """Copy `src` (whose sha256 is known: RECORD's) into the private object `sha`, unless
         the store holds it whole already. Whether it copied.
@@ -179,49 +215,16 @@ class Objects:
         if name in self.known:
             return False
         fd_dir = self._dir(aa)
-        fi = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            try:
-                fo = os.open(rest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE,
-                             dir_fd=fd_dir)
-            except FileExistsError:
-                if private_ok(self.lstat(name), size):
-                    self.known.add(name)
-                    return False
-                self._copy_over(fi, fd_dir, rest, size)  # left by a killed copy (or another lane's, half done)
+            self._write(fd_dir, rest, src, lambda fi, fo: copy_fd(fi, fo, size))
+        except FileExistsError:
+            if private_ok(self.lstat(name), size):
                 self.known.add(name)
-                return True
-            try:
-                copy_fd(fi, fo, size)
-                os.utime(fo, ns=(OBJECT_MTIME_NS, OBJECT_MTIME_NS))
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    if os.stat(rest, dir_fd=fd_dir, follow_symlinks=False).st_ino == os.fstat(fo).st_ino:
-                        os.unlink(rest, dir_fd=fd_dir)  # never whole: not left under its name
-                raise
-            finally:
-                os.close(fo)
-        finally:
-            os.close(fi)
+                return False
+            # Left by a killed copy (or another lane's, half done): replaced whole.
+            self._write_renamed(fd_dir, rest, src, lambda fi, fo: copy_fd(fi, fo, size))
         self.known.add(name)
         return True
-
-    def _copy_over(self, fi: int, fd_dir: int, rest: str, size: int) -> None:
-        tmp = self._tmp()
-        try:
-            fo = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE,
-                         dir_fd=fd_dir)
-            try:
-                os.lseek(fi, 0, os.SEEK_SET)
-                copy_fd(fi, fo, size)
-                os.utime(fo, ns=(OBJECT_MTIME_NS, OBJECT_MTIME_NS))
-            finally:
-                os.close(fo)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=fd_dir)
-            raise
-        self._publish(fd_dir, tmp, rest)
 
     def copy_hashed_in(self, src: str) -> tuple[str, int, bool]:
         """Copy `src`, whose bytes no RECORD proves, hashing it on the way; the private
@@ -229,18 +232,8 @@ class Objects:
         sparse file stays sparse."""
         root = self._root()
         tmp = self._tmp()
+        sha, size = self._write(root, tmp, src, copy_fd_hashed)
         try:
-            fi = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                fo = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             OBJECT_MODE, dir_fd=root)
-                try:
-                    sha, size = copy_fd_hashed(fi, fo)
-                    os.utime(fo, ns=(OBJECT_MTIME_NS, OBJECT_MTIME_NS))
-                finally:
-                    os.close(fo)
-            finally:
-                os.close(fi)
             aa, rest = sha[:2], sha[2:]
             new = not self.has_private(sha, size)
             if new:
@@ -260,46 +253,20 @@ class Objects:
         root = self._root()
         tmp = self._tmp()
         try:
-            fi = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                fo = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE,
-                             dir_fd=root)
-                try:
-                    fcntl.ioctl(fo, _FICLONE, fi)
-                    return True
-                except OSError:
-                    return False
-                finally:
-                    os.close(fo)
-                    os.unlink(tmp, dir_fd=root)
-            finally:
-                os.close(fi)
+            self._write(root, tmp, src, _clone)
         except OSError:
             return False
+        os.unlink(tmp, dir_fd=root)
+        return True
 
     def clone_in(self, src: str, sha: str) -> bool:
         """A copy-on-write clone of `src` as the private object `sha`; False where the
         filesystem has none (nothing is left behind then)."""
         aa, rest = sha[:2], sha[2:]
-        fd_dir = self._dir(aa)
-        tmp = self._tmp()
         try:
-            fi = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                fo = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             OBJECT_MODE, dir_fd=fd_dir)
-                try:
-                    fcntl.ioctl(fo, _FICLONE, fi)
-                    os.utime(fo, ns=(OBJECT_MTIME_NS, OBJECT_MTIME_NS))
-                finally:
-                    os.close(fo)
-            finally:
-                os.close(fi)
+            self._write_renamed(self._dir(aa), rest, src, _clone)
         except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=fd_dir)
             return False
-        self._publish(fd_dir, tmp, rest)
         self.known.add(f"{aa}/{rest}")
         return True
 
@@ -335,46 +302,6 @@ class Objects:
                 return None
             raise
         return self.lstat(name)
-
-    def _publish(self, fd_dir: int, tmp: str, rest: str) -> None:
-        try:
-            os.rename(tmp, rest, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=fd_dir)
-            raise
-
-    def replace_with(self, name: str, src: str, mode: int | None, mtime_ns: int) -> os.stat_result:
-        """Put a copy of `src` (recovered bytes, already checked) in place of object `name`,
-        synced, by one rename. Returns the new object's lstat."""
-        aa, _, rest = name.partition("/")
-        fd_dir = self._dir(aa)
-        tmp = self._tmp()
-        try:
-            fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                fo = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             OBJECT_MODE, dir_fd=fd_dir)
-                try:
-                    copy_fd(fi, fo, os.fstat(fi).st_size)
-                    if mode is not None:
-                        os.chmod(fo, mode)
-                    os.utime(fo, ns=(mtime_ns, mtime_ns))
-                    os.fsync(fo)
-                finally:
-                    os.close(fo)
-            finally:
-                os.close(fi)
-            os.rename(tmp, rest, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)
-            os.fsync(fd_dir)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=fd_dir)
-            raise
-        self.known.discard(name)
-        got = self.lstat(name)
-        assert got is not None
-        return got
 
     # Sweeping --------------------------------------------------------------------------
     def collect(self, referenced: Iterable[str]) -> tuple[int, int]:
@@ -417,6 +344,10 @@ def _not_a_folder(path: Path) -> SnapshotError:
     return SnapshotError(f"{path} is not a folder of the store (a symlink or a file in its place)",
                          hint="move it out of the way; rewheel writes only into folders of its own and never "
                               "through a link it did not make")
+
+
+def _clone(fi: int, fo: int) -> None:
+    fcntl.ioctl(fo, _FICLONE, fi)
 
 
 def copy_fd(fi: int, fo: int, size: int) -> None:
