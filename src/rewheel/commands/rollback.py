@@ -14,7 +14,7 @@ from rewheel import journal
 from rewheel.commands.results import Downtime, RollbackResult, StepRecord, json_value
 from rewheel.commands.service_steps import ServiceSteps, cause_text
 from rewheel.commands.transaction import ServiceBack, Transaction, recover_stored_bytes
-from rewheel.commands.snapshots import (env_matches, protected_snapshots, pruned_text, reverted_snapshots,
+from rewheel.commands.snapshots import (protected_snapshots, still_the_snapshot, pruned_text, reverted_snapshots,
                                         upgrades_in_place)
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
 from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, out_of_space
@@ -348,7 +348,7 @@ def _check_undo_snapshot(t: Target, j: RunJournal, target: SnapshotMeta, undo_id
     t0 = time.monotonic()
     j.append(Step(name=StepName.SNAPSHOT_CHECK, purpose="undo", snapshot_id=undo_id))
     try:
-        same = env_matches(t, t.store.get(undo_id))
+        same = still_the_snapshot(t, t.store.get(undo_id))
     except (SnapshotDamaged, SnapshotError):
         same = False
     steps.append(StepRecord.since("snapshot-check", True, t0))

@@ -20,7 +20,7 @@ from rewheel.snapshot.ingest import Aliased, Dists, Ingest, Previous
 from rewheel.snapshot.lanes import fork_child, recv_msg, send_msg
 from rewheel.snapshot.manifest import Folder
 from rewheel.snapshot.objects import Objects
-from rewheel.snapshot.store import Store
+from rewheel.snapshot.store import SnapshotMeta, Store
 from rewheel.snapshot.tree import STAGING_PREFIX, Progress, exclusion, nested_prefix, scope_of, walk
 
 _HOW = {"L": "link", "C": "copy", "R": "reflink"}
@@ -42,10 +42,10 @@ class CaptureWalk:
     A folder in which nothing changed keeps the last snapshot's columns as they are."""
 
     def __init__(self, env: Environment, store: Store, dists: Dists, exclude: tuple[str, ...],
-                 objects: Objects | None, *, dry: bool = False) -> None:
+                 objects: Objects | None, *, dry: bool = False, prev: SnapshotMeta | None = None) -> None:
         self.env, self.store, self.dists, self.exclude = env, store, dists, exclude
         self.roots = scope_of(env)
-        self.prev = Previous(store, self.roots)
+        self.prev = Previous(store, self.roots, prev)
         self.ingest = Ingest(objects, dists, Aliased(store, self.roots), dry=dry)
         self.folders: dict[tuple[int, str], Folder] = {}
         self.nested: list[str] = []
@@ -252,9 +252,12 @@ class CaptureWalk:
             return None
         if extra:  # only names no snapshot holds may be left over (a staging folder, the store)
             prefix = f"{rel}/" if rel else ""
+            root_path = self.roots[ri].path
             left = [n for n in listing.keys() - pf.index.keys()
                     if not (n.startswith(STAGING_PREFIX) or listing[n].path == self.skip
-                            or (self.excluded is not None and ri == 0 and self.excluded(prefix + n)))]
+                            or (self.excluded is not None and ri == 0 and self.excluded(prefix + n))
+                            or (listing[n].is_dir(follow_symlinks=False)
+                                and nested_prefix(listing[n].path, prefix + n, root_path)))]
             if left:
                 return None
         modes, sizes, mtimes, inos, ctimes, stored = pf.modes, pf.sizes, pf.mtimes, pf.inos, pf.ctimes, pf.stored
@@ -446,3 +449,38 @@ class CaptureWalk:
     @property
     def link_mode(self) -> str:
         return "+".join(sorted({"L": "hardlink", "C": "copy", "R": "reflink"}[c] for c in self.codes)) or "none"
+
+
+def unchanged_since(env: Environment, store: Store, snap: SnapshotMeta) -> bool | None:
+    """Whether every entry of the environment is as snapshot `snap` recorded it — each file's
+    inode, size, mtime, ctime and mode, each folder's names, mtime and mode, each symlink's
+    target: one stat walk, which stops at the first difference. What a command that took a
+    snapshot while its service served checks once the service is stopped. None when the
+    snapshot records no live ctimes (taken by an older rewheel): the caller compares as
+    `verify` does instead."""
+    w = CaptureWalk(env, store, Dists(env, None), (), None, dry=True, prev=snap)
+    man = w.prev.man
+    if man is None or any(f.ctimes is None for f in man.folders.values() if "f" in f.types):
+        return None
+    w.excluded = exclusion(man.exclude)  # what it left out, and the store's home, are no difference
+    if not all(r.whole for r in w.roots):
+        return None
+    seen = 0
+    for ri, root in enumerate(w.roots):
+        stack = [("", root.path)]
+        while stack:
+            rel, path = stack.pop()
+            pf = man.folders.get((ri, rel))
+            try:
+                with os.scandir(path) as it:
+                    listing = {de.name: de for de in it}
+            except OSError:
+                return False
+            if pf is None:
+                return False
+            subdirs = w._unchanged(ri, rel, pf, listing)
+            if subdirs is None:
+                return False
+            seen += 1
+            stack.extend(reversed(subdirs))
+    return seen == len(man.folders)

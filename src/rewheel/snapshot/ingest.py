@@ -32,11 +32,12 @@ class Previous:
     object is the one that snapshot names. Objects a committed manifest names are kept by
     the store's sweep, so they are there."""
 
-    def __init__(self, store: Store, roots: list[Root]) -> None:
+    def __init__(self, store: Store, roots: list[Root], of: SnapshotMeta | None = None) -> None:
+        """`of`: that snapshot rather than the newest."""
         self.meta: SnapshotMeta | None = None
         self.man: Manifest | None = None
         real = [os.path.realpath(r.path) for r in roots]
-        for meta in store.list():
+        for meta in [of] if of is not None else store.list():
             try:
                 man = Manifest.load(meta, validate=False)
             except SnapshotDamaged:

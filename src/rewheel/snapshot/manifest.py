@@ -213,6 +213,7 @@ class Manifest:
     exclude: list[str] = field(default_factory=list)  # `[snapshots] exclude` when it was taken
     version: int = MANIFEST_VERSION
     raw: bytes | None = field(default=None, repr=False)  # `manifest.bin` as read (version 3)
+    _objects: tuple[SnapshotMeta, str] | None = field(default=None, repr=False, compare=False)
 
     @property
     def uses_objects(self) -> bool:
@@ -268,7 +269,9 @@ class Manifest:
         `tree/` (earlier versions). ManifestDamaged for an entry that names no object."""
         if not self.uses_objects:
             return f"{snap.path}/tree/{e.root}/{e.path}"
-        return f"{objects_dir(snap.path.parent.parent)}/{self.object_of(e)}"
+        if self._objects is None or self._objects[0] is not snap:
+            self._objects = (snap, str(objects_dir(snap.path.parent.parent)))
+        return f"{self._objects[1]}/{self.object_of(e)}"
 
     def stored_at(self, snap: SnapshotMeta, ri: int, rel: str) -> str | None:
         """Where the file at `rel` (under root `ri`) is stored, or None when the manifest has

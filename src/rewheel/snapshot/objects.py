@@ -45,7 +45,6 @@ OBJECT_MODE = 0o400
 CHUNK = 1 << 20
 _FICLONE = 0x40049409
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_HEX = frozenset("0123456789abcdef")
 _TMP = ".tmp-"
 T = TypeVar("T")
 
@@ -53,7 +52,7 @@ T = TypeVar("T")
 def valid_sha(sha: object) -> bool:
     """A sha256 as 64 lowercase hex digits: the only text an object's name is made of (a
     manifest tampered with cannot name `../../etc/x`)."""
-    return type(sha) is str and len(sha) == 64 and not (set(sha) - _HEX)
+    return type(sha) is str and len(sha) == 64 and not sha.strip("0123456789abcdef")
 
 
 def object_name(sha: str, code: str, mtime_ns: int) -> str:
@@ -170,22 +169,23 @@ class Objects:
         """A new file `name` in folder fd_dir, created exclusively (mode 0400), holding what
         `fill(source fd, new fd)` writes from `src`, then given its completion mark (its
         mtime): what `fill` returns. Removed again when anything fails."""
-        fi = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # The new file first: where the object exists already, that is the one call made.
+        fo = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE,
+                     dir_fd=fd_dir)
         try:
-            fo = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE,
-                         dir_fd=fd_dir)
+            fi = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 got = fill(fi, fo)
-                os.utime(fo, ns=(OBJECT_MTIME_NS, OBJECT_MTIME_NS))
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    if os.stat(name, dir_fd=fd_dir, follow_symlinks=False).st_ino == os.fstat(fo).st_ino:
-                        os.unlink(name, dir_fd=fd_dir)  # never whole: not left under its name
-                raise
             finally:
-                os.close(fo)
+                os.close(fi)
+            os.utime(fo, ns=(OBJECT_MTIME_NS, OBJECT_MTIME_NS))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                if os.stat(name, dir_fd=fd_dir, follow_symlinks=False).st_ino == os.fstat(fo).st_ino:
+                    os.unlink(name, dir_fd=fd_dir)  # never whole: not left under its name
+            raise
         finally:
-            os.close(fi)
+            os.close(fo)
         return got
 
     def _write_renamed(self, fd_dir: int, rest: str, src: str, fill: Callable[[int, int], T], *,
