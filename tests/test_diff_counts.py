@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import os
 import random
 import time
@@ -207,7 +208,8 @@ def test_cli_json_and_stat_carry_counts_not_diffs(edited: dict) -> None:
     cp = support_cli.rewheel(*rw, "--json", "--path", "*mod.py")
     assert cp.returncode == 0, cp.stderr
     [f] = json.loads(cp.stdout)["files"]
-    assert f["path"] == "toypkg/mod.py" and f["diff"].startswith("--- a/toypkg/mod.py\n")
+    # The diff names the file relative to the environment's prefix, the patch's one base.
+    assert f["path"] == "toypkg/mod.py" and re.match(r"--- a/lib/python3\.\d+/site-packages/toypkg/mod\.py\n", f["diff"])
 
 
 # --------------------------------------------------------------------------------------

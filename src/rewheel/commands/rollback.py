@@ -17,7 +17,7 @@ from rewheel.commands.transaction import ServiceBack, Transaction, recover_store
 from rewheel.commands.snapshots import (env_matches, protected_snapshots, pruned_text, reverted_snapshots,
                                         upgrades_in_place)
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
-from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, out_of_space
+from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, as_typed, out_of_space
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
 from rewheel.records import Finish, Note, Started, Step
@@ -48,8 +48,8 @@ def refuse_failed_build(snap: SnapshotMeta, force: bool, cli_ref: str) -> None:
     raise SnapshotError(
         f"snapshot {snap.id} ({what}) is a failed build: restoring it puts back a build that "
         "failed its checks",
-        hint=f"to restore it anyway (to debug it), add --force: `rewheel rollback {cli_ref} {snap.id} "
-             f"--force`; without a SNAPSHOT, rollback picks the snapshot taken before the last "
+        hint=f"to restore it anyway (to debug it), add --force: `{as_typed(add='--force')}`; without a "
+             f"SNAPSHOT, rollback picks the snapshot taken before the last "
              f"upgrade still in place (`rewheel history {cli_ref}` lists them); nothing was changed")
 
 
