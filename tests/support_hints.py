@@ -21,10 +21,11 @@ name, which a shell would not find). Each one, once per test:
   snapshot lookup, their refusals and their question, up to their lock.
 
 A hint is accepted when it ran to its end (exit 0, 1, 3 or 4: the state decides those), was
-stopped at its first change, or — where the command it came from had no `--yes` either —
-stopped at the question for want of a terminal. A usage error, any other refusal (exit 2;
-`check`'s failing checks are its report, not a refusal), a crash (exit 5) or a question for a
-command that had `--yes` fails the test that printed the hint, naming both commands.
+stopped at its first change, or stopped at the question for want of a terminal — unless it
+retries the command it came from (the same command and arguments) and that one had `--yes`:
+a retry keeps the person's --yes, a new action (another command, another snapshot) asks anew.
+A usage error, any other refusal (exit 2; `check`'s failing checks are its report, not a
+refusal) or a crash (exit 5) fails the test that printed the hint, naming both commands.
 
 Every hint and its verdict is recorded (JSON lines under REWHEEL_TESTS_HINT_LOG, which
 tests/conftest.py sets for the session); the session's summary line counts them. Usage lines
@@ -137,6 +138,15 @@ def static_verdict(hint: str, known: bool = True) -> tuple[str, str] | None:
     return None
 
 
+def retries(hint_args: list[str], came_from: list[str]) -> bool:
+    """Whether the hint is the command it came from again (the same command and arguments,
+    other flags): a retry keeps the --yes the person gave; a new action asks anew."""
+    def words(args: list[str]) -> list[str]:
+        return [a for a in args if not a.startswith("-")]
+
+    return words(hint_args) == words(came_from)
+
+
 def verdict(hint: str, came_from: list[str], cp: subprocess.CompletedProcess) -> tuple[str, str]:
     """("ran" | "stopped" | "asks" | "defect", detail) for a hint run as typed (`cp`)."""
     words = shlex.split(hint)
@@ -147,8 +157,10 @@ def verdict(hint: str, came_from: list[str], cp: subprocess.CompletedProcess) ->
         return "stopped", err.strip().splitlines()[-1] if err.strip() else ""
     if rc in (0, 1, 3, 4):
         return "ran", f"exit {rc}"
-    if rc == 2 and "no terminal to ask on" in err and "--yes" not in came_from and "-y" not in came_from:
-        return "asks", "asks on a terminal, as the command it came from did"
+    if rc == 2 and "no terminal to ask on" in err:
+        if retries(words[1:], came_from) and ("--yes" in came_from or "-y" in came_from):
+            return "defect", "it retries a command given --yes, and drops the --yes: a script that pastes it is refused again"
+        return "asks", "asks for a confirmation (a new action: the person decides)"
     if rc == 2 and len(words) > 1 and words[1] == "check" and not first_error:
         return "ran", "exit 2: check's report of a failing check"
     return "defect", f"exit {rc}: {first_error or err.strip()[-300:]}"

@@ -161,12 +161,29 @@ def _read_only_process(argv: list[str]) -> bool:
     return re.fullmatch(r"python[\d.]*", name) is not None and "-c" in argv[1:4]
 
 
+def _own_child(pid: int) -> bool:
+    """Whether `pid` (a process, or a process group's leader) is gone or a child this process
+    started (a probe it ends, with its group): signalling it changes nothing of anyone else's."""
+    pid = abs(pid)  # (kill(-PGID): the group)
+    if pid <= 1:
+        return False  # this process's own group, or every process
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return True  # (gone: the signal reaches no one)
+    return ppid == os.getpid()
+
+
 def _changes(event: str, args: tuple) -> bool:
     """Whether the event would change anything: making a folder that is there already
-    (`mkdir(exist_ok=True)`) or setting the mode a file has does not."""
+    (`mkdir(exist_ok=True)`), setting the mode a file has, or signalling a child of its own
+    (a probe's process group, ended) does not."""
     import stat
 
     try:
+        if event in ("os.kill", "os.killpg"):
+            return not _own_child(args[0])
         if event == "os.mkdir":
             return not os.path.isdir(args[0])
         if event == "os.chmod" and isinstance(args[0], (str, bytes, os.PathLike)):

@@ -258,11 +258,36 @@ def _as_typed(err: RewheelError, typed: str | None) -> None:
     if err.hint:
         err.hint = _AS_TYPED.sub(lambda m: report.typed_line(m.group(0), add=m.group(1) or "", drop=m.group(2) or ""),
                                  err.hint)
-    if typed is None:
-        return
-    err.message = _PLACEHOLDER.sub(lambda _m: typed, err.message)
+    if typed is not None:
+        err.message = _PLACEHOLDER.sub(lambda _m: typed, err.message)
+        if err.hint:
+            err.hint = _PLACEHOLDER.sub(lambda _m: typed, err.hint)
     if err.hint:
-        err.hint = _PLACEHOLDER.sub(lambda _m: typed, err.hint)
+        err.hint = _HINTED.sub(_keep_yes, err.hint)
+
+
+# A command in a hint.
+_HINTED = re.compile(r"`(rewheel [^`]+)`")
+
+
+def _keep_yes(m: re.Match[str]) -> str:
+    """A hinted command that retries the one typed (the same command and arguments: `rewheel
+    resume X` after `rewheel resume X --yes` was interrupted) keeps the --yes the person gave:
+    a script that pastes it is not refused for want of a terminal. Another command, or another
+    snapshot, is a new decision, asked anew."""
+    import shlex
+
+    argv = report.ARGV or []
+    if "--yes" not in argv and "-y" not in argv:
+        return m.group(0)
+    try:
+        words = shlex.split(m.group(1))[1:]
+    except ValueError:
+        return m.group(0)
+    if "--yes" in words or "-y" in words or [w for w in words if not w.startswith("-")] != [
+            a for a in argv if not a.startswith("-")]:
+        return m.group(0)
+    return f"`{m.group(1)} --yes`"
 
 
 def internal_error(exc: BaseException) -> RewheelError:

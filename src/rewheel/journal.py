@@ -551,8 +551,9 @@ def interrupted_error(j: RunJournal, target: str) -> InterruptedRun:
     return InterruptedRun(
         f"{j.kind} {j.id} on {target} was interrupted (last step: {j.last_step or 'start'})"
         + (f"; its journal has {len(j.damaged)} damaged line(s), skipped" if j.damaged else ""),
-        hint=f"`rewheel resume {target}` finishes or undoes it; `rewheel rollback {target}` "
-             f"restores its pre-upgrade snapshot {j.snapshot_id or ''}".rstrip())
+        hint=f"`rewheel resume {target}` finishes or undoes it"
+             + (f"; `rewheel rollback {target}` restores its pre-upgrade snapshot {j.snapshot_id}"
+                if j.snapshot_id else ""))
 
 
 def refuse_if_interrupted(env_dir: Path, target: str) -> None:

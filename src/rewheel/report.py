@@ -922,8 +922,8 @@ def render_rollback_more(console: Console, result) -> None:  # results.RollbackR
     service that did not come back failed."""
     if result.undo_snapshot_id:
         console.print(f"  the state it replaced is snapshot {escape(result.undo_snapshot_id)}: "
-                      f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}` "
-                      "undoes this rollback")
+                      f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}"
+                      f"{' --force' if result.undo_needs_force else ''}` undoes this rollback")
     elif result.undo_snapshot_error == UNDO_SKIPPED:
         console.print("  the state it replaced was not snapshotted (--no-undo): this rollback cannot be undone")
     elif result.undo_snapshot_error:
@@ -987,8 +987,8 @@ def render_status(console: Console, st) -> None:  # status.Status
     if st.interrupted:
         r = st.interrupted
         console.print(f"[bold red]interrupted {escape(r['kind'])} {escape(r['id'])}[/] (last step: "
-                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume {escape(st.target)}` or "
-                      f"`rewheel rollback {escape(st.target)}` first")
+                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume {escape(st.target)}`"
+                      + (f" or `rewheel rollback {escape(st.target)}`" if st.snapshots else "") + " first")
     shown = ", ".join(f"{n} {v or 'not installed'}" for n, v in st.key_packages.items())
     console.print(f"  versions: {escape(shown) or 'no key packages installed'}")
     if st.equals is not None:

@@ -244,6 +244,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         superseded = close_superseded(t.store.env_dir, j, skip={interrupted.id} if interrupted else set())
         result = RollbackResult(snap, res, j.id, back.health, interrupted.id if interrupted else None, steps,
                                 lk.stopped, undo_snapshot_id=undo_id, undo_snapshot_error=undo_error,
+                                undo_needs_force=bool(undo_id) and replaces_failed,
                                 superseded_runs=superseded, target=t.cli_ref, recovered=txn.recovery,
                                 downtime=_rollback_downtime(down_t0, steps, svc))
         if back.error is not None:
@@ -367,7 +368,7 @@ def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, ste
     j.append(Note(undo_snapshot_id=res.meta.id))
     steps.append(StepRecord.since("snapshot", True, t0))
     say(f"snapshot {res.meta.id} holds the state this rollback replaces "
-        f"(`rewheel rollback {t.cli_ref} {res.meta.id}` undoes it)")
+        f"(`rewheel rollback {t.cli_ref} {res.meta.id}{' --force' if failed_build else ''}` undoes it)")
     return res.meta.id, None
 
 
@@ -382,7 +383,8 @@ def _service_failed_after_restore(t: Target, svc: ServiceSteps, result: Rollback
     result.error = (f"restored snapshot {result.snapshot.id} into {t.env.prefix} (verified), but "
                     f"{svc.manager.describe()} did not come back healthy: {msg}"
                     + (f"; its log says{cause_text(rc)}" if rc else ""))
-    undo = (f"; `rewheel rollback {t.cli_ref} {result.undo_snapshot_id} --yes` puts back the state "
+    force = " --force" if result.undo_needs_force else ""
+    undo = (f"; `rewheel rollback {t.cli_ref} {result.undo_snapshot_id} --yes{force}` puts back the state "
             "this rollback replaced") if result.undo_snapshot_id else ""
     result.hint = (f"the service's log: {diag.source or svc.manager.log_location(0)}; fix the cause, then "
                    f"start the service (or `rewheel rollback {t.cli_ref} --yes` once more){undo}")
