@@ -57,15 +57,20 @@ USAGE_LINE = re.compile(r"^(?:Usage: (\S+)|Try '(\S+)[^']*' for help\.)", re.M)
 _seen: set[tuple[str, str]] = set()
 
 
-def _commands() -> set[str]:
+def _commands() -> tuple[set[str], set[str]]:
+    """rewheel's commands, and those whose first argument is a target (TARGET or RECIPE)."""
+    import click
     import typer.main
 
     from rewheel import cli
 
-    return set(typer.main.get_command(cli.app).commands)  # type: ignore[attr-defined]
+    commands = typer.main.get_command(cli.app).commands  # type: ignore[attr-defined]
+    targeted = {name for name, c in commands.items()
+                if any(isinstance(p, click.Argument) and p.name in ("target", "recipe_path") for p in c.params)}
+    return set(commands), targeted
 
 
-COMMANDS = _commands()
+COMMANDS, TARGETED = _commands()
 
 
 def _strings(doc: Any) -> Iterator[str]:
@@ -112,18 +117,20 @@ def usage_problems(stdout: str, stderr: str) -> list[str]:
             if (m.group(1) or m.group(2)) != PROG]
 
 
-def target_known(args: tuple[str, ...] | list[str]) -> bool:
-    """Whether the command named its target — `--python PATH`, or a recipe file — so that the
-    CLI can say it in its hints instead of TARGET or RECIPE."""
+def known_placeholders(args: tuple[str, ...] | list[str]) -> set[str]:
+    """The placeholders the command knows the value of, so that its hints say that instead:
+    TARGET when it was given `--python PATH`, TARGET and RECIPE when it was given a recipe."""
+    if not args or args[0] not in TARGETED:
+        return set()
     if "--python" in args:
-        return True
+        return {"TARGET"}
     positional = [a for a in args[1:] if not a.startswith("-")]
-    return bool(positional) and os.path.isfile(positional[0])
+    return {"TARGET", "RECIPE"} if positional and os.path.isfile(positional[0]) else set()
 
 
-def static_verdict(hint: str, known: bool = True) -> tuple[str, str] | None:
+def static_verdict(hint: str, known: set[str] = KNOWN_PLACEHOLDERS) -> tuple[str, str] | None:
     """("defect", why) or ("template", why) when the hint cannot be run as typed; None when it
-    can. `known`: the command that printed it named its target."""
+    can. `known`: the placeholders whose value the command that printed it knew."""
     try:
         words = shlex.split(hint)
     except ValueError as exc:
@@ -131,8 +138,8 @@ def static_verdict(hint: str, known: bool = True) -> tuple[str, str] | None:
     if not words or words[0] != PROG:
         return "defect", f"it does not start with the program's name `{PROG}`"
     said = sorted({w for w in words if w in KNOWN_PLACEHOLDERS})
-    if said and known:
-        return "defect", f"it says {', '.join(said)} where the command knows what was typed"
+    if set(said) & known:
+        return "defect", f"it says {', '.join(sorted(set(said) & known))} where the command knows what was typed"
     if said or any("…" in w or w == "..." for w in words) or any(w in TEMPLATE_PLACEHOLDERS for w in words):
         return "template", "a placeholder only the person can fill"
     return None
@@ -205,7 +212,7 @@ def check(args: tuple[str, ...], env: dict[str, str], cwd: str | Path | None, um
         if key in _seen:
             continue
         _seen.add(key)
-        static = static_verdict(hint, target_known(args))
+        static = static_verdict(hint, known_placeholders(args))
         if static is not None:
             kind, why = static
             detail = why
@@ -239,7 +246,7 @@ def summary(log: str) -> str:
     tests = len({e["test"] for e in entries})
     parts = [f"{counts.get(k, 0)} {what}" for k, what in (
         ("ran", "ran to their end"), ("stopped", "stopped at their first change"),
-        ("asks", "asked for a terminal as their command did"), ("template", "templates (not run)"),
+        ("asks", "stopped at their question (a new action: asked anew)"), ("template", "templates (not run)"),
         ("hostile", "from hostile arguments (not run)"), ("defect", "could not be pasted"))]
     return (f"hints: {len(entries)} printed by the commands of {tests} tests ({distinct} shapes), "
             "run as typed: " + ", ".join(parts))

@@ -305,7 +305,8 @@ def test_help_says_each_thing_once(command: str | None) -> None:
     assert HEADING.findall(text) == want, text
     sections = dict(zip(HEADING.findall(text), re.split(HEADING, text)[2::2], strict=True))
     for p in args:
-        listed = re.findall(rf"^  {re.escape(p.human_readable_name)}\s", text, re.M)
+        name = p.human_readable_name.strip("[]")  # (an optional one is shown `[NAME]`)
+        listed = re.findall(rf"^  \[?{re.escape(name)}\]?\s", sections["Arguments"], re.M)
         assert len(listed) == 1, f"{p.human_readable_name} listed {len(listed)} times:\n{text}"
     for p in cmd.params:
         if isinstance(p, click.Option) and not p.hidden:

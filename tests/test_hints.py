@@ -24,8 +24,12 @@ def test_what_cannot_be_pasted_is_told_apart_from_templates() -> None:
     assert v("run lab.toml --dry-run")[0] == "defect"  # no program name: no shell finds `run`
     assert v("python -m rewheel history x")[0] == "defect"
     assert v("rewheel history 'x")[0] == "defect"  # a quote left open
-    assert v("rewheel resume TARGET", known=True)[0] == "defect"  # the CLI knew what was typed
-    assert v("rewheel resume TARGET", known=False)[0] == "template"
+    assert v("rewheel resume TARGET", known={"TARGET"})[0] == "defect"  # the CLI knew what was typed
+    assert v("rewheel resume TARGET", known=set())[0] == "template"
+    assert v("rewheel run RECIPE --json", known={"TARGET"})[0] == "template"  # given --python: no recipe
+    assert support_hints.known_placeholders(["status", "--python", "/e/bin/python"]) == {"TARGET"}
+    assert support_hints.known_placeholders(["fleet-report", __file__]) == set()  # a report, not a recipe
+    assert support_hints.known_placeholders(["status", __file__]) == {"TARGET", "RECIPE"}
     assert v("rewheel why LOGFILE")[0] == "template"
     assert v("rewheel diff … > x.patch")[0] == "template"
     assert support_hints.hints_in('{"hint": "`rewheel history x` lists; `run x --dry-run` plans"}', "") == [
