@@ -223,8 +223,8 @@ class EnvLock:
         running = _describe(pids) if pids else "unknown processes (not visible to this user)"
         return LockHeld(f"the rewheel process that held this environment ({what}) is gone, but "
                         f"processes it started still run and hold its lock: {running}",
-                        hint="`rewheel resume TARGET` (or `rewheel rollback TARGET`) stops them and "
-                             "finishes or undoes the interrupted run; or wait until they end")
+                        hint="`rewheel resume TARGET` stops them and finishes or undoes the interrupted run "
+                             "(a rollback to one of its snapshots stops them too); or wait until they end")
 
     # -- enter / exit -----------------------------------------------------------------
     def __enter__(self) -> EnvLock:

@@ -194,7 +194,7 @@ class Manifest:
             entries = man.entries if validate else []
         except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
             raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",
-                                  hint="restore another snapshot (`rewheel history`)") from None
+                                  hint="restore another snapshot (`rewheel history TARGET` lists them)") from None
         if validate:
             seen = set()
             for e in entries:

@@ -135,7 +135,7 @@ def _check_stored(snap: SnapshotMeta, tree: str, e: Entry) -> os.stat_result:
         st = os.lstat(p)
     except FileNotFoundError:
         raise SnapshotDamaged(f"snapshot {snap.id}: stored file {e.path} is missing ({p})",
-                              hint="restore another snapshot (`rewheel history`)") from None
+                              hint="restore another snapshot (`rewheel history TARGET` lists them)") from None
     if not stat.S_ISREG(st.st_mode) or st.st_size != e.size or st.st_mtime_ns != e.mtime_ns:
         raise SnapshotDamaged(
             f"snapshot {snap.id}: stored file {e.path} was changed after the snapshot "
