@@ -161,9 +161,10 @@ def _read_only_process(argv: list[str]) -> bool:
     return re.fullmatch(r"python[\d.]*", name) is not None and "-c" in argv[1:4]
 
 
-def _own_child(pid: int) -> bool:
-    """Whether `pid` (a process, or a process group's leader) is gone or a child this process
-    started (a probe it ends, with its group): signalling it changes nothing of anyone else's."""
+def _own_child(pid: int, gone_ok: bool) -> bool:
+    """Whether `pid` (a process, or a process group's leader) is a child this process started
+    (a probe it ends, with its group) — or, `gone_ok`, a process that is gone: signalling it
+    changes nothing of anyone else's."""
     pid = abs(pid)  # (kill(-PGID): the group)
     if pid <= 1:
         return False  # this process's own group, or every process
@@ -171,7 +172,7 @@ def _own_child(pid: int) -> bool:
         with open(f"/proc/{pid}/stat") as f:
             ppid = int(f.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
-        return True  # (gone: the signal reaches no one)
+        return gone_ok
     return ppid == os.getpid()
 
 
@@ -183,7 +184,8 @@ def _changes(event: str, args: tuple) -> bool:
 
     try:
         if event in ("os.kill", "os.killpg"):
-            return not _own_child(args[0])
+            # (A group whose leader is gone may still have members: only a live child's counts.)
+            return not _own_child(args[0], gone_ok=event == "os.kill" and args[0] > 0)
         if event == "os.mkdir":
             return not os.path.isdir(args[0])
         if event == "os.chmod" and isinstance(args[0], (str, bytes, os.PathLike)):
