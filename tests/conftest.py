@@ -29,6 +29,11 @@ if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
 
 
+# The folder where every process of the session records the hints it ran (tests/support_hints.py).
+_HINT_LOG = pytest.StashKey[str]()
+_HINT_LOG_MADE = pytest.StashKey[bool]()
+
+
 # -- the fault suites' sample (tests/support_killpoints.py) -------------------------------------
 def pytest_configure(config: pytest.Config) -> None:
     """One seed for the session, drawn here (in xdist's controller, before its workers start,
@@ -38,6 +43,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
     os.environ.setdefault("REWHEEL_FAULT_SEED", str(secrets.randbelow(10**6)))
     config.pluginmanager.register(_GroupsReachXdist(), "rewheel-groups-reach-xdist")
+    if not hasattr(config, "workerinput"):  # the controller's folder, which its workers inherit
+        if "REWHEEL_TESTS_HINT_LOG" not in os.environ:
+            import tempfile
+
+            os.environ["REWHEEL_TESTS_HINT_LOG"] = tempfile.mkdtemp(prefix="rewheel-hints-")
+            config.stash[_HINT_LOG_MADE] = True
+        config.stash[_HINT_LOG] = os.environ["REWHEEL_TESTS_HINT_LOG"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    if config.stash.get(_HINT_LOG_MADE, False):
+        shutil.rmtree(config.stash[_HINT_LOG], ignore_errors=True)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -47,8 +66,16 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    import os
+
     # Also under -q (no header): the line that repeats this session's fault sample.
     terminalreporter.write_line(pytest_report_header(config))
+    # The hints the session's commands printed, each run as typed (tests/support_hints.py).
+    log = config.stash.get(_HINT_LOG, None)
+    if log is not None and os.path.isdir(log) and os.listdir(log):
+        from support_hints import summary
+
+        terminalreporter.write_line(summary(log))
 
 
 # -- scheduling on xdist workers (`make test`: --dist loadgroup --no-loadscope-reorder) -----------

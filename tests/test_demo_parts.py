@@ -470,6 +470,25 @@ def test_readme_look_around_commands_work_after_the_demo(demo_run: DemoRun) -> N
     assert "Worker_TP4" in out["why"] and "deepseek_v2.py" in out["why"]
     assert "recipe is ready" in out["check"] and "FAIL" not in out["check"]
     assert "reverted" in out["status"] and toy.GOOD_VERSION in out["status"]
+    # After a second run there are two smoke logs: `why` is still given one, the newest. (An
+    # older run's log, with another crash, beside the demo's; removed afterwards.)
+    log = max(demo_run.stage.glob("home/envs/*/runs/*/smoke.log"), key=lambda p: p.stat().st_mtime)
+    older = log.parent.parent / "00000000-older" / "smoke.log"
+    older.parent.mkdir()
+    try:
+        older.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                         "ValueError: an older run's crash\n")
+        os.utime(older, (log.stat().st_mtime - 3600,) * 2)
+        why = next(c for c in commands if c.split()[1] == "why")
+        cp = subprocess.run(why, shell=True, cwd=demo_run.folder, capture_output=True, text=True, timeout=300,
+                            env=env)
+        assert cp.returncode == 0 and "Worker_TP4" in cp.stdout and "an older run's crash" not in cp.stdout, cp.stdout + cp.stderr
+    finally:
+        shutil.rmtree(older.parent)
+    # A usage error through the wrapper names the program a person types, not `python -m rewheel`.
+    cp = subprocess.run([str(demo_run.stage / "rewheel"), "why", "--no-such-option"], cwd=demo_run.folder,
+                        capture_output=True, text=True, timeout=300, env=env)
+    assert cp.returncode == 2 and cp.stderr.startswith("Usage: rewheel why "), cp.stderr
     # The index the look-around served is gone, and the service stayed stopped.
     assert _stage_processes(demo_run.stage) == []
 

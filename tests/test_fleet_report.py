@@ -136,7 +136,7 @@ def test_the_command(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content, says", [("{not json", "not JSON"), ('["a"]', "not a rewheel JSON document"),
-                                           ('{"status": "qualified"}', "not a `rewheel run --json` report")])
+                                           ('{"status": "qualified"}', "not a `rewheel run RECIPE --json` report")])
 def test_what_is_not_a_run_report_is_refused_naming_the_file(tmp_path: Path, content: str, says: str) -> None:
     bad = tmp_path / "gpu-09.json"
     bad.write_text(content)

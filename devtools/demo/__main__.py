@@ -393,7 +393,9 @@ def look_around_commands(stage: Path) -> list[str]:
     where = rel if not rel.startswith("..") else str(stage)
     return [f"{where}/rewheel history {where}/demo.toml",
             f"{where}/rewheel diff {where}/demo.toml",
-            f"{where}/rewheel why {where}/home/envs/*/runs/*/smoke.log",
+            # The newest run's log: `why` reads one log, and each run (a look-around `run` too)
+            # leaves one more. (Unquoted, as the other paths here: it fits the demo's 76 columns.)
+            f"{where}/rewheel why $(ls -t {where}/home/envs/*/runs/*/smoke.log | head -1)",
             f"{where}/rewheel check {where}/demo.toml",
             f"{where}/rewheel status {where}/demo.toml"]
 

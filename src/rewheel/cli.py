@@ -44,6 +44,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# The program's name in usage lines and hints: what a person types.
+PROG = "rewheel"
+
 
 def _keep_argument_help() -> None:
     """Typer sets an argument's help and then click's Argument.__init__ (8.2 and later, which
@@ -180,11 +183,9 @@ def confirm(question: str, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        import shlex
-
         raise ConfirmationRequired(f"no terminal to ask on, so nothing was changed: {question.rstrip('?')}",
                                    hint="to confirm without a terminal, add --yes: "
-                                        f"`{shlex.join(['rewheel', *sys.argv[1:], '--yes'])}`")
+                                        f"`{report.typed_line('rewheel … --yes', add='--yes')}`")
     if not typer.confirm(question, default=False, err=True):
         from rewheel.errors import NotConfirmed
 
@@ -246,16 +247,47 @@ def _typed_target(kwargs: dict[str, Any]) -> str | None:
 
 # A placeholder word of the usage in a message (`rewheel history TARGET`).
 _PLACEHOLDER = re.compile(r"\b(TARGET|RECIPE)\b")
+# The command line as typed, a flag added or dropped (errors.as_typed).
+_AS_TYPED = re.compile(r"<as typed(?: \+(\S+))?(?: -(\S+))?>")
 
 
 def _as_typed(err: RewheelError, typed: str | None) -> None:
-    """Core modules that do not know what was typed say TARGET or RECIPE in their hints; the
-    message a person reads names what they gave instead, so that the hint pastes as it is."""
-    if typed is None:
-        return
-    err.message = _PLACEHOLDER.sub(lambda _m: typed, err.message)
+    """Core modules that do not know what was typed say TARGET or RECIPE in their hints, or the
+    command line as typed (errors.as_typed); the message a person reads names what they gave
+    instead, so that the hint pastes as it is."""
     if err.hint:
-        err.hint = _PLACEHOLDER.sub(lambda _m: typed, err.hint)
+        err.hint = _AS_TYPED.sub(lambda m: report.typed_line(m.group(0), add=m.group(1) or "", drop=m.group(2) or ""),
+                                 err.hint)
+    if typed is not None:
+        err.message = _PLACEHOLDER.sub(lambda _m: typed, err.message)
+        if err.hint:
+            err.hint = _PLACEHOLDER.sub(lambda _m: typed, err.hint)
+    if err.hint:
+        err.hint = _HINTED.sub(_keep_yes, err.hint)
+
+
+# A command in a hint.
+_HINTED = re.compile(r"`(rewheel [^`]+)`")
+
+
+def _keep_yes(m: re.Match[str]) -> str:
+    """A hinted command that retries the one typed (the same command and arguments: `rewheel
+    resume X` after `rewheel resume X --yes` was interrupted) keeps the --yes the person gave:
+    a script that pastes it is not refused for want of a terminal. Another command, or another
+    snapshot, is a new decision, asked anew."""
+    import shlex
+
+    argv = report.ARGV or []
+    if "--yes" not in argv and "-y" not in argv:
+        return m.group(0)
+    try:
+        words = shlex.split(m.group(1))[1:]
+    except ValueError:
+        return m.group(0)
+    if "--yes" in words or "-y" in words or [w for w in words if not w.startswith("-")] != [
+            a for a in argv if not a.startswith("-")]:
+        return m.group(0)
+    return f"`{m.group(1)} --yes`"
 
 
 def internal_error(exc: BaseException) -> RewheelError:
@@ -341,14 +373,17 @@ def _main() -> None:
         if reconfigure is not None and (getattr(stream, "errors", None) or "strict") == "strict":
             reconfigure(errors="backslashreplace")
     sys.argv[1:] = _plain_first(sys.argv[1:])
+    report.ARGV = sys.argv[1:]  # (hints that retry the command name it as typed)
     this = _app_for(sys.argv[1:])
     if "--json" not in sys.argv[1:]:
-        this()
+        # The usage lines name the program a person types, however it was started (`python -m
+        # rewheel`, a wrapper script): click would say `python -m rewheel` for the former.
+        this(prog_name=PROG)
         return
     # A usage error (unknown option, missing argument) is reported by typer before any
     # command runs, as human text only; with --json a script still gets one JSON document.
     try:
-        code = this(standalone_mode=False)
+        code = this(standalone_mode=False, prog_name=PROG)
     except typer.Abort:
         _stderr_console().print("aborted", markup=False)
         sys.exit(EXIT_ABORTED)
@@ -358,10 +393,18 @@ def _main() -> None:
             raise
         from rewheel.errors import UsageError
 
-        named = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+        args = sys.argv[1:]
+        named = next((a for a in args if not a.startswith("-")), None)
         known = {c.name or (c.callback.__name__.replace("_", "-") if c.callback else "")
                  for c in app.registered_commands}
-        err = UsageError(fmt(), hint=f"`rewheel {named + ' ' if named in known else ''}--help` shows the usage")
+        if named in known and "--json" in args[:args.index(named)]:
+            import shlex
+
+            # `rewheel --json history X`: --json is each command's option, given after its name.
+            hint = f"--json goes after the command: `{shlex.join([PROG, *(a for a in args if a != '--json'), '--json'])}`"
+        else:
+            hint = f"`rewheel {named + ' ' if named in known else ''}--help` shows the usage"
+        err = UsageError(fmt(), hint=hint)
         emit_json(err.to_json())
         report.print_error(_stderr_console(), err)
         sys.exit(err.exit_code)
@@ -663,8 +706,8 @@ def diff(target: TargetArg = None,
          python: PythonOpt = None,
          stat_only: Annotated[bool, typer.Option("--stat", help="Only the changed files with their +/- line counts.")] = False,
          package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME", help="Only this distribution's files, with unified diffs.")] = None,
-         path_glob: Annotated[str | None, typer.Option("--path", metavar="GLOB", help="Only files matching this glob (relative to site-packages), with unified diffs.")] = None,
-         show_patch: Annotated[bool, typer.Option("--patch", help="Unified diffs of every changed text file.")] = False,
+         path_glob: Annotated[str | None, typer.Option("--path", metavar="GLOB", help="Only files whose path relative to the environment's prefix matches this glob (e.g. '*/vllm/*', 'bin/*'), with unified diffs.")] = None,
+         show_patch: Annotated[bool, typer.Option("--patch", help="Unified diffs of every changed text file, with paths relative to the environment's prefix (a '# patch:' line before them names it): cd there and git apply.")] = False,
          json_out: JsonOpt = False, verbose: VerboseOpt = False, plain: PlainOpt = False) -> None:
     """Versions and source files between two snapshots, or a snapshot and the live environment."""
     from rewheel import diff as diffmod
@@ -702,7 +745,7 @@ def patches(target: TargetArg = None, python: PythonOpt = None,
     out, err = consoles(json_out)
     with err.status("scanning installed files…"):
         result = patchmod.scan_target(t, dists=package or None, offline=offline, thorough=thorough)
-    show(out, json_out, result, report.render_patches)
+    show(out, json_out, result, functools.partial(report.render_patches, target=t.cli_ref))
     _exit_if_interrupted(t, err)
 
 

@@ -333,6 +333,9 @@ class FileChange:
     removed_lines: int | None = None
     diff: str | None = None
     note: str | None = None
+    # Relative to the diff's patch base (`DiffResult.patch_base`): the path its unified diff
+    # names and `--path` matches; None: `path`.
+    patch_path: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "change": self.change, "added_lines": self.added_lines,
@@ -354,13 +357,16 @@ class DiffResult:
     unchanged_packages: int = 0
     stats: dict[str, Any] = field(default_factory=dict)
     filters: dict[str, Any] = field(default_factory=dict)
+    # The one folder every unified diff's paths are relative to (the environment's prefix;
+    # `/` when a file lies outside it): `cd BASE && git apply FILE` applies them.
+    patch_base: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"old": self.old, "new": self.new,
                 "packages": [p.to_json() for p in self.packages],
                 "files": [f.to_json() for f in self.files],
                 "unchanged_packages": self.unchanged_packages, "stats": self.stats,
-                "filters": self.filters}
+                "filters": self.filters, "patch_base": self.patch_base}
 
 
 @dataclass
@@ -589,8 +595,10 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
     environment (`new_snap=None`).
 
     `package`/`path_glob` narrow the file list (a glob matched against the path relative to
-    site-packages and against the absolute path); `with_diffs` adds unified diffs of text
-    files; `line_counts=False` (a `--stat`-less quick look) skips reading changed files.
+    the environment's prefix, the base its unified diffs name: `lib/python3.12/site-packages/
+    vllm/*`, `*/vllm/*`, `bin/*`); `with_diffs` adds unified diffs of text files, all relative
+    to one base (`patch_base`); `line_counts=False` (a `--stat`-less quick look) skips reading
+    changed files.
     """
     t0 = time.monotonic()
     old_man = Manifest.load(old_snap)
@@ -654,8 +662,18 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
     unchanged = sum(1 for p in packages if p.change == "unchanged")
     packages = [p for p in packages if p.change != "unchanged"]
 
+    # One base for the diffs a person applies and the globs they give: the prefix (site-packages
+    # lies inside it, and so do bin/ and include/); a path outside it stays absolute.
+    for f in files:
+        f.patch_path = display_path(f.abs_path, (), prefix)
     if path_glob:
-        files = [f for f in files if fnmatch.fnmatch(f.path, path_glob) or fnmatch.fnmatch(f.abs_path, path_glob)]
+        files = [f for f in files if fnmatch.fnmatch(f.patch_path or f.path, path_glob)]
+    base: str | None = None
+    if with_diffs:
+        base = prefix if all(f.patch_path != f.abs_path for f in files) else "/"
+        if base == "/":
+            for f in files:
+                f.patch_path = f.abs_path.lstrip("/")
 
     if line_counts or with_diffs:
         old_side, new_side = _Side(old_snap, old_man), _Side(new_snap, new_man)
@@ -671,7 +689,7 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
             _fill_split(files, fill)
     stats["seconds"] = round(time.monotonic() - t0, 3)
     return DiffResult(old_snap.id, new_snap.id if new_snap else LIVE, packages, files, unchanged,
-                      stats, {"package": package, "path": path_glob})
+                      stats, {"package": package, "path": path_glob}, patch_base=base)
 
 
 def _fill_split(files: list[FileChange], fill: Callable[[FileChange], None]) -> None:
@@ -748,14 +766,15 @@ def _fill_text(fc: FileChange, o: _Item | None, n: _Item | None, old_side: _Side
         if not isinstance(data, bytes) or (text := as_text(data)) is None:
             fc.binary = True
             if with_diffs:
-                fc.diff = f"Binary files a/{fc.path} and b/{fc.path} differ\n"
+                label = fc.patch_path or fc.path
+                fc.diff = f"Binary files a/{label} and b/{label} differ\n"
             return
         texts.append(text)
         raw.append(data)
     old_t, new_t = texts
     if with_diffs:
         # A diff that is shown: its counts are its own +/- lines.
-        fc.diff = unified_diff(old_t, new_t, fc.path, fc.path)
+        fc.diff = unified_diff(old_t, new_t, fc.patch_path or fc.path, fc.patch_path or fc.path)
         fc.added_lines, fc.removed_lines = count_lines(fc.diff)
     elif all(t is None or splits_like_bytes(t) for t in texts):
         fc.added_lines, fc.removed_lines = count_changed_lines(*raw)

@@ -149,15 +149,15 @@ def host_result(host: str, doc: Any, source: str | None = None) -> HostResult:
     """One host's outcome from the JSON document its command printed."""
     if not isinstance(doc, dict):
         raise UsageError(f"{source or host}: not a rewheel JSON document (a JSON object)",
-                         hint="give the files `rewheel run --json` wrote, one per host")
+                         hint="give the files `rewheel run RECIPE --json` wrote, one per host")
     if "error" in doc and "status" not in doc:
         # A command that refused or broke before a run began (exit 2, 4, 5): nothing changed.
         return HostResult(host, "error", source, message=str(doc.get("message") or doc["error"]),
                           exit_code=doc.get("exit_code"))
     status = doc.get("status")
     if status not in _RUN_STATUSES:
-        raise UsageError(f"{source or host}: not a `rewheel run --json` report (status {status!r})",
-                         hint="give the files `rewheel run --json` wrote, one per host")
+        raise UsageError(f"{source or host}: not a `rewheel run RECIPE --json` report (status {status!r})",
+                         hint="give the files `rewheel run RECIPE --json` wrote, one per host")
     before = dict(doc.get("before") or {})
     after = dict(doc.get("after") or {})
     rc = doc.get("root_cause")
@@ -228,7 +228,7 @@ def fleet_report(reports: list[str], *, expect: list[str] | None = None) -> Flee
             doc = json.loads(text)
         except ValueError as exc:
             raise UsageError(f"{path}: not JSON: {exc}",
-                             hint="give the files `rewheel run --json` wrote, one per host") from None
+                             hint="give the files `rewheel run RECIPE --json` wrote, one per host") from None
         hosts.append(host_result(host, doc, str(path)))
         seen.add(host)
     for name in expect or []:

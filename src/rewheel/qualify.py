@@ -271,7 +271,7 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
     through (default `UvCiSteps`)."""
     do = steps or UvCiSteps()
     if recipe.smoke is None:
-        raise UsageError(f"{recipe.source}: no [smoke] section; `rewheel ci` qualifies a nightly by "
+        raise UsageError(f"{recipe.source}: no [smoke] section; rewheel ci qualifies a nightly by "
                          "its smoke test", hint="add [smoke] command = [...] to the recipe")
     if recipe.smoke.gpus > 0:
         do.require_gpus(recipe.smoke.gpus)

@@ -373,7 +373,7 @@ def refusal(rec: Recovery, snap: SnapshotMeta, cli_ref: str) -> SnapshotDamaged:
         f"place through the hard link it shares with the environment), and neither the environment, uv's cache "
         f"nor the index holds their bytes: {shown}",
         hint=f"nothing was stopped or changed. What would bring them back: {bring}; then run the rollback again. "
-             f"Or restore another snapshot: `rewheel verify {cli_ref} SNAPSHOT` says which are whole")
+             f"Or restore another snapshot: `rewheel verify {cli_ref}` says which are whole")
 
 
 def recover_before_restore(env: Environment, snap: SnapshotMeta, *, cli_ref: str,

@@ -45,6 +45,28 @@ def escape(text: object) -> str:
     return _escape_markup(clean(text))
 
 
+# The command line as typed (after `rewheel`), set once by the CLI: a hint that retries it with a
+# flag changed is this line, pasteable as it is. None (a caller without one): the plain form.
+ARGV: list[str] | None = None
+
+
+def typed_line(fallback: str, *, add: str = "", drop: str = "") -> str:
+    """`rewheel` and the command line as typed, `drop` left out and `add` appended; `fallback`
+    (the command without the person's other flags) where no command line is known."""
+    import shlex
+
+    if ARGV is None:
+        return fallback
+    return shlex.join(["rewheel", *(a for a in ARGV if a != drop), *([add] if add and add not in ARGV else [])])
+
+
+def _arg(text: str) -> str:
+    """A word of a command line, quoted for the shell where it must be."""
+    import shlex
+
+    return shlex.quote(text)
+
+
 def print_error(console: Console, exc: RewheelError) -> None:
     if getattr(exc, "is_note", False):  # a choice the person made (answered "no"): no red
         console.print(clean(exc.message, lines=False), markup=False, highlight=False)
@@ -340,7 +362,8 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
     served = rep.service_before == "active"
     render_prepared(console, rep.prepared, here, served=served)
     if rep.status == RunStatus.PREPARED:
-        console.print(f"[{colour}]prepared{': the service kept serving' if served else ''}; `rewheel run {escape(rep.recipe)} --prepared` "
+        swap = typed_line(f"rewheel run {_arg(rep.recipe)} --prepared", add="--prepared", drop="--prepare-only")
+        console.print(f"[{colour}]prepared{': the service kept serving' if served else ''}; `{escape(swap)}` "
                       "swaps it in[/]")
         return
     if rep.snapshot:
@@ -360,7 +383,9 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
         for f in rep.files[:15]:
             console.print(f"    {f.change:<9} {escape(f.path)} (+{f.added_lines or 0} -{f.removed_lines or 0})")
         if len(rep.files) > 15:
-            console.print(f"    … and {len(rep.files) - 15} more (`rewheel diff` lists them all)")
+            kept = rep.revert.failed_snapshot_id if rep.revert else None
+            console.print(f"    … and {len(rep.files) - 15} more (`rewheel diff {escape(_arg(rep.recipe))} "
+                          f"{rep.snapshot_id}{' ' + kept if kept else ''}` lists them all)")
     if rep.patches:
         console.print(f"[bold]local patches[/] ({len(rep.patches)}) — the reinstall replaced these files; "
                       f"saved as .patch files in {escape(show_path(console, rep.run_dir, here))}")
@@ -381,7 +406,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
                           f"written, {r.deleted:,} removed, {r.verified:,} verified")
         if rv.failed_snapshot_id:
             console.print(f"  the failed build is kept as snapshot {rv.failed_snapshot_id}: "
-                          f"`rewheel diff {escape(rep.recipe)} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
+                          f"`rewheel diff {escape(_arg(rep.recipe))} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
         if rv.service:
             console.print(f"  service healthy again: {escape(rv.service.detail)}")
         if rv.error:
@@ -627,16 +652,23 @@ def render_diff(console: Console, result, *, stat_only: bool = False, verbose: b
     console.print(f" {len(result.files)} file(s), [green]+{added}[/] [red]-{removed}[/]")
     if stat_only:
         return
-    for f in result.files:
-        if f.diff:
-            print_diff(console, f.diff)
+    shown = [f.diff for f in result.files if f.diff]
+    if shown and result.patch_base:
+        # The patch's header (before its first `---`: git apply and patch skip it): the one
+        # folder every path below is relative to.
+        import shlex
+
+        _plain(console, f"# patch: paths relative to {result.patch_base}; apply there: "
+                        f"cd {shlex.quote(result.patch_base)} && git apply FILE")
+    for diff in shown:
+        print_diff(console, diff)
     h = result.stats
     if h.get("hashed_files"):
         console.print(f"[dim]{h['hashed_files']} file(s) hashed ({human_bytes(h['hashed_bytes'])}); "
                       f"the rest known from the manifest and RECORDs[/]")
 
 
-def render_patches(console: Console, scan) -> None:  # patches.PatchScan
+def render_patches(console: Console, scan, *, target: str = "TARGET") -> None:  # patches.PatchScan
     st = scan.stats
     if not scan.patches:
         console.print(f"[bold green]no local patches[/] in {escape(scan.prefix)} "
@@ -669,13 +701,13 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                           f"place, changed the snapshot's copy too")
     for d in scan.damaged_snapshots:
         console.print(f"[yellow]snapshot {escape(d['id'])}: {d['files']} stored file(s) were changed after the "
-                      f"snapshot (edited in place); `rewheel verify` names them, a rollback recovers their bytes "
+                      f"snapshot (edited in place); `rewheel verify {escape(target)}` names them, a rollback recovers their bytes "
                       f"first or refuses (exit 3)[/]")
     hazard = sorted({p.distribution for p in scan.patches if p.shares_uv_cache_inode})
     if hazard:
         console.print(f"[bold red]warning:[/] patched in place into files uv hard-linked from its cache "
                       f"({escape(', '.join(hazard))}): uv's cached copies carry the patch too, and a "
-                      f"reinstall would link the patched bytes back. `rewheel run` cleans these from "
+                      f"reinstall would link the patched bytes back. A rewheel run cleans these from "
                       f"uv's cache first; by hand: `uv cache clean {' '.join(hazard)}`")
     if scan.missing:
         console.print(f"[yellow]{len(scan.missing)} file(s) listed in a RECORD are missing:[/] "
@@ -889,8 +921,11 @@ def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows
 
 
 # ---- verify (rewheel.snapshot.integrity) ----
-STRAYS_HINT = ("`rewheel resume TARGET` finishes an interrupted run (and removes them); with no run to "
-               "resume, delete them: nothing else uses them")
+def strays_hint(target: str) -> str:
+    """What to do about files a killed rewheel left in the environment (`target`: the CLI's
+    reference, quoted for the shell)."""
+    return (f"`rewheel resume {target}` finishes an interrupted run (and removes them); with no run to "
+            "resume, delete them: nothing else uses them")
 
 
 def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
@@ -930,7 +965,7 @@ def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
                       "(a restore's staging folder, an unshare's or a patch's copy): not the environment's own")
         for p in res.strays:
             console.print(f"  {escape(p)}")
-        console.print(STRAYS_HINT)
+        console.print(escape(strays_hint(res.target)))
     if any(not r.ok for r in res.results):
         console.print("a rollback to a damaged snapshot recovers the files' bytes from the environment, uv's "
                       "cache or the recipe's index before it stops anything, and refuses (exit 3) when none "
@@ -942,8 +977,8 @@ def render_rollback_more(console: Console, result) -> None:  # results.RollbackR
     service that did not come back failed."""
     if result.undo_snapshot_id:
         console.print(f"  the state it replaced is snapshot {escape(result.undo_snapshot_id)}: "
-                      f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}` "
-                      "undoes this rollback")
+                      f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}"
+                      f"{' --force' if result.undo_needs_force else ''}` undoes this rollback")
     elif result.undo_snapshot_error == UNDO_SKIPPED:
         console.print("  the state it replaced was not snapshotted (--no-undo): this rollback cannot be undone")
     elif result.undo_snapshot_error:
@@ -979,7 +1014,8 @@ def render_history_marks(console: Console, hist) -> None:  # results.History
     if pinned:
         console.print(f"pinned (never pruned): {escape(', '.join(pinned))}")
     if failed:
-        console.print(f"failed builds (restored only with `rollback --force`): {escape(', '.join(failed))}")
+        console.print(f"failed builds (restored only with --force: `rewheel rollback {escape(hist.target)} "
+                      f"{escape(failed[0])} --force`): {escape(', '.join(failed))}")
 
 
 def running_text(doc: dict) -> str:
@@ -1006,8 +1042,8 @@ def render_status(console: Console, st) -> None:  # status.Status
     if st.interrupted:
         r = st.interrupted
         console.print(f"[bold red]interrupted {escape(r['kind'])} {escape(r['id'])}[/] (last step: "
-                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume {escape(st.target)}` or "
-                      f"`rewheel rollback {escape(st.target)}` first")
+                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume {escape(st.target)}`"
+                      + (f" or `rewheel rollback {escape(st.target)}`" if st.snapshots else "") + " first")
     shown = ", ".join(f"{n} {v or 'not installed'}" for n, v in st.key_packages.items())
     console.print(f"  versions: {escape(shown) or 'no key packages installed'}")
     if st.equals is not None:
@@ -1027,7 +1063,8 @@ def render_status(console: Console, st) -> None:  # status.Status
         for c in st.differs_from_newest[:10]:
             console.print(f"    {escape(c.name)} {escape(c.old or '-')} → {escape(c.new or '-')} ({c.change})")
         if len(st.differs_from_newest) > 10:
-            console.print(f"    … and {len(st.differs_from_newest) - 10} more (`rewheel diff` shows all)")
+            console.print(f"    … and {len(st.differs_from_newest) - 10} more (`rewheel diff {escape(st.target)} {n.id}` "
+                          "shows all)")
     else:
         console.print(f"  no snapshots yet (`rewheel snapshot {escape(st.target)}` takes one)")
     if st.last_run:
@@ -1047,7 +1084,7 @@ def render_status(console: Console, st) -> None:  # status.Status
     if st.strays:
         console.print(f"  [bold red]{len(st.strays)} file(s) a killed rewheel left inside the environment[/]: "
                       f"{escape(', '.join(st.strays[:5]))}" + (" …" if len(st.strays) > 5 else ""))
-        console.print(f"  {STRAYS_HINT}")
+        console.print(f"  {escape(strays_hint(st.target))}")
 
 
 def render_ci_base(console: Console, rep) -> None:  # qualify.CiReport

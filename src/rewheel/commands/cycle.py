@@ -111,7 +111,7 @@ class Cycle(Staging, Reverting):
             from rewheel.errors import RecipeError
 
             raise RecipeError(self.t.recipe.source, "install.packages",
-                              "missing: `rewheel run` needs the packages to upgrade (or --lock FILE)",
+                              "missing: a run needs the packages to upgrade (or --lock FILE)",
                               hint='add [install] with packages = ["vllm"]')
         # A swap of a prepared build needs no index: it installs from uv's cache.
         checks = (self.host.checks(self.t.recipe, client=self.host.client, indexes=False) if self.prepared

@@ -17,7 +17,7 @@ from rewheel.commands.transaction import ServiceBack, Transaction, recover_store
 from rewheel.commands.snapshots import (protected_snapshots, still_the_snapshot, pruned_text, reverted_snapshots,
                                         upgrades_in_place)
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
-from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, out_of_space
+from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, as_typed, out_of_space
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (PreparedRestore, Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
 from rewheel.records import Finish, Note, Started, Step
@@ -48,8 +48,8 @@ def refuse_failed_build(snap: SnapshotMeta, force: bool, cli_ref: str) -> None:
     raise SnapshotError(
         f"snapshot {snap.id} ({what}) is a failed build: restoring it puts back a build that "
         "failed its checks",
-        hint=f"to restore it anyway (to debug it), add --force: `rewheel rollback {cli_ref} {snap.id} "
-             f"--force`; without a SNAPSHOT, rollback picks the snapshot taken before the last "
+        hint=f"to restore it anyway (to debug it), add --force: `{as_typed(add='--force')}`; without a "
+             f"SNAPSHOT, rollback picks the snapshot taken before the last "
              f"upgrade still in place (`rewheel history {cli_ref}` lists them); nothing was changed")
 
 
@@ -263,6 +263,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         superseded = close_superseded(t.store.env_dir, j, skip={interrupted.id} if interrupted else set())
         result = RollbackResult(snap, res, j.id, back.health, interrupted.id if interrupted else None, steps,
                                 lk.stopped, undo_snapshot_id=undo_id, undo_snapshot_error=undo_error,
+                                undo_needs_force=bool(undo_id) and replaces_failed,
                                 superseded_runs=superseded, target=t.cli_ref, recovered=txn.recovery,
                                 downtime=_rollback_downtime(down_t0, steps, svc))
         if back.error is not None:
@@ -386,7 +387,7 @@ def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, ste
     j.append(Note(undo_snapshot_id=res.meta.id))
     steps.append(StepRecord.since("snapshot", True, t0))
     say(f"snapshot {res.meta.id} holds the state this rollback replaces "
-        f"(`rewheel rollback {t.cli_ref} {res.meta.id}` undoes it)")
+        f"(`rewheel rollback {t.cli_ref} {res.meta.id}{' --force' if failed_build else ''}` undoes it)")
     return res.meta.id, None
 
 
@@ -401,7 +402,8 @@ def _service_failed_after_restore(t: Target, svc: ServiceSteps, result: Rollback
     result.error = (f"restored snapshot {result.snapshot.id} into {t.env.prefix} (verified), but "
                     f"{svc.manager.describe()} did not come back healthy: {msg}"
                     + (f"; its log says{cause_text(rc)}" if rc else ""))
-    undo = (f"; `rewheel rollback {t.cli_ref} {result.undo_snapshot_id} --yes` puts back the state "
+    force = " --force" if result.undo_needs_force else ""
+    undo = (f"; `rewheel rollback {t.cli_ref} {result.undo_snapshot_id} --yes{force}` puts back the state "
             "this rollback replaced") if result.undo_snapshot_id else ""
     result.hint = (f"the service's log: {diag.source or svc.manager.log_location(0)}; fix the cause, then "
                    f"start the service (or `rewheel rollback {t.cli_ref} --yes` once more){undo}")

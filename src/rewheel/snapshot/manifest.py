@@ -335,7 +335,7 @@ class Manifest:
             except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError,
                     OverflowError) as exc:
                 raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",
-                                      hint="restore another snapshot (`rewheel history`)") from None
+                                      hint="restore another snapshot (`rewheel history TARGET` lists them)") from None
             if validate:
                 man._validate(snap)
             return man
@@ -369,7 +369,7 @@ class Manifest:
             entries = man.entries if validate else []
         except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
             raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",
-                                  hint="restore another snapshot (`rewheel history`)") from None
+                                  hint="restore another snapshot (`rewheel history TARGET` lists them)") from None
         if validate:
             man._validate(snap, entries)
         return man

@@ -87,7 +87,7 @@ def check_stored(snap: SnapshotMeta, p: str, e: Entry, mtime_ns: int) -> os.stat
         st = os.lstat(p)
     except (FileNotFoundError, NotADirectoryError):
         raise SnapshotDamaged(f"snapshot {snap.id}: stored file {e.path} is missing ({p})",
-                              hint="restore another snapshot (`rewheel history`)") from None
+                              hint="restore another snapshot (`rewheel history TARGET` lists them)") from None
     if not stat.S_ISREG(st.st_mode) or st.st_size != e.size or st.st_mtime_ns != mtime_ns:
         raise SnapshotDamaged(
             f"snapshot {snap.id}: stored file {e.path} ({p}) was changed after the snapshot "
