@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import sys
 from typing import Any
 
 from rewheel.environment import Environment
@@ -98,11 +99,9 @@ class CaptureWalk:
                 stack.extend(reversed(subdirs))
 
     def _split(self) -> tuple[int, str, frozenset[str]] | None:
-        """Where the second lane's share is: the packages (folders) of the largest
-        site-packages, about half the entries by the last snapshot's count (else by RECORD's);
-        None when there is nothing worth sharing."""
-        import sys
-
+        """Where the second lane's share is: packages (folders) of the environment's
+        site-packages making about half its entries, by the last snapshot's count (else by
+        RECORD's); None when there is nothing worth sharing."""
         if not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2:
             return None
         best: tuple[int, str] | None = None
