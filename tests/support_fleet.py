@@ -236,13 +236,23 @@ class SshHost:
                 "ansible_python_interpreter": "/usr/bin/python3",
                 "ansible_become": True, "ansible_become_method": "su"}
 
-    def install_rewheel(self, wheel: Path) -> Path:
-        """rewheel into the host's own uv tool environment, where the install role puts it (not
-        byte-compiled, unlike the role: compiling every dependency costs more CPU than the few
-        commands a test runs there compile as they import)."""
-        cp = self.run(find_uv(), "tool", "install", "--reinstall", "--python", sys.executable, str(wheel))
-        assert cp.returncode == 0, cp.stdout + cp.stderr
-        return self.home / ".local" / "bin" / "rewheel"
+    def link_rewheel(self, command: Path) -> None:
+        """rewheel as a host image has it preinstalled: `~/.local/bin/rewheel`, a link to a
+        rewheel installed once for many hosts (`shared_rewheel`; each host's own install, by the
+        role, is what tests/test_fleet_ansible.py runs)."""
+        bin_dir = self.home / ".local" / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        (bin_dir / "rewheel").symlink_to(command)
+
+
+def shared_rewheel(folder: Path, wheel: Path) -> Path:
+    """rewheel installed once by uv into `folder` (its own tool environment, byte-compiled as the
+    install role compiles it), for hosts to link."""
+    env = {**os.environ, "UV_TOOL_DIR": str(folder / "tools"), "UV_TOOL_BIN_DIR": str(folder / "bin")}
+    cp = subprocess.run([find_uv(), "tool", "install", "--compile-bytecode", "--python", sys.executable, str(wheel)],
+                        capture_output=True, text=True, env=env)
+    assert cp.returncode == 0, cp.stderr
+    return folder / "tools" / "rewheel" / "bin" / "rewheel"
 
 
 @dataclass

@@ -22,13 +22,13 @@ import re
 import signal
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from support_disk import fill
-from support_fleet import Fleet, SshKeys, make_fleet, old_rewheel_wheel, recap, stop_fleet, wait_journal
+from support_fleet import (Fleet, SshKeys, make_fleet, old_rewheel_wheel, recap, shared_rewheel, stop_fleet,
+                           wait_journal)
 from support_standins import wait_for
 
 pytestmark = pytest.mark.slow
@@ -37,20 +37,26 @@ ROLLOUT = ("--tags", "rewheel_rollout")  # rewheel is on the hosts already
 ONE_WAVE = ("-e", json.dumps({"rewheel_waves": ["100%"]}))
 
 
+@pytest.fixture(scope="module")
+def preinstalled(tmp_path_factory: pytest.TempPathFactory, rewheel_wheel: Path) -> Path:
+    """This repository's rewheel, installed once for the hosts of these tests to link (the
+    install role has its own test: tests/test_fleet_ansible.py)."""
+    return shared_rewheel(tmp_path_factory.mktemp("preinstalled"), rewheel_wheel)
+
+
 @pytest.fixture
 def fleet_of(tmp_path: Path, ansible_home: dict[str, str | None], rewheel_wheel: Path, ssh_keys: SshKeys,
-             monkeypatch: pytest.MonkeyPatch):
-    """Make a fleet of the hosts named, rewheel installed on each (over SSH, with uv, where the
-    install role puts it: tests/test_fleet_ansible.py runs the role itself)."""
+             preinstalled: Path, monkeypatch: pytest.MonkeyPatch):
+    """Make a fleet of the hosts named, rewheel on each in `~/.local/bin` (`commands`: another
+    rewheel command for a host; `install=False`: none, for the install role to install)."""
     made: list[Fleet] = []
 
-    def make(names: tuple[str, ...], *, wheels: dict[str, Path] | None = None, install: bool = True,
+    def make(names: tuple[str, ...], *, commands: dict[str, Path] | None = None, install: bool = True,
              **kw: object) -> Fleet:
         f = make_fleet(tmp_path, names, ssh_keys, ansible_home, rewheel_wheel, monkeypatch, **kw)  # type: ignore[arg-type]
         made.append(f)
-        if install:
-            with ThreadPoolExecutor() as pool:
-                list(pool.map(lambda n: f.ssh[n].install_rewheel((wheels or {}).get(n, rewheel_wheel)), names))
+        for name in names if install else ():
+            f.ssh[name].link_rewheel((commands or {}).get(name, preinstalled))
         return f
 
     yield make
@@ -172,10 +178,10 @@ def test_an_old_rewheel_a_full_disk_and_an_interrupted_run_each_say_so(disk: Pat
     collection (refused before anything runs, exit 2), gpu-02's disk fills in the middle of the
     reinstall (stopped where a person must act, exit 3), gpu-03 has an interrupted run from
     before (refused, exit 4, never resumed)."""
-    old = old_rewheel_wheel(tmp_path / "old-wheel", "0.0.9")
+    old = shared_rewheel(tmp_path / "old", old_rewheel_wheel(tmp_path / "old-wheel", "0.0.9"))
     # gpu-02's environment and rewheel's state on a small disk of their own; its rewheel pauses
     # right after the reinstall step is journaled (for the test to fill that disk).
-    f = fleet_of(("gpu-01", "gpu-02", "gpu-03"), wheels={"gpu-01": old}, env_roots={"gpu-02": disk},
+    f = fleet_of(("gpu-01", "gpu-02", "gpu-03"), commands={"gpu-01": old}, env_roots={"gpu-02": disk},
                  host_env={"gpu-02": {"REWHEEL_HOME": str(disk / "rewheel-home"),
                                       "REWHEEL_FAULT_AT": "step:reinstall", "REWHEEL_FAULT_SIGNAL": "STOP"}})
     # gpu-03: an operator's run, killed there (SIGKILL right after its reinstall step is journaled).
