@@ -245,12 +245,12 @@ class SshHost:
         (bin_dir / "rewheel").symlink_to(command)
 
 
-def shared_rewheel(folder: Path, wheel: Path) -> Path:
+def shared_rewheel(folder: Path, wheel: Path, *, compile_bytecode: bool = True) -> Path:
     """rewheel installed once by uv into `folder` (its own tool environment, byte-compiled as the
-    install role compiles it), for hosts to link."""
+    install role compiles it unless told not to), for hosts to link."""
     env = {**os.environ, "UV_TOOL_DIR": str(folder / "tools"), "UV_TOOL_BIN_DIR": str(folder / "bin")}
-    cp = subprocess.run([find_uv(), "tool", "install", "--compile-bytecode", "--python", sys.executable, str(wheel)],
-                        capture_output=True, text=True, env=env)
+    cp = subprocess.run([find_uv(), "tool", "install", *(["--compile-bytecode"] if compile_bytecode else []),
+                         "--python", sys.executable, str(wheel)], capture_output=True, text=True, env=env)
     assert cp.returncode == 0, cp.stderr
     return folder / "tools" / "rewheel" / "bin" / "rewheel"
 

@@ -178,7 +178,8 @@ def test_an_old_rewheel_a_full_disk_and_an_interrupted_run_each_say_so(disk: Pat
     collection (refused before anything runs, exit 2), gpu-02's disk fills in the middle of the
     reinstall (stopped where a person must act, exit 3), gpu-03 has an interrupted run from
     before (refused, exit 4, never resumed)."""
-    old = shared_rewheel(tmp_path / "old", old_rewheel_wheel(tmp_path / "old-wheel", "0.0.9"))
+    # (not byte-compiled: it only says its version)
+    old = shared_rewheel(tmp_path / "old", old_rewheel_wheel(tmp_path / "old-wheel", "0.0.9"), compile_bytecode=False)
     # gpu-02's environment and rewheel's state on a small disk of their own; its rewheel pauses
     # right after the reinstall step is journaled (for the test to fill that disk).
     f = fleet_of(("gpu-01", "gpu-02", "gpu-03"), commands={"gpu-01": old}, env_roots={"gpu-02": disk},

@@ -1,38 +1,22 @@
-"""Hostile input to the fleet's readers, swept (Hypothesis): what they read is written by other
-processes and other machines, and may be anything.
-
-- `rewheel fleet-report` reads one JSON document per host (a run's report, an error document, the
-  collection's `unreachable` document, or a file that is none of them): any JSON value gives a host
-  result with a known status, or a refusal (exit 2) — never another exception — and whatever it
-  gives renders (table text, Markdown, JSON).
-- The fleet module's record of a detached run, on the host (`module_utils/detached.py`): any bytes
-  in that file are a record (a JSON object) or nothing, and whatever it holds, the questions the
-  module asks of it (is its process alive, when did it start) answer without raising."""
+"""Hostile input to `rewheel fleet-report`, swept (Hypothesis): it reads one JSON document per host,
+written by other processes on other machines (a run's report, an error document, the collection's
+`unreachable` document, or a file that is none of them). Any JSON value gives a host result with a
+known status, or a refusal (exit 2) naming the file — never another exception — and whatever it
+gives renders (table text, Markdown, JSON). (The fleet module's own record on the host, swept the
+same way: tests/test_fleet_detached.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import tempfile
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support_json import JSON
+
 from rewheel import fleet
 from rewheel.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "rewheel_fleet_detached", ROOT / "ansible" / "rewheel" / "fleet" / "plugins" / "module_utils" / "detached.py")
-assert _spec is not None and _spec.loader is not None
-detached = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(detached)
-
-SCALARS = (st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
-JSON = st.recursive(SCALARS, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids,
-                                                                                         max_size=4), max_leaves=10)
 # The keys the readers look at, with any value; the statuses they know, more often than chance would.
 REPORT_KEYS = ("status", "error", "unreachable", "message", "hint", "exit_code", "run_id", "before", "after",
                "attempted", "plan", "root_cause", "failure", "revert", "downtime", "steps", "service_before")
@@ -60,24 +44,3 @@ def test_any_document_is_a_host_result_or_a_refusal(doc: object) -> None:
     json.dumps(rep.to_json())
     assert fleet.markdown(rep).startswith("## ")
     fleet.cause_text(h), fleet.versions_text(h), fleet.downtime_text(h)
-
-
-FOLDER = tempfile.TemporaryDirectory(prefix="rewheel-fleet-records-")  # (removed at exit)
-CONTENT = st.binary(max_size=300) | JSON.map(lambda v: json.dumps(v).encode()) | st.builds(
-    lambda rec: json.dumps(rec).encode(),
-    st.dictionaries(st.sampled_from(["pid", "start_ticks", "boot_id", "started", "reported", "lock_sha256",
-                                     "stdout", "stderr", "argv"]), JSON, max_size=9))
-
-
-@settings(max_examples=200, deadline=None)
-@given(CONTENT)
-def test_any_record_file_is_a_record_or_nothing(content: bytes) -> None:
-    runs = detached.DetachedRuns(FOLDER.name, str(Path(FOLDER.name) / "toy.toml"))
-    Path(runs.path).write_bytes(content)
-    record = runs.unreported()
-    assert record is None or isinstance(record, dict)
-    if record is not None:
-        assert detached.alive(record) in (True, False)
-        assert isinstance(detached.started_at(record), float)
-        assert runs.answer(record) is None or isinstance(runs.answer(record), dict)
-        assert isinstance(runs.stderr_tail(record), str)
