@@ -82,7 +82,7 @@ def test_a_connection_dropped_mid_run_leaves_the_run_going_and_the_next_play_rep
     waves = ("-e", json.dumps({"rewheel_waves": [2, "100%"]}))  # gpu-01 and gpu-02, then gpu-03
     # gpu-01's model init takes a few seconds: the connection is cut while it runs.
     f.hosts["gpu-01"].write_recipe(smoke__command=["{python}", "-c",
-                                                   "import time, toypkg.core as c; time.sleep(4); c.init_model()"])
+                                                   "import time, toypkg.core as c; time.sleep(6); c.init_model()"])
     before = f.states()
     play = f.start_playbook(f.good_lock, *ROLLOUT, *waves)
     run_id, records = wait_journal(f, "gpu-01", _step("smoke"))
@@ -194,7 +194,7 @@ def test_an_old_rewheel_a_full_disk_and_an_interrupted_run_each_say_so(disk: Pat
     before = f.states()
 
     play = f.start_playbook(f.good_lock, *ROLLOUT, *ONE_WAVE)
-    pid = wait_for(lambda: _stopped_rewheel(f.hosts["gpu-02"].recipe), timeout=120)
+    pid = wait_for(lambda: _stopped_rewheel(f.hosts["gpu-02"].recipe), timeout=120, interval=0.25)
     fill(disk, 0)
     os.kill(int(pid), signal.SIGCONT)  # type: ignore[call-overload]
     out, _ = play.communicate(timeout=300)
