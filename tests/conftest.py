@@ -83,7 +83,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 # worker, so it is built once; every other test is handed out on its own. The long ones go
 # first, in this order, so no worker is left running a one-minute test alone at the end (what
 # `--dist loadfile` did with the kill-point file). A stale list costs minutes, never a result.
-LONG_FIRST = ("test_fleet_ansible.py", "test_bench.py", "test_killpoints.py", "test_crash_records.py",
+LONG_FIRST = ("test_fleet_ansible.py", "test_fleet_ssh.py", "test_bench.py", "test_killpoints.py", "test_crash_records.py",
               "test_full_disk.py", "test_killpoints_signals.py", "test_real_upgrade.py", "test_crash.py",
               "test_run.py", "test_gpu_check.py", "test_pipes.py", "test_patches.py", "test_demo_parts.py",
               "test_board.py",
@@ -205,6 +205,10 @@ from support_standins import fake_gpus, fake_host  # noqa: E402,F401
 from support_systemd import real_systemd, systemd_machine  # noqa: E402,F401
 # The run cycle's fake world (tests/support_cycle.py).
 from support_cycle import world  # noqa: E402,F401
+# A small real filesystem to fill (tests/support_disk.py).
+from support_disk import disk  # noqa: E402,F401
+# The fleet's collection, rewheel's wheel and the SSH key (tests/support_fleet.py).
+from support_fleet import ansible_home, rewheel_wheel, ssh_keys  # noqa: E402,F401
 
 
 # -- real hosts: a venv, a local index, the toy model server (tests/support_run.py) --------------

@@ -106,7 +106,7 @@ def test_dry_runs_and_refusals() -> None:
     assert fleet.host_result("gpu-01", plan).status == "unchanged"
     busy = {"error": "EnvBusy", "message": "another rewheel run holds /root/ml-env", "hint": None, "exit_code": 4}
     h = fleet.host_result("gpu-02", busy)
-    assert (h.status, h.exit_code, fleet.cause_text(h)) == ("error", 4, "another rewheel run holds /root/ml-env")
+    assert (h.status, h.exit_code, fleet.cause_text(h)) == ("error", 4, "another rewheel run holds /root/ml-env (exit 4)")
     assert fleet.FleetReport([h], fleet.group_causes([h])).exit_code == 1
 
 

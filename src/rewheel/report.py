@@ -777,7 +777,7 @@ def render_fleet(console: Console, rep) -> None:  # fleet.FleetReport
     colour = "bold green" if rep.exit_code == 0 else "bold red"
     console.print(f"[{colour}]fleet[/]: {len(rep.hosts)} host(s): {escape(counts)}")
     styles = {"upgraded": "green", "reverted": "yellow", "rejected": "yellow", "failed": "bold red",
-              "error": "red", "not-reached": "dim"}
+              "error": "red", "unreachable": "red", "not-reached": "dim"}
     if is_plain(console):
         for h in rep.hosts:
             down = fleet.downtime_text(h)
