@@ -915,3 +915,38 @@ def test_a_snapshot_in_two_processes_is_the_one_one_process_takes(venv: Path, tm
 
 def verify_store_of(env: Environment, home: Path) -> snapmod.StoreVerify:
     return snapmod.verify_store(snapmod.Store(env.prefix, home), None, full=True)
+
+
+def test_the_window_check_sees_any_change_since_the_snapshot(venv: Path) -> None:
+    """`unchanged_since`, the one stat walk a command makes once its service is stopped: the
+    environment as the snapshot recorded it, or not — an edit that put the mtime back (the
+    ctime moved), a new byte-code cache, a mode, a symlink's target; another environment
+    created inside is not this one's, so no difference."""
+    from rewheel.snapshot.capture_walk import unchanged_since
+
+    env = Environment.inspect(venv)
+    store = snapmod.Store(env.prefix)
+    snap = snapmod.take_snapshot(env, store).meta
+    assert unchanged_since(env, store, snap) is True
+    core = site_packages(venv) / "toypkg" / "core.py"
+    st = core.stat()
+    with open(core, "r+b") as f:  # in place, then the mtime put back: size and mtime as they were
+        f.write(b"#")
+    os.utime(core, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (core.stat().st_size, core.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert unchanged_since(env, store, snap) is False
+    changes = [lambda: (site_packages(venv) / "toypkg" / "__pycache__").mkdir(exist_ok=True),
+               lambda: (site_packages(venv) / "toypkg" / "_ops.so").chmod(0o700)]
+    for change in changes:
+        snap = snapmod.take_snapshot(env, store).meta
+        assert unchanged_since(env, store, snap) is True
+        change()
+        assert unchanged_since(env, store, snap) is False
+    snap = snapmod.take_snapshot(env, store).meta
+    inner = venv.parent.parent / "other-env"
+    inner.mkdir()
+    (inner / "pyvenv.cfg").write_text("home = /usr\n")
+    (inner / "more.txt").write_text("not this environment's\n")
+    assert unchanged_since(env, store, snap) is True  # as a snapshot leaves it out, so does the check
+    (venv.parent.parent / "stray.txt").write_text("this environment's\n")
+    assert unchanged_since(env, store, snap) is False

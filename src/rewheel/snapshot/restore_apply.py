@@ -288,6 +288,7 @@ class LaneRestore(LaneScan):
                 if cached is not None:
                     if self.link_cached(cached, name, fd):
                         self.count_written(cached=True)
+                        self.cache_linked.add(id(k))
                     else:
                         self.place(k, f"{d.path}/{name}")  # copies the snapshot's bytes (checked by the stage)
                     continue
@@ -363,12 +364,12 @@ class LaneRestore(LaneScan):
         it worked): each holds exactly the manifest's names, with the manifest's mode and
         mtime (folders it built, all the way down); copies, symlinks and re-moded files are
         stat'ed again. A re-linked file needs no second look: link(2) made its name the
-        stored inode whose size and mtime were checked just before, and a copy had its
-        sha256 checked while it was made."""
+        stored inode whose size and mtime were checked just before (or uv's cache file whose
+        inode, size, mtime and mode were), and a copy had its sha256 checked while it was made."""
         problems: list[str] = []
         for d in self.dirs:
             for e in d.writes + d.chmods + d.retimes:
-                if (e.root, e.path) in self.links and self.roots[d.ri].whole:
+                if ((e.root, e.path) in self.links or id(e) in self.cache_linked) and self.roots[d.ri].whole:
                     continue
                 p = self.path_of(d, e)
                 try:

@@ -42,6 +42,7 @@ class LaneScan:
         # as it was (see `cachelinks`); None: nothing to look for.
         self.cache = cache_inodes(env, roots) if self.objects else None
         self.from_cache: dict[int, str] = {}  # by id(entry): the cache file the commit links
+        self.cache_linked: set[int] = set()  # by id(entry): linked from uv's cache by the commit
         self.folders = man.folders
         # Lane k of n owns its share of the folders; None: this restore owns every folder.
         self.owned = share_folders(man, lane[1])[lane[0]] if lane is not None else None
