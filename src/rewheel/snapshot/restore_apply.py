@@ -314,7 +314,8 @@ class LaneRestore(LaneScan):
             for k in d.chmods:
                 os.chmod(k.path.rpartition("/")[2], k.mode, dir_fd=fd)
             for k in d.retimes:
-                os.chmod(k.path.rpartition("/")[2], k.mode, dir_fd=fd)
+                if k.path in d.remodes:
+                    os.chmod(k.path.rpartition("/")[2], k.mode, dir_fd=fd)
                 os.utime(k.path.rpartition("/")[2], ns=(k.mtime_ns, k.mtime_ns), dir_fd=fd)
             # The folder itself last: every change above altered its mtime.
             if e is not None and d.st is not None:

@@ -164,6 +164,7 @@ class Dir:
     retimes: list[Entry] = field(default_factory=list)
     extras: list[tuple[str, bool]] = field(default_factory=list)  # (path, is a folder)
     missing: list[Entry] = field(default_factory=list)  # folders to build whole
+    remodes: set[str] = field(default_factory=set)  # paths of `retimes` whose mode is put back too
 
     @property
     def touched(self) -> bool:

@@ -103,6 +103,7 @@ class LaneScan:
         writes: list[Entry] = []
         chmods: list[Entry] = []
         retimes: list[Entry] = []
+        remodes: set[str] = set()  # paths of retimes whose mode differs too
         extras: list[tuple[str, bool]] = []
         missing: list[Entry] = []
         unshare: list[Entry] = []  # also in writes
@@ -165,7 +166,9 @@ class LaneScan:
                                 # The inode is the environment's alone (one link): its mode and
                                 # mtime are put back, and it compares by size and mtime again.
                                 retimes.append(f.entry(ri, rel, i, sha=False))
-                                self.remoded += mode_of(pst.st_mode) != modes[i]
+                                if mode_of(pst.st_mode) != modes[i]:
+                                    self.remoded += 1
+                                    remodes.add(retimes[-1].path)
                                 self.same.found.retimed(proof.key + name, mtimes[i])
                             elif mode_of(pst.st_mode) != modes[i]:
                                 # Its mtime is the reinstall's, not the manifest's: the check
@@ -199,7 +202,7 @@ class LaneScan:
             mode_of(st.st_mode) != own[0].modes[own[2]] or st.st_mtime_ns != own[0].mtimes[own[2]])
         if matched < len(f.names) or writes or chmods or retimes or extras or missing or attrs_off:
             d = Dir(ri, rel, path, own[0].entry(ri, own[1], own[2]) if own is not None else None, st,
-                     writes, chmods, retimes, extras, missing)
+                     writes, chmods, retimes, extras, missing, remodes)
             if matched < len(f.names):
                 self.add_missing(d, f, set(os.listdir(fd)) if matched else set())
             if d.touched or d.chmods or d.retimes or d.attrs_off:
