@@ -461,8 +461,8 @@ def test_a_restore_killed_while_staging_is_finished_by_the_next(lanes: int, venv
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     monkeypatch.setattr(restore_apply, "copy_hashed", real)
     # Simulate what a SIGKILL leaves behind: the staging folder.
-    (prefix / f"{snapmod.STAGING_PREFIX}dead").mkdir()
-    (prefix / f"{snapmod.STAGING_PREFIX}dead" / "0").write_text("half")
+    (prefix / f"{snapmod.STAGING_PREFIX}deadbeef").mkdir()
+    (prefix / f"{snapmod.STAGING_PREFIX}deadbeef" / "0").write_text("half")
     from rewheel.journal import list_runs
 
     store_env = open_target(Recipe.for_python(venv)).store.env_dir
@@ -470,6 +470,33 @@ def test_a_restore_killed_while_staging_is_finished_by_the_next(lanes: int, venv
     res = rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert res.finished_run is not None
     assert tree_state(prefix) == before
+
+
+def test_names_like_a_restores_staging_are_a_persons_files_at_every_level(lanes: int, venv: Path) -> None:
+    # Only a folder at a root named as a restore names its staging (8 hex digits) is passed
+    # over; a file or folder a person named `.rewheel-restore-*` anywhere else is captured,
+    # removed by a rollback as any file added since, and put back by undoing that rollback.
+    prefix = venv.parent.parent
+    folders = [prefix, site_packages(venv), site_packages(venv) / "toypkg"]
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    planted: list[Path] = []
+    for i, folder in enumerate(folders):
+        for name in (f"{snapmod.STAGING_PREFIX}notes", f"{snapmod.STAGING_PREFIX}0a1b2c3d"):
+            f = folder / name
+            if folder == prefix and name.endswith("0a1b2c3d"):
+                f.write_text(f"a file, not a folder, at level {i}")  # a root's staging is a folder
+            else:
+                f.mkdir()
+                (f / "kept.txt").write_text(f"level {i}")
+            planted.append(f)
+    with_them = tree_state(prefix)
+    assert all(str(p.relative_to(prefix)) in with_them for p in planted)
+    res = rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert res.restore.deleted >= len(planted)
+    assert not [p for p in planted if os.path.lexists(p)]
+    assert res.undo_snapshot_id is not None
+    rollback(open_target(Recipe.for_python(venv)), res.undo_snapshot_id)
+    assert tree_state(prefix) == with_them
 
 
 def test_label_with_a_slash_and_markup_is_found_and_shown_verbatim(venv: Path) -> None:

@@ -22,7 +22,7 @@ from rewheel.snapshot.lanes import fork_child, recv_msg, send_msg
 from rewheel.snapshot.manifest import Folder
 from rewheel.snapshot.objects import Objects
 from rewheel.snapshot.store import SnapshotMeta, Store
-from rewheel.snapshot.tree import STAGING_PREFIX, Progress, exclusion, nested_prefix, scope_of, walk
+from rewheel.snapshot.tree import Progress, exclusion, nested_prefix, scope_of, staging_folder, walk
 
 _HOW = {"L": "link", "C": "copy", "R": "reflink"}
 _ZERO32 = bytes(32)
@@ -132,8 +132,7 @@ class CaptureWalk:
                         weight[top] = weight.get(top, 0) + 1
         try:
             with os.scandir(site_path) as it:
-                dirs = [de.name for de in it if de.is_dir(follow_symlinks=False)
-                        and not de.name.startswith(STAGING_PREFIX) and de.path != self.skip]
+                dirs = [de.name for de in it if de.is_dir(follow_symlinks=False) and de.path != self.skip]
         except OSError:
             return None
         total = sum(weight.get(d, 0) for d in dirs)
@@ -253,7 +252,7 @@ class CaptureWalk:
             prefix = f"{rel}/" if rel else ""
             root_path = self.roots[ri].path
             left = [n for n in listing.keys() - pf.index.keys()
-                    if not (n.startswith(STAGING_PREFIX) or listing[n].path == self.skip
+                    if not (staging_folder(rel, n, listing[n]) or listing[n].path == self.skip
                             or (self.excluded is not None and ri == 0 and self.excluded(prefix + n))
                             or (listing[n].is_dir(follow_symlinks=False)
                                 and nested_prefix(listing[n].path, prefix + n, root_path)))]
@@ -329,7 +328,7 @@ class CaptureWalk:
         root_path = self.roots[ri].path
         for de in ents:
             name = de.name
-            if name.startswith(STAGING_PREFIX) or de.path == self.skip:
+            if de.path == self.skip or staging_folder(rel, name, de):
                 continue
             if excluded is not None and ri == 0 and excluded(prefix + name):
                 continue

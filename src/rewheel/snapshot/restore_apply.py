@@ -25,7 +25,7 @@ from rewheel.snapshot.restore_checks import (DIR_FLAGS, EMPTY, NO_LINK, Dir, che
                                              entry_problem, is_private)
 from rewheel.snapshot.restore_scan import LaneScan
 from rewheel.snapshot.store import Found
-from rewheel.snapshot.tree import STAGING_PREFIX, kind_of, nested_prefix
+from rewheel.snapshot.tree import STAGING_PREFIX, kind_of, nested_prefix, staging_folder
 
 
 class LaneRestore(LaneScan):
@@ -460,7 +460,7 @@ class LaneRestore(LaneScan):
         extra.discard(self.skip.get(path))
         for n in sorted(extra):  # none, normally: only a socket or FIFO, or a nested env, may stay
             kind = kind_of(os.lstat(f"{path}/{n}").st_mode)
-            if (not n.startswith(STAGING_PREFIX) and kind != "o"
+            if (not (kind == "d" and staging_folder(rel, n)) and kind != "o"
                     and not (kind == "d" and nested_prefix(f"{path}/{n}", prefix + n, self.roots[ri].path))
                     and not (self.excluded is not None and ri == 0 and self.excluded(prefix + n))):
                 problems.append(f"extra: {prefix}{n}")

@@ -19,7 +19,7 @@ from rewheel.environment import Environment
 from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.snapshot.manifest import Entry, Folder, Manifest, bad_entry
 from rewheel.snapshot.store import SnapshotMeta
-from rewheel.snapshot.tree import STAGING_PREFIX, Root, hand_editable, kind_of, safe_rel
+from rewheel.snapshot.tree import Root, hand_editable, kind_of, safe_rel, staging_folder
 
 
 def raise_if_problems(env: Environment, snap: SnapshotMeta, problems: list[str]) -> None:
@@ -105,7 +105,7 @@ def remove_stale_staging(roots: list[Root]) -> None:
         except OSError:
             continue
         for name in names:
-            if name.startswith(STAGING_PREFIX):
+            if staging_folder("", name, path=os.path.join(r.path, name)):
                 shutil.rmtree(os.path.join(r.path, name), ignore_errors=True)
 
 

@@ -21,7 +21,7 @@ from rewheel.snapshot.proof import FolderProof, SameBytes
 from rewheel.snapshot.restore_checks import (DIR_FLAGS, EMPTY, Dir, check_tree, owned_now, same_file,
                                              share_folders)
 from rewheel.snapshot.store import SnapshotMeta
-from rewheel.snapshot.tree import Progress, Root, STAGING_PREFIX, exclusion, hand_editable, nested_prefix
+from rewheel.snapshot.tree import Progress, Root, exclusion, hand_editable, nested_prefix, staging_folder
 
 
 class LaneScan:
@@ -116,7 +116,7 @@ class LaneScan:
                 name = de.name
                 i = find(name)
                 if i is None:
-                    if name == skip or (not rel and name.startswith(STAGING_PREFIX)):
+                    if name == skip or staging_folder(rel, name, de):
                         continue
                     if self.excluded is not None and ri == 0 and self.excluded(prefix + name):
                         continue  # `[snapshots] exclude`: neither captured nor removed
