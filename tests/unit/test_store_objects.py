@@ -111,12 +111,24 @@ def test_the_sweep_keeps_what_is_named_and_removes_the_rest(tmp_path: Path) -> N
     with Objects(tmp_path / "env") as objs:
         objs.copy_in(str(keep), sha(b"keep\n"), 5)
         objs.copy_in(str(drop), sha(b"drop\n"), 5)
-        (tmp_path / "env" / "objects" / ".tmp-1-1").write_text("left by a killed copy")
+        dead = _a_dead_pid()
+        (tmp_path / "env" / "objects" / f".tmp-{dead}-1").write_text("left by a killed copy")
+        # A process still running writes its own (the detached settling of an undo snapshot):
+        # not a leftover. (Process 1 is always running.)
+        (tmp_path / "env" / "objects" / ".tmp-1-1").write_text("being written")
         n, size = objs.collect({object_name(sha(b"keep\n"), "C", 0)})
     assert (n, size) == (1, 5)
     left = sorted(str(p.relative_to(tmp_path / "env" / "objects")) for p in (tmp_path / "env" / "objects").rglob("*")
                   if p.is_file())
-    assert left == [object_name(sha(b"keep\n"), "C", 0)]
+    assert left == [".tmp-1-1", object_name(sha(b"keep\n"), "C", 0)]
+
+
+def _a_dead_pid() -> int:
+    """A pid no process has now: one past the highest running, checked."""
+    pid = max(int(n) for n in os.listdir("/proc") if n.isdigit()) + 1000
+    while os.path.exists(f"/proc/{pid}"):
+        pid += 1
+    return pid
 
 
 def test_a_link_where_a_folder_of_the_store_belongs_is_refused(tmp_path: Path) -> None:

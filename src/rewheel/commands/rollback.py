@@ -20,6 +20,7 @@ from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refus
 from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, as_typed, out_of_space
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (PreparedRestore, Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
+from rewheel.snapshot import privatize
 from rewheel.records import Finish, Note, Started, Step
 from rewheel.statuses import UNDO_SKIPPED, Finished, RollbackStatus, StepName
 
@@ -232,10 +233,10 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             t0 = time.monotonic()
             try:
                 # What the restore moved out (a failed build's new folders) is deleted once the
-                # service is back up: the environment is restored and synced already. Without a
-                # service, both lanes delete their own at once, inside the restore.
+                # service is back up (the environment is restored and synced already), by the
+                # process that then settles what the undo snapshot took over (`privatize`).
                 committing, prepared = prepared, None
-                res = txn.restore(defer_removal=svc is not None, prepared=committing)
+                res = txn.restore(defer_removal=True, prepared=committing)
             except (SnapshotError, SnapshotDamaged):
                 # Refused before anything changed (wrong environment, damaged store): this
                 # rollback is over — leaving it unfinished would block every later command with
@@ -246,6 +247,11 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                 finally:
                     j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
                 raise
+        except Exception:
+            # The undo snapshot's taken-over files are still the environment's: made the store's
+            # own now. (A kill leaves them to the next snapshot or restore, which does it first.)
+            _settle_quietly(t)
+            raise
         finally:
             if prepared is not None:  # given up before its commit (an error, a signal)
                 prepared.discard()
@@ -333,6 +339,13 @@ def _rollback_downtime(down_t0: float | None, steps: list[StepRecord], svc: Serv
     return Downtime(max(0.0, end - down_t0), parts, ongoing)
 
 
+def _settle_quietly(t: Target) -> None:
+    try:
+        privatize.settle(t.store.env_dir)
+    except Exception:  # noqa: BLE001 - the rollback's own error is what is reported; settled next time
+        pass
+
+
 def _forget_quietly(store: Store, snapshot_id: str) -> None:
     try:
         store.delete(snapshot_id)
@@ -373,8 +386,10 @@ def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, ste
     t0 = time.monotonic()
     j.append(Step(name=StepName.SNAPSHOT, purpose="undo", served=served))
     try:
+        # Taken over (`privatize`): its files with bytes the store lacks are exactly those the
+        # restore replaces, so they are linked now, not copied, and settled once it is done.
         res = take_snapshot(t.env, t.store, label=f"before rollback {j.id} to {target.id}", status=PRE_ROLLBACK,
-                            run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude)
+                            run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude, take_over=True)
     except Exception as exc:  # noqa: BLE001 - any failure: reported, the restore still goes ahead
         msg = getattr(exc, "message", None) or str(exc)
         j.append(Note(undo_snapshot_error=msg))
