@@ -467,7 +467,7 @@ def check(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Rec
     out, _ = consoles(json_out)
     show(out, json_out, result, report.render_check)
     if not result.ok:
-        raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(result.exit_code or EXIT_USAGE)  # what the commands would exit with
 
 
 @app.command()

@@ -143,6 +143,11 @@ class SnapshotDamaged(RestoreError):
     """A snapshot failed its integrity check; it was refused before anything was changed."""
 
 
+class ServiceRecordDamaged(RestoreError):
+    """The record of the service rewheel started (service.json) is not one rewheel wrote: a
+    tampered or foreign file. No process is signalled by it; a person must look (exit 3)."""
+
+
 class UnsafeCleanupPath(RewheelError):
     """A stashed cleanup file would go back through a folder that changed into a symlink
     since it was stashed: refused (exit 2); the file stays in the snapshot."""

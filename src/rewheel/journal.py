@@ -183,12 +183,12 @@ class EnvLock:
     def _recorded_children(self, records: list[dict[str, Any]]) -> list[proc.Child]:
         """Children named by the lock file's records and by this home's interrupted runs."""
         found: dict[tuple[int, int | None], proc.Child] = {}
-        docs = [r["child"] for r in records if isinstance(r.get("child"), dict)]
+        docs: list[tuple[Any, float | None]] = [(r["child"], None) for r in records if isinstance(r.get("child"), dict)]
         for j in list_runs(self.env_dir):
             if not j.finished:
-                docs += [r.to_json() for r in j.all(ChildStarted)]
-        for doc in docs:
-            c = proc.Child.from_json(doc)
+                docs += [(r.to_json(), r.time) for r in j.all(ChildStarted)]
+        for doc, around in docs:
+            c = proc.Child.from_json(doc, around)
             if c is not None:
                 found[(c.pid, c.start)] = c
         return list(found.values())

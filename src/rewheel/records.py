@@ -187,6 +187,7 @@ class ChildStarted(Record):
     pgid: int | None = None
     start: int | None = None  # its /proc start time: a reused pid is not it
     name: str | None = None
+    boot: str | None = None   # the boot it started in: a record of another boot names nothing
 
 
 @dataclass(frozen=True, kw_only=True)

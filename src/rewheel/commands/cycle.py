@@ -104,7 +104,6 @@ class Cycle(Staging, Reverting):
 
     # -- steps --------------------------------------------------------------------------
     def preflight(self, confirm: Callable[[RunReport], None] | None, dry_run: bool) -> bool:
-        from rewheel.errors import PreflightError
 
         t0 = time.monotonic()
         if not self.t.recipe.install.packages and not self.lock:
@@ -122,8 +121,7 @@ class Cycle(Staging, Reverting):
         from rewheel.snapshot import cleanup_matches
         cleanup_matches(self.t.recipe.cleanup_paths, [str(self.t.env.prefix), str(self.t.store.home)])
         if not checks.ok:
-            raise PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in checks.failures),
-                                 hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
+            raise checks.refusal(f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
         if self.prepared is not None:
             from rewheel.staging import planned_swap
 

@@ -9,7 +9,7 @@ from rewheel.commands.cycle import Cycle
 from rewheel.commands.results import ResumeResult, json_value
 from rewheel.commands.rollback import close_superseded, left_service_down, noted_active
 from rewheel.commands.service_steps import cause_text, service_root_cause
-from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
+from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter, target_refusals
 from rewheel.errors import RestoreError, RewheelError, ServiceError, out_of_space
 from rewheel.journal import EnvLock
 from rewheel.snapshot import Progress
@@ -25,6 +25,7 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
     # for) when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
     refuse_broken_tls(t)
+    target_refusals(t)  # a tampered record: exit 3 before the lock, a journal or a signal
     with EnvLock(t.store.env_dir, "resume", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         j = journal.interrupted_run(t.store.env_dir)
         if j is None:

@@ -16,7 +16,7 @@ from rewheel.commands.service_steps import ServiceSteps, cause_text
 from rewheel.commands.transaction import ServiceBack, Transaction, recover_stored_bytes
 from rewheel.commands.snapshots import (env_matches, protected_snapshots, pruned_text, reverted_snapshots,
                                         upgrades_in_place)
-from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
+from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter, target_refusals
 from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, out_of_space
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (PreparedRestore, Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
@@ -126,6 +126,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
     # when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
     refuse_broken_tls(t)
+    target_refusals(t)  # a tampered record: exit 3 before the lock, a journal or a signal
     with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
         refuse_failed_build(snap, force, t.cli_ref)  # before a journal exists: nothing to close

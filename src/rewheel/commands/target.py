@@ -80,3 +80,13 @@ def refuse_broken_tls(t: Target) -> None:
         from rewheel.httpclient import check_tls_env
 
         check_tls_env()
+
+
+def target_refusals(t: Target) -> None:
+    """The refusals of `preflight.target_checks` a command that reclaims the environment
+    (rollback, resume) makes before it takes the lock: a service record rewheel did not write
+    (exit 3), before anything is signalled or a journal opened. (An interrupted run is what
+    they finish; the state folder was checked by `open_target`.)"""
+    from rewheel.preflight import service_record
+
+    service_record(t)
