@@ -793,6 +793,7 @@ def verify(target: TargetArg = None,
     show(out, json_out, result, report.render_verify)
     if not result.ok:
         raise typer.Exit(EXIT_UNRESTORED)
+    _exit_if_interrupted(t, err)
 
 
 # ---- pin, unpin, forget: one snapshot by id (git-like verbs; `forget` as restic names it) ----
