@@ -434,9 +434,33 @@ def render_downtime(console: Console, downtime) -> None:  # results.Downtime | N
 
 
 def render_resume(console: Console, res) -> None:  # results.ResumeResult
+    """What a resume did in its own words — an interrupted run undone, or an interrupted
+    rollback finished — never a run's verdict ("upgrade failed") for what it did not try."""
     console.print(f"[bold]{res.status}[/]: {escape(res.action)}" + (f" (run {res.run_id})" if res.run_id else ""))
-    if res.report and res.report.revert:
-        render_run(console, res.report)
+    rep = res.report
+    if rep is None or rep.revert is None:
+        return
+    rv = rep.revert  # results.RevertRecord
+    if rv.restore is not None:
+        r = rv.restore
+        console.print(f"  snapshot {rep.snapshot_id} restored — {r.written:,} files written, {r.deleted:,} removed, "
+                      f"{r.verified:,} verified")
+    console.print("[bold]what the resume moved[/]")
+    render_changes(console, rep.changes)
+    if rv.failed_snapshot_id:
+        console.print(f"  the failed build is kept as snapshot {rv.failed_snapshot_id}: "
+                      f"`rewheel diff {escape(rep.recipe)} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
+    if rv.undo_snapshot_id:
+        console.print(f"  the state it replaced is snapshot {rv.undo_snapshot_id}: "
+                      f"`rewheel rollback {escape(rep.recipe)} {rv.undo_snapshot_id}` undoes this resume")
+    if rv.service:
+        console.print(f"  service healthy again: {escape(rv.service.detail)}")
+    elif rv.service_skipped:
+        console.print(f"  {escape(rv.service_skipped)}")
+    if rv.error:
+        console.print(f"[bold red]the restore failed:[/] {escape(rv.error)}")
+    steps = "  ".join(f"{s.name} {'ok' if s.ok else 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
+    console.print(f"  steps: {steps}")
 
 
 def render_smoke(console: Console, rep) -> None:  # results.SmokeReport
