@@ -100,3 +100,51 @@ def test_resuming_an_interrupted_rollback_snapshots_what_it_replaces(host_factor
     human = h.rewheel("history", str(h.recipe))
     assert human.returncode == 0
     time.sleep(0)  # (nothing to wait for: the undo point is named, the default target passes over it)
+
+
+# -- item 10: small lies --------------------------------------------------------------------------
+def test_a_run_closed_by_rollback_counts_as_undone(host_factory) -> None:
+    """A run interrupted, then closed by `rollback` (`rolled-back`): its upgrade is not in place
+    any more, so a second plain `rollback` has nothing to undo (exit 2, as the docs say), where it
+    said "restored … nothing needed restoring", exit 0."""
+    h = host_factory("2.0.0", "good", start=False)
+    h.write_recipe(service=None, install__staged=False)
+    cp = h.rewheel("run", str(h.recipe), "--yes", env={"REWHEEL_FAULT_AT": "step:smoke"})
+    assert cp.returncode < 0, cp.stderr
+    cp = h.rewheel("rollback", str(h.recipe), "--yes", "--json")
+    assert cp.returncode == 0 and _installed(h) == "1.0.0", cp.stderr
+    runs = [r for r in _history(h)["runs"] if r["kind"] == "run"]
+    assert runs[0]["status"] == "rolled-back"
+    before = h.state()
+    cp = h.rewheel("rollback", str(h.recipe), "--yes", "--json")
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    assert "no upgrade is in place to undo" in _json(cp)["message"]
+    assert h.state() == before
+
+
+def test_resume_reports_the_versions_it_moved(host_factory) -> None:
+    """A run killed at its smoke test (toypkg 2.0.0 installed), undone by `resume`: the report
+    says it moved toypkg 2.0.0 → 1.0.0 (JSON `changes`, `before`, `after`), not "no version
+    changes", and in the resume's own words."""
+    h = host_factory("2.0.0", "good", start=False)
+    h.write_recipe(service=None, install__staged=False)
+    cp = h.rewheel("run", str(h.recipe), "--yes", env={"REWHEEL_FAULT_AT": "step:smoke"})
+    assert cp.returncode < 0 and _installed(h) == "2.0.0", cp.stderr
+    cp = h.rewheel("resume", str(h.recipe), "--yes", "--json")
+    doc = _json(cp)
+    assert cp.returncode == 0 and doc["status"] == "reverted", cp.stderr
+    rep = doc["report"]
+    assert rep["before"]["toypkg"] == "2.0.0" and rep["after"]["toypkg"] == "1.0.0", rep
+    assert [(c["name"], c["old"], c["new"]) for c in rep["changes"]] == [("toypkg", "2.0.0", "1.0.0")], rep["changes"]
+    assert "upgrade failed" not in cp.stderr
+
+
+def test_human_resume_says_what_it_moved(host_factory) -> None:
+    h = host_factory("2.0.0", "good", start=False)
+    h.write_recipe(service=None, install__staged=False)
+    cp = h.rewheel("run", str(h.recipe), "--yes", env={"REWHEEL_FAULT_AT": "step:smoke"})
+    assert cp.returncode < 0, cp.stderr
+    cp = h.rewheel("resume", str(h.recipe), "--yes")
+    assert cp.returncode == 0, cp.stderr
+    assert "no version changes" not in cp.stdout and "upgrade failed" not in cp.stdout, cp.stdout
+    assert "toypkg" in cp.stdout and "2.0.0" in cp.stdout and "1.0.0" in cp.stdout, cp.stdout

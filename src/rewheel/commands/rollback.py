@@ -75,8 +75,9 @@ def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     usable = [m for m in metas if not is_failed_build(m) and m.id not in reverted]
     usable = [m for m in usable if m.status != PRE_ROLLBACK] or usable
     if not usable and reverted:
-        raise SnapshotError("no upgrade is in place to undo: every upgrade of this environment was reverted, "
-                            f"and its revert already restored the snapshot taken before it "
+        raise SnapshotError("no upgrade is in place to undo: every upgrade of this environment was undone "
+                            "(reverted, or closed by a rollback), and what replaced it restored the snapshot "
+                            "taken before it "
                             f"({', '.join(m.id for m in metas if m.id in reverted)})",
                             hint="`rewheel history TARGET` lists the snapshots; name one to restore it; "
                                  "nothing was changed")

@@ -60,12 +60,14 @@ def history(t: Target) -> History:
 
 
 # How a run ends whose upgrade is not in place: its pre-upgrade snapshot is what the
-# environment already is again, so a plain rollback to it would undo nothing.
-UNDONE_RUNS = (Finished.REVERTED, Finished.REJECTED, Finished.ABORTED)
+# environment already is again (or a rollback replaced it: `rolled-back`), so a plain rollback
+# to it would undo nothing.
+UNDONE_RUNS = (Finished.REVERTED, Finished.REJECTED, Finished.ABORTED, Finished.ROLLED_BACK)
 
 
 def reverted_snapshots(store: Store, metas: list[SnapshotMeta]) -> set[str]:
-    """The pre-upgrade snapshots of runs whose upgrade was undone (reverted, rejected, aborted)."""
+    """The pre-upgrade snapshots of runs whose upgrade was undone (reverted, rejected, aborted,
+    or closed by a rollback)."""
     undone = {j.id for j in journal.list_runs(store.env_dir) if j.status in UNDONE_RUNS}
     return {m.id for m in metas if m.status == "pre-upgrade" and m.run_id in undone}
 
