@@ -148,3 +148,64 @@ def test_human_resume_says_what_it_moved(host_factory) -> None:
     assert cp.returncode == 0, cp.stderr
     assert "no version changes" not in cp.stdout and "upgrade failed" not in cp.stdout, cp.stdout
     assert "toypkg" in cp.stdout and "2.0.0" in cp.stdout and "1.0.0" in cp.stdout, cp.stdout
+
+
+@pytest.mark.parametrize("how", ["smoke-killed", "rewheel-terminated"])
+def test_a_smoke_test_ended_by_sigterm_is_not_shown_as_failed(host_factory, how: str) -> None:
+    """A smoke test killed from outside by SIGTERM is said so ("killed by SIGTERM"), and a run
+    that is itself sent SIGTERM during its smoke test says its smoke step was interrupted —
+    neither is a "smoke FAILED" the build caused."""
+    h = host_factory("2.0.0", "good", start=False)
+    if how == "smoke-killed":
+        h.write_recipe(service=None, install__staged=False,
+                       smoke={"command": ["/bin/sh", "-c", "kill -TERM $$"], "timeout_s": 30})
+        code, doc = h.run_json()
+        assert code == 1 and doc["status"] == "reverted", doc["_stderr"]
+        err = doc["_stderr"]
+        assert "killed by SIGTERM" in err and "smoke FAILED" not in err, err
+        assert "killed by SIGTERM" in doc["failure"]["message"], doc["failure"]
+        cp = h.rewheel("run", str(h.recipe), "--yes", "--quiet")
+        assert cp.returncode == 1 and "smoke killed by SIGTERM" in cp.stdout and "smoke FAILED" not in cp.stdout, cp.stdout
+    else:
+        import os
+        import signal
+        import subprocess
+
+        import support_cli
+
+        marker = h.tmp / "smoke-began"
+        h.write_recipe(service=None, install__staged=False,
+                       smoke={"command": ["/bin/sh", "-c", f"touch {marker}; sleep 60"], "timeout_s": 90})
+        err = h.tmp / "stderr"
+        with open(err, "wb") as fe:
+            p = support_cli.start("run", str(h.recipe), "--yes", stdout=subprocess.DEVNULL, stderr=fe,
+                                  stdin=subprocess.DEVNULL, env=dict(os.environ))
+            deadline = time.monotonic() + 60
+            while not marker.exists():
+                assert p.poll() is None and time.monotonic() < deadline, err.read_text()
+                time.sleep(0.05)
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=60) == 4, err.read_text()
+        text = err.read_text()
+        assert "smoke interrupted (SIGTERM)" in text and "smoke FAILED" not in text, text
+        assert h.rewheel("resume", str(h.recipe), "--yes").returncode == 0
+
+
+@pytest.mark.parametrize("before", ["stopped after it ran", "never started"])
+def test_smoke_says_the_service_is_not_running(host_factory, before: str) -> None:
+    """`smoke` when the service is simply not running: it says so (exit 1) — not "died while
+    starting" with lines of its last, normal stop, and never a hint naming a service.log that
+    does not exist."""
+    h = host_factory("2.0.0", "good", start=before == "stopped after it ran")
+    if before == "stopped after it ran":
+        h.stop_service()
+    cp = h.rewheel("smoke", str(h.recipe), "--json")
+    doc = _json(cp)
+    out = cp.stdout + cp.stderr
+    assert cp.returncode == 1 and not doc["ok"], out
+    assert "is not running" in doc["error"] and "died" not in out and "output ended with" not in out, out
+    log = next(h.tmp.glob("rewheel-home/envs/*/service.log"), None)
+    if log is None:
+        assert "service.log" not in out, out
+    else:
+        assert "starting:" in log.read_text()  # the log of its last run exists; its lines are not blamed

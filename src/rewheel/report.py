@@ -373,7 +373,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
             console.print(f"  service healthy again: {escape(rv.service.detail)}")
         if rv.error:
             console.print(f"[bold red]revert failed:[/] {escape(rv.error)}")
-    steps = "  ".join(f"{s.name} {'ok' if s.ok else 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
+    steps = "  ".join(f"{s.name} {'ok' if s.ok else s.reason or 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
     console.print(f"  steps: {steps}")
     render_downtime(console, rep.downtime)
     if rep.fetched_after_stop and rep.staged:
@@ -466,7 +466,8 @@ def render_resume(console: Console, res) -> None:  # results.ResumeResult
 def render_smoke(console: Console, rep) -> None:  # results.SmokeReport
     if rep.smoke is not None:
         s = rep.smoke  # smoke.SmokeResult
-        state = "passed" if s.ok else ("timed out" if s.timed_out else f"failed (exit {s.returncode})")
+        state = "passed" if s.ok else ("timed out" if s.timed_out else f"killed by {s.killed_by}" if s.killed_by
+                                       else f"failed (exit {s.returncode})")
         console.print(f"smoke test {state} in {s.seconds:.1f}s — log {escape(str(s.log_path))}")
         if not s.ok:
             render_root_cause(console, rep.root_cause)

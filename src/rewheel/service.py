@@ -750,6 +750,8 @@ class CommandManager:
         self._mark_stopped(info)
 
     def log_location(self, since_epoch: float) -> str:
+        if not self.log_path.exists():
+            return f"none yet ({self.log_path} is written once rewheel starts the service)"
         return str(self.log_path)
 
     def log_lines(self, since_epoch: float) -> Iterator[str]:

@@ -41,9 +41,20 @@ class _Step:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.run.report.steps.append(StepRecord.since(self.name, exc is None, self.t0))
-        # Each step ends with its time, as it started with its name.
-        self.run.say(f"   {self.name} {'done' if exc is None else 'FAILED'} in {time.monotonic() - self.t0:.1f}s")
+        # Each step ends with its time, as it started with its name — and how: a step cut short
+        # by a signal to rewheel (Ctrl-C, SIGTERM) was interrupted, not failed; a smoke test
+        # killed from outside was killed, not failed (the report's steps line says so too).
+        reason = None
+        if exc is None:
+            how = "done"
+        elif isinstance(exc, KeyboardInterrupt):
+            how = reason = f"interrupted ({getattr(exc, 'signame', None) or 'Ctrl-C'})"
+        elif getattr(exc, "killed_by", None):
+            how = reason = f"killed by {exc.killed_by}"
+        else:
+            how = "FAILED"
+        self.run.report.steps.append(StepRecord.since(self.name, exc is None, self.t0, reason=reason))
+        self.run.say(f"   {self.name} {how} in {time.monotonic() - self.t0:.1f}s")
 
 
 class Cycle(Staging, Reverting):
@@ -432,8 +443,13 @@ class Cycle(Staging, Reverting):
             res = self.host.smoke(self.t.recipe, log_path=log, on_line=self.on_output)
             if not res.ok:
                 self.diagnose_file(log)
-                why = f"timed out after {self.t.recipe.smoke.timeout_s}s" if res.timed_out else f"exited {res.returncode}"
-                raise SmokeFailed(f"smoke test {why}" + cause_text(self.report.root_cause), hint=f"full log: {log}")
+                killed = getattr(res, "killed_by", None)
+                why = (f"timed out after {self.t.recipe.smoke.timeout_s}s" if res.timed_out
+                       else f"was killed by {killed} (from outside rewheel: the build was not proven)" if killed
+                       else f"exited {res.returncode}")
+                exc = SmokeFailed(f"smoke test {why}" + cause_text(self.report.root_cause), hint=f"full log: {log}")
+                exc.killed_by = killed  # type: ignore[attr-defined]  # the step line says so
+                raise exc
 
     def start(self) -> None:
         from rewheel.errors import ServiceError
