@@ -474,7 +474,7 @@ class Cycle(Staging, Reverting):
             self.snap.save()
             reinstalled = bool(getattr(self.installed, "changes", None))
             self.report.status = kept_status(self.report.before, self.report.after, reinstalled)
-            pruned = self.t.store.prune(self.t.recipe.keep, protected_snapshots(self.t.store) | {self.snap.id})
+            pruned = self.t.store.prune(self.t.recipe.keep, protected_snapshots(self.t.store, self.t.recipe.keep) | {self.snap.id})
             self.report.pruned = pruned
             if pruned:
                 self.say("pruned old snapshots ([snapshots] keep): " + pruned_text(self.t.store, pruned))

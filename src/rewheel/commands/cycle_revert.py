@@ -111,7 +111,7 @@ class Reverting:
         if self.report.status != RunStatus.REVERTED or self.snap is None:
             return
         rv = self.report.revert
-        keep = protected_snapshots(self.t.store) | {self.snap.id}
+        keep = protected_snapshots(self.t.store, self.t.recipe.keep) | {self.snap.id}
         if rv is not None:
             keep |= {i for i in (rv.failed_snapshot_id, rv.undo_snapshot_id) if i}
         try:

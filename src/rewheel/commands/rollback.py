@@ -281,7 +281,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                             root_cause=json_value(result.root_cause), downtime=json_value(result.downtime)))
             return result
         j.append(Finish(status=Finished.RESTORED, snapshot_id=snap.id, downtime=json_value(result.downtime)))
-        keep = protected_snapshots(t.store) | {snap.id} | ({undo_id} if undo_id else set())
+        keep = protected_snapshots(t.store, t.recipe.keep) | {snap.id} | ({undo_id} if undo_id else set())
         result.pruned = t.store.prune(t.recipe.keep, keep)
         if result.pruned:
             say("pruned old snapshots ([snapshots] keep): " + pruned_text(t.store, result.pruned))
