@@ -252,18 +252,6 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
     return result
 
 
-def service_record(t: Any) -> str:  # t: commands.Target
-    """The record of the service rewheel started is one rewheel wrote (ServiceRecordDamaged,
-    exit 3, before anything is signalled or a journal opened): what `run`, `rollback` and
-    `resume` refuse before they act, and `check` with them."""
-    spec = t.recipe.service
-    if spec is None:
-        return "no service"
-    mgr = t.host.manager(spec, t.store.env_dir, t.recipe.python)
-    check = getattr(mgr, "check_record", None)
-    return check() if check is not None else "kept by its manager"
-
-
 def not_interrupted(t: Any) -> str:  # t: commands.Target
     """No interrupted run waits (InterruptedRun, exit 4) and no other rewheel holds the
     environment (LockHeld, exit 4): what every command that acts refuses first."""
@@ -299,6 +287,8 @@ def target_checks(result: CheckResult) -> None:
     _run_check(result, "store", store)
     if "t" not in box:
         return
+    from rewheel.commands.target import service_record
+
     _run_check(result, "service record", lambda: service_record(box["t"]))
     _run_check(result, "interrupted", lambda: not_interrupted(box["t"]))
 

@@ -423,8 +423,9 @@ def close_superseded(env_dir: Path, by: RunJournal, *, skip: AbstractSet[str] = 
     with exit 4 or need a rollback of its own. Returns their ids."""
     closed = []
     for r in journal.list_runs(env_dir):
-        if r.id == by.id or r.id in skip or r.finished or not r.records:
+        # (one superseded already by a finished run after it gets its record now, naming that run)
+        if r.id == by.id or r.id in skip or r.last(Finish) is not None or not r.records:
             continue
-        r.append(Finish(status=Finished.SUPERSEDED, by_run=by.id))
+        r.append(Finish(status=Finished.SUPERSEDED, by_run=r.superseded_by or by.id))
         closed.append(r.id)
     return closed
