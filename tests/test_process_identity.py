@@ -268,7 +268,7 @@ def test_a_service_record_that_proves_nothing_is_not_ours(bench: Bench) -> None:
 def test_a_journals_child_record_that_proves_nothing_is_never_signalled(bench: Bench, command: str) -> None:
     b = bench
     b.clear_service()
-    for name, make in CHILD_NOT_OURS:
+    for _name, make in CHILD_NOT_OURS:
         b.interrupted_run([make(b.by.pid, b.by.ticks)])
         args = ("--yes",) if command == "resume" else (b.other_snapshot(), "--yes")
         _cell(b, command, args, 0)

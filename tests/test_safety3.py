@@ -209,3 +209,128 @@ def test_smoke_says_the_service_is_not_running(host_factory, before: str) -> Non
         assert "service.log" not in out, out
     else:
         assert "starting:" in log.read_text()  # the log of its last run exists; its lines are not blamed
+
+
+# -- item 4: keep-old-version's plan gets the guards every plan gets --------------------------------
+def _keep_old_bench(tmp_path: Path, offer: str):  # noqa: ANN202
+    """toypkg 1.0.0 + toyhelper 1.0.0 installed, toyhelper patched in place (kept by
+    `keep-old-version`); toypkg 2.0.0 needs toyhelper>=1.1. The index then lost toypkg 1.0.0 and
+    offers, besides 2.0.0: `sdist` a toypkg 3.0.0 sdist (whose build leaves a mark), `older` a
+    toypkg 0.9.0 wheel, `ok` toypkg 2.0.0 needing only toyhelper>=1."""
+    from devtools.localindex import start_index
+    from devtools.wheelbuild import build_wheel
+    from support_env import make_venv, uv
+    from support_index import site_packages
+    from test_real_upgrade import _sdist
+
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "toyhelper", "1.0.0", {"toyhelper/__init__.py": "HELP = 1\n"})
+    build_wheel(wheels, "toyhelper", "1.1.0", {"toyhelper/__init__.py": "HELP = 2\n"})
+    first = build_wheel(wheels, "toypkg", "1.0.0", {"toypkg/__init__.py": "V = 1\n"}, requires=["toyhelper>=1"])
+    build_wheel(wheels, "toypkg", "2.0.0", {"toypkg/__init__.py": "V = 2\n"},
+                requires=["toyhelper>=1" if offer == "ok" else "toyhelper>=1.1"])
+    index = start_index(wheels)
+    py = make_venv(tmp_path / "env")
+    uv("pip", "install", "-q", "--python", str(py), "--index-url", index.url, "toypkg==1.0.0", "toyhelper==1.0.0")
+    with open(site_packages(py) / "toyhelper" / "__init__.py", "a") as f:
+        f.write("PATCHED = True\n")
+    if offer != "ok":
+        first.unlink()
+    if offer == "sdist":
+        _sdist(wheels, "toypkg", "3.0.0")
+    elif offer == "older":
+        build_wheel(wheels, "toypkg", "0.9.0", {"toypkg/__init__.py": "V = 0\n"}, requires=["toyhelper>=1"])
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[environment]\npython = "{py}"\n[install]\npackages = ["toypkg"]\nindex_url = "{index.url}"\n'
+                      'reinstall = "all"\nstaged = false\n[patches]\npolicy = "keep-old-version"\n', encoding="utf-8")
+    return py, recipe, index
+
+
+@pytest.mark.parametrize("offer", ["sdist", "older"])
+def test_keep_old_versions_plan_is_guarded_before_the_stop(tmp_path: Path, offer: str) -> None:
+    """The kept versions constrain the one resolution, made before the stop with its guards: an
+    sdist is never built (the old version gone from the index, 3.0.0 only as an sdist) and a
+    recipe package is never downgraded (1.0.0 → 0.9.0) — refused, exit 2, nothing changed —
+    where the second resolution after the stop built the sdist, or installed 0.9.0, as "upgraded"."""
+    import support_cli
+    from support_env import tree_state
+
+    py, recipe, index = _keep_old_bench(tmp_path, offer)
+    try:
+        before = tree_state(py.parent.parent)
+        cp = support_cli.rewheel("run", str(recipe), "--yes", "--json", stdin=__import__("subprocess").DEVNULL,
+                                 timeout=300)
+        doc = _json(cp)
+        assert cp.returncode == 2, doc
+        assert doc["error"] in ("ResolutionRefused", "PreflightError"), doc
+        assert not (tmp_path / "built").exists()  # no sdist build ran
+        assert tree_state(py.parent.parent) == before
+    finally:
+        index.stop()
+
+
+def test_keep_old_version_keeps_the_patched_and_checks_the_install(tmp_path: Path) -> None:
+    """Where the upgrade is possible, the kept distribution stays (its patch too), the plan
+    says so before the stop, and what was installed is checked against the plan."""
+    import subprocess
+
+    import support_cli
+    from support_index import installed_version, site_packages
+
+    py, recipe, index = _keep_old_bench(tmp_path, "ok")
+    try:
+        cp = support_cli.rewheel("run", str(recipe), "--yes", "--json", stdin=subprocess.DEVNULL, timeout=300)
+        doc = _json(cp)
+        assert cp.returncode == 0 and doc["status"] == "upgraded", cp.stderr
+        assert "keeping patched distributions: toyhelper 1.0.0" in cp.stderr.split("── stop")[0].split("── snapshot")[0]
+        assert installed_version(py, "toypkg") == "2.0.0" and installed_version(py, "toyhelper") == "1.0.0"
+        assert (site_packages(py) / "toyhelper" / "__init__.py").read_text().endswith("PATCHED = True\n")
+    finally:
+        index.stop()
+
+
+# -- item 5: run --lock FILE installs what the file held at the plan --------------------------------
+def test_a_lock_replaced_after_the_plan_changes_nothing(host_factory) -> None:
+    """`run --lock L`: L is read once, at the plan (copied, hashed); replaced while the run is
+    paused after its plan, the install still installs what the plan showed, and is checked
+    against it."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+
+    import support_cli
+
+    h = host_factory("2.0.0", "good", start=False)
+    h.write_recipe(service=None, install__staged=False)
+
+    def lock_of_newest(name: str) -> Path:
+        cp = h.rewheel("run", str(h.recipe), "--dry-run", "--json")
+        path = Path(_json(cp)["plan"]["lock"])
+        return Path(shutil.copyfile(path, h.tmp / name))
+
+    two = lock_of_newest("pylock.two.toml")
+    build_toypkg(h.wheels, "3.0.0")
+    three = lock_of_newest("pylock.three.toml")
+    lock = h.tmp / "pylock.toml"
+    shutil.copyfile(two, lock)
+    out, err = h.tmp / "out", h.tmp / "err"
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        p = support_cli.start("run", str(h.recipe), "--lock", str(lock), "--yes", "--json", stdout=fo, stderr=fe,
+                              stdin=subprocess.DEVNULL,
+                              env={**os.environ, "REWHEEL_FAULT_AT": "step:snapshot", "REWHEEL_FAULT_SIGNAL": "STOP"})
+        deadline = time.monotonic() + 120
+        while (Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T"):
+            assert p.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        shutil.copyfile(three, lock)  # replaced while the run waits between its plan and its install
+        os.kill(p.pid, signal.SIGCONT)
+        assert p.wait(timeout=120) == 0, err.read_text()
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "upgraded" and doc["after"]["toypkg"] == "2.0.0", doc
+    assert _installed(h) == "2.0.0"
+    assert "sha256" in err.read_text()
+    journal = (_run_dir(h, doc["run_id"]) / "journal.jsonl").read_text()
+    import hashlib
+
+    assert hashlib.sha256(two.read_bytes()).hexdigest() in journal

@@ -113,6 +113,9 @@ class Note(Record):
     undo_snapshot_stale: str | None = None
     damaged_lines: list[int] | None = None  # what `load` skipped, noted once by the next writer
     damaged_text: list[str] | None = None
+    lock_source: str | None = None   # `run --lock FILE`: the file, as read at the plan,
+    lock_sha256: str | None = None   # the sha256 of what was read,
+    lock_copy: str | None = None     # and the copy the install used
 
 
 @dataclass(frozen=True, kw_only=True)
