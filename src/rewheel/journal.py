@@ -37,9 +37,9 @@ def _prefix_of(env_dir: Path) -> Path:
     """The environment a state folder belongs to (its env.json), else the folder itself."""
     try:
         prefix = json.loads((env_dir / "env.json").read_text())["prefix"]
-        if prefix and os.path.isdir(prefix):
+        if isinstance(prefix, str) and prefix and os.path.isdir(prefix):
             return Path(prefix)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         pass
     return env_dir
 
@@ -101,7 +101,7 @@ class EnvLock:
         for line in raw.splitlines():
             try:
                 doc = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # not a record rewheel wrote: skipped
                 continue
             if isinstance(doc, dict):
                 out.append(doc)

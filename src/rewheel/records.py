@@ -238,7 +238,7 @@ class Unrecognised:
     @property
     def time(self) -> float:
         t = self.data.get("time")
-        return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else 0.0
+        return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and 0 <= t < 1e11 else 0.0
 
     def to_json(self) -> JSONDict:
         return dict(self.data)
@@ -257,8 +257,8 @@ def from_json(doc: Any) -> AnyRecord | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("event"), str):
         return None
     t = doc.get("time", 0)
-    if not isinstance(t, int | float) or isinstance(t, bool):
-        return None  # the history orders runs by it
+    if not isinstance(t, int | float) or isinstance(t, bool) or not 0 <= t < 1e11:
+        return None  # the history orders runs by it, and shows it: a moment a clock has (not nan, inf, 1e300)
     cls = _TYPES.get(doc["event"])
     if cls is None:
         return Unrecognised(doc["event"], doc)
