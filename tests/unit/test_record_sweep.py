@@ -150,7 +150,7 @@ def test_prepared_records(tmp_path: Path) -> None:
         assert p is not None
         p.created_iso, p.to_json(), dict(p.before), dict(p.after)  # noqa: B018 - what readers use
         assert all(isinstance(v, str) for v in [*p.after.values(), *p.before.values(), p.lock, p.source])
-        assert [c.name for c in p.checks] is not None
+        assert all(isinstance(c.name, str) and isinstance(c.ok, bool) for c in p.checks)
 
     one()
 
