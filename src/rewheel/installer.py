@@ -286,6 +286,17 @@ def _uv_env(lock: Path | None, recipe: Recipe | None = None) -> dict[str, str]:
     return env
 
 
+def _absolutise(node: Any, base: Path) -> Any:
+    """A lock's data with its PEP 751 `path` keys (wheels, sdist, archive, directory), which are
+    relative to the lock's folder `base`, made absolute: the lock can be copied elsewhere."""
+    if isinstance(node, dict):
+        return {k: (str(base / v) if k == "path" and isinstance(v, str) and not os.path.isabs(v)
+                    else _absolutise(v, base)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_absolutise(v, base) for v in node]
+    return node
+
+
 @dataclass(frozen=True)
 class FrozenLock:
     """`run --lock FILE` as read once, at the plan: the copy the install uses (in a private
@@ -341,22 +352,11 @@ def freeze_lock(source: Path | str, folder: Path) -> FrozenLock:
         raise ResolutionRefused(f"--lock {path}: {', '.join(sdists)} has no wheel in the lock: the install would "
                                 "build it from an sdist (its build code run while the service is down)",
                                 hint="lock versions that ship wheels; nothing was changed")
-    base = path.parent
-
-    def absolutise(node: Any) -> Any:
-        # PEP 751 `path` keys (wheels, sdist, archive, directory) are relative to the lock's folder.
-        if isinstance(node, dict):
-            return {k: (str(base / v) if k == "path" and isinstance(v, str)
-                        and not os.path.isabs(v) else absolutise(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [absolutise(v) for v in node]
-        return node
-
     import tomli_w
 
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     copy = folder / "pylock.toml"
-    copy.write_text(tomli_w.dumps(absolutise(data)), encoding="utf-8")
+    copy.write_text(tomli_w.dumps(_absolutise(data, path.parent)), encoding="utf-8")
     return FrozenLock(str(path), copy, hashlib.sha256(raw).hexdigest(), versions)
 
 
@@ -381,21 +381,10 @@ def usable_lock(lock: Path | str) -> Iterator[Path]:
         return
     import tomli_w
 
-    base = path.parent
-
-    def absolutise(node: Any) -> Any:
-        # PEP 751 `path` keys (wheels, sdist, archive, directory) are relative to the lock's folder.
-        if isinstance(node, dict):
-            return {k: (str(base / v) if k == "path" and isinstance(v, str)
-                        and not os.path.isabs(v) else absolutise(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [absolutise(v) for v in node]
-        return node
-
     tmp = Path(tempfile.mkdtemp(prefix="rewheel-lock-"))
     try:
         target = tmp / "pylock.toml"
-        target.write_text(tomli_w.dumps(absolutise(data)), encoding="utf-8")
+        target.write_text(tomli_w.dumps(_absolutise(data, path.parent)), encoding="utf-8")
         yield target
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
