@@ -336,7 +336,8 @@ def freeze_lock(source: Path | str, folder: Path) -> FrozenLock:
     packages = data.get("packages")
     if not isinstance(data.get("lock-version"), str) or not isinstance(packages, list):
         raise UsageError(f"--lock {path}: not a PEP 751 lock (no lock-version or [[packages]])",
-                         hint="write one with `uv pip compile -o pylock.toml` or `rewheel ci --promote`")
+                         hint="write one with `uv pip compile -o pylock.toml`, or let rewheel's ci command promote a qualified nightly "
+                              "(its --promote writes one)")
     versions: dict[str, str] = {}
     sdists: list[str] = []
     for i, p in enumerate(packages):

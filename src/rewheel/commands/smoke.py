@@ -3,6 +3,7 @@ is changed."""
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from rewheel import journal
@@ -37,8 +38,9 @@ def smoke_only(t: Target, *, on_output: Say = quiet, say: Say = quiet) -> SmokeR
             rep.ok = False
             ended = (f"; its last run ended with exit status {st.exit_status}"
                      if st.state == "failed" and st.exit_status not in (None, 0) else "")
+            again = f"`{shlex.join(['rewheel', 'smoke', str(t.recipe.path)])}`" if t.recipe.path else "it"
             rep.error = (f"{mgr.describe()} is not running ({st.state}{ended}): its health was not checked; "
-                         "`rewheel smoke` checks the service as it runs — start it, then run it again")
+                         f"the smoke test checks the service as it runs — start it, then run {again} again")
             spec = t.recipe.service
             rep.health = HealthResult(ok=False, seconds=0.0, detail=f"not running ({st.state}): not checked",
                                       health_url=spec.health_url, probe_url=spec.probe.url if spec.probe else None)
