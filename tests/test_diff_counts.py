@@ -18,7 +18,7 @@ from rewheel import diff as diffmod
 from rewheel.diff import count_changed_lines, count_lines, splits_like_bytes, unified_diff
 from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
-from support_diff import site_packages
+from support_diff import fails_in_a_forked_child, site_packages
 import support_cli
 
 
@@ -259,31 +259,6 @@ def test_a_shown_diff_is_never_split(edited: dict, monkeypatch: pytest.MonkeyPat
     assert all(f.diff for f in res.files) and len(res.files) == 4
 
 
-@pytest.mark.parametrize("fault", ["dies", "hangs"])
-def test_a_split_diff_whose_second_process_fails_counts_its_half_itself(edited: dict, fault: str,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A second process that dies mid-way, or never answers (stuck on a lock a thread held at
-    the fork) and is killed once overdue: its half is counted here, the same counts."""
-    t, snap = edited["target"], edited["snap"]
-    one = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
-    parent = os.getpid()
-    real_fill = diffmod._fill_text
-
-    def fails_in_the_child(fc, *args, **kw):
-        if os.getpid() != parent:
-            if fault == "dies":
-                os._exit(9)  # nothing sent
-            time.sleep(600)
-        return real_fill(fc, *args, **kw)
-
-    monkeypatch.setattr(diffmod, "_fill_text", fails_in_the_child)
-    monkeypatch.setattr(diffmod, "SPLIT_WAIT_MIN_S", 0.5)
-    always_split(monkeypatch)
-    t0 = time.monotonic()
-    assert counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
-    assert time.monotonic() - t0 < 60  # not the child's 600 s
-
-
 # --------------------------------------------------------------------------------------
 # A large diff walks the live environment in a second process (issue 44)
 # --------------------------------------------------------------------------------------
@@ -320,26 +295,21 @@ def test_a_walk_in_a_second_process_finds_what_one_process_finds(edited: dict, t
 
 
 @pytest.mark.parametrize("fault", ["dies", "hangs"])
-def test_a_walk_whose_second_process_fails_is_done_here(edited: dict, fault: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("share", ["_fill_text", "_walk_live"])
+def test_a_diff_whose_second_process_fails_does_its_share_itself(edited: dict, share: str, fault: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second process — counting half the files, or walking the live environment — that
+    dies mid-way, or never answers (stuck on a lock a thread held at the fork) and is killed
+    once overdue: its share is done here, and the diff is the same."""
     t, snap = edited["target"], edited["snap"]
     one = whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
-    parent = os.getpid()
-    real_walk = diffmod._walk_live
-
-    def fails_in_the_child(*args, **kw):
-        if os.getpid() != parent:
-            if fault == "dies":
-                os._exit(9)
-            time.sleep(600)
-        return real_walk(*args, **kw)
-
-    monkeypatch.setattr(diffmod, "_walk_live", fails_in_the_child)
+    monkeypatch.setattr(diffmod, share, fails_in_a_forked_child(getattr(diffmod, share), fault))
     monkeypatch.setattr(diffmod, "SPLIT_WAIT_MIN_S", 0.5)
+    always_split(monkeypatch)
     share_every_walk(monkeypatch)
     t0 = time.monotonic()
     assert whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < 60  # not the child's 600 s
 
 
 def test_a_walk_honours_the_snapshots_exclusions_in_either_process(tmp_path: Path, wheelhouse: Path,

@@ -19,8 +19,8 @@ from rewheel.environment import Environment
 from devtools.localindex import serve_index
 from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
-from support_diff import (LOADER, edit_by_replace, edit_in_place, model_source, patchme_wheels,
-                          site_packages)
+from support_diff import (LOADER, edit_by_replace, edit_in_place, fails_in_a_forked_child, model_source,
+                          patchme_wheels, site_packages)
 from devtools.wheelbuild import build_wheel
 import support_cli
 
@@ -380,17 +380,7 @@ def test_a_shared_walk_whose_second_process_fails_is_walked_here(three_packages:
     """A second process that dies mid-way, or never answers and is killed once overdue: its
     folders are walked here, and the scan finds the same."""
     one = scanned(three_packages)
-    parent = os.getpid()
-    real_walk = package_folders._walk
-
-    def fails_in_the_child(*args, **kw):
-        if os.getpid() != parent:
-            if fault == "dies":
-                os._exit(9)  # nothing sent
-            time.sleep(600)
-        return real_walk(*args, **kw)
-
-    monkeypatch.setattr(package_folders, "_walk", fails_in_the_child)
+    monkeypatch.setattr(package_folders, "_walk", fails_in_a_forked_child(package_folders._walk, fault))
     monkeypatch.setattr(package_folders, "SHARE_WAIT_MIN_S", 0.5)
     share_every_walk(monkeypatch)
     t0 = time.monotonic()
