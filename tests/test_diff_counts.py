@@ -15,7 +15,7 @@ import pytest
 
 from support_env import make_venv, uv_install
 from rewheel import diff as diffmod
-from rewheel.diff import count_changed_lines, count_lines, splits_like_bytes, unified_diff
+from rewheel.texts import count_changed_lines, count_lines, splits_like_bytes, unified_diff
 from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
 from support_diff import fails_in_a_forked_child, site_packages

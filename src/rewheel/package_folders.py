@@ -15,9 +15,9 @@ import stat
 from collections import Counter
 from typing import Any, cast
 
-from rewheel.diff import INSTALLER_FILES
 from rewheel.environment import Distribution, RecordEntry
 from rewheel.halves import share, worth_sharing
+from rewheel.texts import INSTALLER_FILES
 
 # Listing a folder through an open descriptor lets each file be stat'ed relative to it
 # (fstatat): no path lookup from the root per file, which is most of what an lstat costs.

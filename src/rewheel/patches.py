@@ -51,7 +51,7 @@ from merge3 import Merge3
 from packaging.utils import canonicalize_name
 
 from rewheel import proc
-from rewheel.diff import as_text, count_lines, display_path, is_install_artifact, unified_diff
+from rewheel.diff import display_path
 from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import CommandNotFound
 from rewheel.package_folders import BYTECODE, PackageFolders
@@ -59,6 +59,7 @@ from rewheel.paths import fsync_dir, write_all
 from rewheel.snapshot import Manifest, SnapshotDamaged, Store
 from rewheel.snapshot.store import aliased_files
 from rewheel.snapshot.tree import provably_pristine
+from rewheel.texts import as_text, count_lines, is_install_artifact, unified_diff
 
 # Patched files up to this size are kept in memory so they can be carried onto a new
 # version after the reinstall has replaced them.

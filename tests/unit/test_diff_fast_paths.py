@@ -14,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewheel import diff as diffmod
-from rewheel.diff import as_text, count_changed_lines, splits_like_bytes
+from rewheel import texts
 from rewheel.environment import Distribution, RecordEntry
 from rewheel.snapshot import Manifest
 from rewheel.snapshot.tree import Root, record_index
+from rewheel.texts import as_text, count_changed_lines, splits_like_bytes
 
 
 def multiset_counts(old: str | bytes | None, new: str | bytes | None) -> tuple[int, int]:
@@ -30,13 +31,13 @@ def multiset_counts(old: str | bytes | None, new: str | bytes | None) -> tuple[i
 # Texts made of a few lines that repeat, with every kind of line break str and bytes split at
 # (CRLF split across the cut, a form feed, U+0085, U+2028, a last line without one).
 PIECES = ["a", "b", "x = 1", "", "é", "\n", "\r", "\r\n", "\x0c", "\x85", "\u2028", "\n\n"]
-texts = st.lists(st.sampled_from(PIECES), max_size=30).map("".join)
+lines = st.lists(st.sampled_from(PIECES), max_size=30).map("".join)
 
 
 @st.composite
 def versions(draw: st.DrawFn) -> tuple[str, str]:
     """Two versions of a text that share a beginning and an end, as releases do."""
-    head, tail, mid_a, mid_b = draw(texts), draw(texts), draw(texts), draw(texts)
+    head, tail, mid_a, mid_b = draw(lines), draw(lines), draw(lines), draw(lines)
     return head + mid_a + tail, head + mid_b + tail
 
 
@@ -53,7 +54,7 @@ def test_counts_with_shared_lines_cut_off_are_the_multiset_difference(pair: tupl
 @given(versions())
 def test_what_is_cut_off_is_the_same_whole_lines_on_both_sides(pair: tuple[str, str]) -> None:
     for old, new in (pair, (pair[0].encode(), pair[1].encode())):
-        mid_old, mid_new = diffmod._trim_common_lines(old, new)  # type: ignore[type-var]
+        mid_old, mid_new = texts._trim_common_lines(old, new)  # type: ignore[type-var]
         cut = len(old) - len(mid_old)
         assert cut == len(new) - len(mid_new)
         nl = old[:0] + ("\n" if isinstance(old, str) else b"\n")  # type: ignore[operator]
@@ -65,7 +66,7 @@ def test_what_is_cut_off_is_the_same_whole_lines_on_both_sides(pair: tuple[str, 
 
 sides = st.one_of(
     st.binary(max_size=200),
-    texts.map(lambda t: t.encode()),
+    lines.map(lambda t: t.encode()),
     st.text(max_size=100).map(lambda t: t.encode("utf-8", "surrogatepass")),
     st.sampled_from([b"\xff\xfe", b"abc\0def", "ok\x1d".encode(), "é\u2029".encode(), b"\xc3"]),
 )
@@ -75,7 +76,7 @@ sides = st.one_of(
 @given(sides)
 def test_a_side_is_counted_as_bytes_exactly_where_its_text_splits_like_them(data: bytes) -> None:
     text = as_text(data)
-    got = diffmod._countable(data)
+    got = texts.countable(data)
     if text is None:
         assert got is None
     elif splits_like_bytes(text):
@@ -85,9 +86,9 @@ def test_a_side_is_counted_as_bytes_exactly_where_its_text_splits_like_them(data
 
 
 def test_a_large_side_or_a_nul_in_its_head_is_binary() -> None:
-    assert diffmod._countable(b"x" * (diffmod.TEXT_LIMIT + 1)) is None
-    assert diffmod._countable(b"abc\0" + b"x" * 10) is None
-    assert diffmod._countable(b"x" * 9000 + b"\0") == b"x" * 9000 + b"\0"  # only the head is looked at
+    assert texts.countable(b"x" * (texts.TEXT_LIMIT + 1)) is None
+    assert texts.countable(b"abc\0" + b"x" * 10) is None
+    assert texts.countable(b"x" * 9000 + b"\0") == b"x" * 9000 + b"\0"  # only the head is looked at
 
 
 # --------------------------------------------------------------------------------------
