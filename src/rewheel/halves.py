@@ -33,16 +33,23 @@ def share(mine: Callable[[], None], theirs: Callable[[], tuple[Any, ...]], *,
           wait_min: float) -> tuple[Any, ...] | None:
     """Run `theirs` in a forked process and `mine` here, at the same time; what `theirs`
     returned (a tuple `marshal` can carry), or None when the other process did not deliver
-    it: it raised or died, or it was still silent `wait_min` seconds (at least three times
-    as long as `mine` took) after `mine` returned — stuck on a lock a thread of this process
-    held at the fork — and was killed. The caller then does that half itself."""
+    it: the system refused the fork (no memory, a process limit), it raised or died, or it
+    was still silent `wait_min` seconds (at least three times as long as `mine` took) after
+    `mine` returned — stuck on a lock a thread of this process held at the fork — and was
+    killed. The caller then does that half itself."""
     r, w = os.pipe()
 
     def body() -> None:
         os.close(r)
         send_msg(w, ("done", theirs()))
 
-    pid = fork_child(body)
+    try:
+        pid = fork_child(body)
+    except OSError:
+        os.close(r)
+        os.close(w)
+        mine()
+        return None
     os.close(w)
     msg: tuple[Any, ...] | None = None
     try:
