@@ -50,6 +50,15 @@ def test_counts_with_shared_lines_cut_off_are_the_multiset_difference(pair: tupl
         assert count_changed_lines(old.encode(), new.encode()) == multiset_counts(old, new)
 
 
+@settings(max_examples=300, deadline=None)
+@given(lines)
+def test_lines_are_counted_as_they_are_split(text: str) -> None:
+    """An added or removed file's lines, counted without splitting it."""
+    assert texts._nlines(text) == len(text.splitlines())
+    if splits_like_bytes(text):
+        assert texts._nlines(text.encode()) == len(text.encode().splitlines())
+
+
 @settings(max_examples=250, deadline=None)
 @given(versions())
 def test_what_is_cut_off_is_the_same_whole_lines_on_both_sides(pair: tuple[str, str]) -> None:
