@@ -18,8 +18,8 @@ the two versions' lines); unified diffs, which difflib builds in quadratic time 
 built only for the files shown (`with_diffs`), and their counts are those of the diff shown.
 
 A large diff shares its work with a second process (`rewheel.halves`): the live environment
-is walked there while this one reads the snapshot's side and the RECORDs, then each reads
-and counts half the changed files.
+is walked there while this one loads the snapshot's manifest and reads the RECORDs, then
+each reads and counts half the changed files.
 
 Byte-compiled caches (`__pycache__`, `.pyc`) and `.dist-info` folders (metadata and the
 installer's bookkeeping: RECORD, INSTALLER, uv_cache.json, ...) are not source and are left
@@ -58,7 +58,7 @@ SPLIT_MIN_FILES = 1000
 # How long, at least, the second process's answer is waited for once this one's half is done.
 SPLIT_WAIT_MIN_S = 10.0
 # From this many files in the snapshot on, the live environment is walked by a second process
-# while this one reads the snapshot's side and the RECORDs.
+# while this one loads the manifest and reads the RECORDs.
 WALK_SHARE_MIN_FILES = 4000
 LIVE = "live"
 
@@ -480,6 +480,17 @@ def _compare(old: Mapping[str, _Item], new: Mapping[str, _Item]) -> list[tuple[s
     return changes
 
 
+def _manifest_against_live(snap: SnapshotMeta, env: Environment) -> Manifest:
+    """The snapshot's manifest, its roots at the paths the live environment has (the same
+    prefix may be reached through another path now: a symlink)."""
+    man = Manifest.load(snap)
+    try:
+        man.roots = match_roots(snap, man, scope_of(env))
+    except SnapshotError:
+        pass  # another environment's snapshot: compared as recorded
+    return man
+
+
 def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta | None = None, *,
                package: str | None = None, path_glob: str | None = None,
                with_diffs: bool = False, line_counts: bool = True,
@@ -492,30 +503,29 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
     files; `line_counts=False` (a `--stat`-less quick look) skips reading changed files.
     """
     t0 = time.monotonic()
-    old_man = Manifest.load(old_snap)
-    if new_snap is None:
-        # The same prefix may be reached through another path now (a symlink): compare files
-        # at the paths the live environment has.
-        try:
-            old_man.roots = match_roots(old_snap, old_man, scope_of(env))
-        except SnapshotError:
-            pass  # another environment's snapshot: compared as recorded
     stats: dict[str, Any] = {"by_manifest": 0, "by_record": 0, "hashed_files": 0, "hashed_bytes": 0}
     owners = _Owners()
     old_mtimes: dict[str, int] = {}
     if new_snap is None:
         new_man = None
         roots, skip = scope_of(env), skip or set()
+        loaded: list[Manifest] = []
         old_items: dict[str, _Item] = {}
         dists: list[Distribution] = []
         records: dict[str, tuple[RecordEntry, int]] = {}
 
-        def read_the_rest() -> None:  # what needs no walk, while the walk is under way
-            old_items.update(_manifest_items(old_man, old_mtimes))
+        def read_the_rest() -> None:  # all but the walk
+            loaded.append(_manifest_against_live(old_snap, env))
+            old_items.update(_manifest_items(loaded[0], old_mtimes))
             dists.extend(env.distributions())
             records.update(_record_owners(dists))
             _owners_from_env(dists, owners)
-            _owners_from_snapshot(old_snap, old_man, owners)
+            _owners_from_snapshot(old_snap, loaded[0], owners)
+
+        def walk_there() -> tuple[Any, ...]:
+            # What it needs of the manifest is what the snapshot left out: its folders are
+            # neither checked nor read here (this process does that).
+            return (_walk_live(roots, {}, skip, Manifest.load(old_snap, validate=False).exclude),)
 
         walked: LiveWalk | None = None
         if all(r.whole for r in roots) and worth_sharing(old_snap.files, WALK_SHARE_MIN_FILES):
@@ -523,16 +533,17 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
             # no RECORD: every root is walked whole).
             if progress:
                 progress("diff: walk", 0, 0)
-            got = share(read_the_rest, lambda: (_walk_live(roots, {}, skip, old_man.exclude),),
-                        wait_min=SPLIT_WAIT_MIN_S)
+            got = share(read_the_rest, walk_there, wait_min=SPLIT_WAIT_MIN_S)
             walked = got[0] if got is not None else None
         else:
             read_the_rest()
+        old_man = loaded[0]
         if walked is None:
             walked = _walk_live(roots, records, skip, old_man.exclude, progress)
         new_items: Mapping[str, _Item] = _live_items(walked, records, old_items, old_mtimes, stats)
         new_dists = [d.to_json() for d in dists]
     else:
+        old_man = Manifest.load(old_snap)
         old_items = _manifest_items(old_man, old_mtimes)
         new_man = Manifest.load(new_snap)
         new_items = _manifest_items(new_man)
