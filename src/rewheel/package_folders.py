@@ -63,9 +63,9 @@ class PackageFolders:
         its distribution's install; nothing `is_install_artifact` could skip) goes into
         `proven` (None: prove nothing), any other into `seen` with its lstat."""
         tops = sorted(self.tops)
-        if proven is None or not worth_sharing(sum(self.listed_in.values()), SHARE_MIN_FILES):
-            return _walk(tops, listed, owner, seen, proven)
         mine, theirs = self.halves(tops)
+        if proven is None or not theirs or not worth_sharing(sum(self.listed_in.values()), SHARE_MIN_FILES):
+            return _walk(tops, listed, owner, seen, proven)
         done: list[Walked] = []
 
         def other_half() -> tuple[Any, ...]:

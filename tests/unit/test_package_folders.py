@@ -6,12 +6,16 @@ tests/test_patches.py."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+
+import pytest
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rewheel.environment import Distribution, RecordEntry
+from rewheel import package_folders
 from rewheel.package_folders import PackageFolders, _portable
 
 SITE = "/env/lib/python3.11/site-packages"
@@ -51,6 +55,29 @@ def test_the_halves_take_every_folder_once_and_about_as_many_files(weights: dict
     load = [sum(f.listed_in[t] for t in half) for half in (mine, theirs)]
     # Largest first, each into the lighter half: the halves differ by at most the largest folder.
     assert abs(load[0] - load[1]) <= max(weights.values(), default=0)
+
+
+def test_one_folder_is_walked_here_without_a_second_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`patches -p vllm`: one folder cannot be shared (a fork would start here and fail)."""
+    site = tmp_path / "site-packages"
+    (site / "vllm" / "sub").mkdir(parents=True)
+    rels = ["vllm/__init__.py", "vllm/sub/a.py"]
+    for rel in rels:
+        (site / rel).write_text("x = 1\n")
+    (site / "vllm" / "sub" / "unlisted.py").write_text("y = 2\n")
+    d = Distribution(name="vllm", display_name="vllm", version=None, version_text="1",
+                     dist_info=site / "vllm-1.dist-info", site=site)
+    d.__dict__["record"] = [RecordEntry(str(site / rel), "sha256=x", 6) for rel in rels]
+    d.__dict__["install_time_ns"] = time.time_ns() + 10**9
+    monkeypatch.setattr(package_folders, "SHARE_MIN_FILES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    f = PackageFolders([d])
+    assert f.halves(sorted(f.tops)) == ([str(site / "vllm")], [])
+    listed = {e.path: e for e in d.record}
+    proven: set[str] = set()
+    walked, extra = f.walk(listed, dict.fromkeys(listed, d), {}, proven)
+    assert proven == set(listed) and [p for p, _st, _top in extra] == [str(site / "vllm/sub/unlisted.py")]
+    assert walked == 3
 
 
 def test_one_large_folder_and_many_small_ones() -> None:
