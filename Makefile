@@ -11,7 +11,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-faults test-unit typecheck demo bench bench-synthetic acceptance clean
+.PHONY: venv test test-faults test-unit typecheck demo bench bench-synthetic acceptance gpu-wheels gpu-check clean
 
 venv: $(STAMP)
 
@@ -69,5 +69,19 @@ bench-synthetic: venv
 	$(BIN)/python -m compileall -q src/rewheel devtools
 	$(BIN)/python -m devtools.bench
 
+# The GPU check (docs/service-and-gpus.md#proving-the-gpu-paths-on-your-host): `make gpu-wheels`
+# where there is a network fills .gpu-wheels with rewheel, uv and their dependencies (20 MB);
+# `make gpu-check` on the NVIDIA host installs them from there with no network and proves the GPU
+# paths, with the interpreter that has torch (GPU_PYTHON). It needs no .venv: a GPU host may have
+# no index to make one from. Exit status: 0 held, 1 something did not, 2 a missing prerequisite,
+# 3 no NVIDIA GPU on this host.
+GPU_PYTHON ?= python3
+GPU_WHEELS ?= .gpu-wheels
+gpu-wheels: venv
+	$(BIN)/python -m devtools.gpu_check --build-wheels $(GPU_WHEELS)
+
+gpu-check:
+	$(GPU_PYTHON) -m devtools.gpu_check --wheels $(GPU_WHEELS) $(GPU_CHECK_ARGS)
+
 clean:
-	rm -rf $(VENV) .demo .bench
+	rm -rf $(VENV) .demo .bench .gpu-wheels

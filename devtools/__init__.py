@@ -9,7 +9,18 @@ repository root: `python -m` puts the working directory on sys.path, and child p
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 # The repository root: where `.demo/`, `.bench/` and `recipes/` live.
 REPO: Path = Path(__file__).resolve().parents[1]
+
+
+def sha256_file(path: str | Path) -> str:
+    """A file's sha256, read in 1 MiB blocks: the tools' own witness of what a restore left,
+    independent of rewheel's hashing."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

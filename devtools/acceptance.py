@@ -20,7 +20,6 @@ exits 1 when any check fails. Settings: ACCEPT_OLD (the starting release spec, d
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devtools import REPO
+from devtools import REPO, sha256_file
 from rewheel.installer import find_uv
 
 CASES = {"staged-named": (True, "named"), "unstaged-named": (False, "named"),
@@ -94,11 +93,7 @@ class Acceptance:
                 if p.is_symlink():
                     out[rel] = "-> " + os.readlink(p)
                     continue
-                h = hashlib.sha256()
-                with open(p, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
-                out[rel] = f"{h.hexdigest()} {oct(p.stat().st_mode & 0o7777)}"
+                out[rel] = f"{sha256_file(p)} {oct(p.stat().st_mode & 0o7777)}"
         return out
 
     # -- the environment ----------------------------------------------------------------------

@@ -29,6 +29,11 @@ if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
 
 
+# The folder where every process of the session records the hints it ran (tests/support_hints.py).
+_HINT_LOG = pytest.StashKey[str]()
+_HINT_LOG_MADE = pytest.StashKey[bool]()
+
+
 # -- the fault suites' sample (tests/support_killpoints.py) -------------------------------------
 def pytest_configure(config: pytest.Config) -> None:
     """One seed for the session, drawn here (in xdist's controller, before its workers start,
@@ -38,6 +43,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
     os.environ.setdefault("REWHEEL_FAULT_SEED", str(secrets.randbelow(10**6)))
     config.pluginmanager.register(_GroupsReachXdist(), "rewheel-groups-reach-xdist")
+    if not hasattr(config, "workerinput"):  # the controller's folder, which its workers inherit
+        if "REWHEEL_TESTS_HINT_LOG" not in os.environ:
+            import tempfile
+
+            os.environ["REWHEEL_TESTS_HINT_LOG"] = tempfile.mkdtemp(prefix="rewheel-hints-")
+            config.stash[_HINT_LOG_MADE] = True
+        config.stash[_HINT_LOG] = os.environ["REWHEEL_TESTS_HINT_LOG"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    if config.stash.get(_HINT_LOG_MADE, False):
+        shutil.rmtree(config.stash[_HINT_LOG], ignore_errors=True)
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -47,8 +66,16 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    import os
+
     # Also under -q (no header): the line that repeats this session's fault sample.
     terminalreporter.write_line(pytest_report_header(config))
+    # The hints the session's commands printed, each run as typed (tests/support_hints.py).
+    log = config.stash.get(_HINT_LOG, None)
+    if log is not None and os.path.isdir(log) and os.listdir(log):
+        from support_hints import summary
+
+        terminalreporter.write_line(summary(log))
 
 
 # -- scheduling on xdist workers (`make test`: --dist loadgroup --no-loadscope-reorder) -----------
@@ -56,9 +83,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 # worker, so it is built once; every other test is handed out on its own. The long ones go
 # first, in this order, so no worker is left running a one-minute test alone at the end (what
 # `--dist loadfile` did with the kill-point file). A stale list costs minutes, never a result.
-LONG_FIRST = ("test_fleet_ansible.py", "test_bench.py", "test_killpoints.py", "test_crash_records.py",
+LONG_FIRST = ("test_fleet_ansible.py", "test_fleet_ssh.py", "test_bench.py", "test_killpoints.py", "test_crash_records.py",
               "test_full_disk.py", "test_killpoints_signals.py", "test_real_upgrade.py", "test_crash.py",
-              "test_run.py", "test_pipes.py", "test_patches.py", "test_demo_parts.py", "test_signal_revert.py")
+              "test_run.py", "test_gpu_check.py", "test_pipes.py", "test_patches.py", "test_demo_parts.py",
+              "test_board.py",
+              "test_signal_revert.py")
 
 
 def _shares_a_module_fixture(item: pytest.Item) -> bool:
@@ -176,6 +205,10 @@ from support_standins import fake_gpus, fake_host  # noqa: E402,F401
 from support_systemd import real_systemd, systemd_machine  # noqa: E402,F401
 # The run cycle's fake world (tests/support_cycle.py).
 from support_cycle import world  # noqa: E402,F401
+# A small real filesystem to fill (tests/support_disk.py).
+from support_disk import disk  # noqa: E402,F401
+# The fleet's collection, rewheel's wheel and the SSH key (tests/support_fleet.py).
+from support_fleet import ansible_home, rewheel_wheel, ssh_keys  # noqa: E402,F401
 
 
 # -- real hosts: a venv, a local index, the toy model server (tests/support_run.py) --------------

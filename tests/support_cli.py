@@ -129,9 +129,30 @@ def rewheel(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
     cmd = argv(*args)
     z = _server_for(full_env, wrapped=bool(prefix))
     if z is None:
-        return subprocess.run([*(prefix or attach or []), *cmd], capture_output=True, text=text, env=env,
-                              cwd=cwd, input=input, stdin=stdin, timeout=timeout, check=check, umask=umask)
-    return _run_warm(z, cmd, full_env, cwd, input, stdin, timeout, text, check, umask, attach)
+        cp = subprocess.run([*(prefix or attach or []), *cmd], capture_output=True, text=text, env=env,
+                            cwd=cwd, input=input, stdin=stdin, timeout=timeout, umask=umask)
+    else:
+        cp = _run_warm(z, cmd, full_env, cwd, input, stdin, timeout, text, False, umask, attach)
+    import support_hints  # (here: it imports the CLI, which a test of the imports must not see first)
+
+    # Every hint it printed, run as typed in the state it left (tests/support_hints.py).
+    support_hints.check(args, full_env, cwd, umask, prefix, cp)
+    if check:
+        cp.check_returncode()
+    return cp
+
+
+def run_guarded(args: list[str], *, env: dict[str, str], cwd: str | Path | None, umask: int,
+                prefix: list[str] | None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`rewheel *args` as `rewheel()` runs it (no terminal), stopped before the first thing it
+    would change (support_zygote's guard: exit support_hints.GUARD_EXIT) — how a printed hint
+    is run as typed without changing the state of the test that printed it."""
+    z = _server_for(env, wrapped=bool(prefix))
+    if z is None:
+        return subprocess.run([*(prefix or []), sys.executable, str(ZYGOTE), "--guarded", *args],
+                              capture_output=True, text=True, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                              timeout=timeout, umask=umask)
+    return _run_warm(z, argv(*args), env, cwd, None, subprocess.DEVNULL, timeout, True, False, umask, guard=True)
 
 
 class _Tracer:
@@ -174,7 +195,8 @@ def _tracer_of(pid: int) -> int | None:
 
 def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str | Path | None,
               input: str | bytes | None, stdin: int | IO[Any] | None, timeout: float | None,
-              text: bool, check: bool, umask: int, attach: list[str] | None = None) -> subprocess.CompletedProcess:
+              text: bool, check: bool, umask: int, attach: list[str] | None = None,
+              guard: bool = False) -> subprocess.CompletedProcess:
     deadline = None if timeout is None else time.monotonic() + timeout
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
@@ -187,7 +209,8 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
     else:
         in_fd = _fd_for(stdin, 0, os.O_RDONLY)
     try:
-        sock = _send(z, cmd, env, cwd, umask, [in_fd, w_out, w_err, *([r_hold] if r_hold is not None else [])])
+        sock = _send(z, cmd, env, cwd, umask, [in_fd, w_out, w_err, *([r_hold] if r_hold is not None else [])],
+                     guard=guard)
     finally:
         for fd in (in_fd, w_out, w_err, r_hold):
             if fd is not None:
@@ -267,11 +290,12 @@ def _run_warm(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str |
 
 
 def _send(z: dict[str, Any], cmd: list[str], env: dict[str, str], cwd: str | Path | None, umask: int,
-          fds: list[int]) -> socket.socket:
+          fds: list[int], guard: bool = False) -> socket.socket:
     """The request for `cmd` with its descriptors (stdin, stdout, stderr[, hold]): the
-    connection on which the warm interpreter answers its pid, then its status."""
+    connection on which the warm interpreter answers its pid, then its status. `guard`: stopped
+    before its first change (support_zygote's guard)."""
     req = {"argv": cmd[3:], "env": env, "cwd": str(Path(cwd).resolve()) if cwd is not None else os.getcwd(),
-           "umask": _umask() if umask < 0 else umask, "pgid": os.getpgrp()}
+           "umask": _umask() if umask < 0 else umask, "pgid": os.getpgrp(), "guard": guard}
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(z["path"])

@@ -80,3 +80,65 @@ def cmdlines(skip: set[int] | frozenset[int] = frozenset()) -> list[tuple[int, s
         except OSError:
             continue
     return out
+
+
+def stored_file(snapshot_path: Path | str, rel: str | Path, root: int = 0) -> Path:
+    """Where a snapshot keeps the bytes of the file at `rel` (relative to its root `root`): an
+    object of the store (manifest version 3), or its own `tree/` copy (earlier versions)."""
+    from rewheel.snapshot import Manifest, SnapshotMeta
+
+    snap = SnapshotMeta.load(Path(snapshot_path), Path(snapshot_path).parent)
+    found = Manifest.load(snap, validate=False).stored_at(snap, root, str(rel))
+    assert found is not None, f"no file {rel} in snapshot {snap.id}"
+    return Path(found)
+
+
+def to_tree_layout(snapshot_path: Path | str) -> None:
+    """Give a snapshot the layout rewheel wrote before its objects (manifest versions 1 and 2):
+    `tree/<root>/<path>`, each file's bytes under the snapshot itself — a hard link to a
+    linked object, a copy (with the file's mtime) of a private one. The manifest is left as
+    it is: the caller rewrites it in the old format."""
+    import shutil
+
+    from rewheel.snapshot import Folder, Manifest, SnapshotMeta
+
+    snap = SnapshotMeta.load(Path(snapshot_path), Path(snapshot_path).parent)
+    man = Manifest.load(snap)
+    doc = manifest_doc(snap.path)
+    for item in doc["folders"]:
+        f = Folder(*item[2:])
+        ri, rel = item[0], item[1]
+        base = snap.path / "tree" / str(ri) / rel
+        base.mkdir(parents=True, exist_ok=True)
+        for i, e in enumerate(f.entries(ri, rel)):
+            if e.kind == "d":
+                (snap.path / "tree" / str(ri) / e.path).mkdir(parents=True, exist_ok=True)
+            elif e.kind == "f":
+                src = man.stored_path(snap, e)
+                dst = snap.path / "tree" / str(ri) / e.path
+                if e.stored == "link":
+                    os.link(src, dst)
+                else:
+                    shutil.copyfile(src, dst)
+                    os.utime(dst, ns=(e.mtime_ns, e.mtime_ns))
+            del i
+
+
+def manifest_doc(snapshot_path: Path | str) -> dict:
+    """A snapshot's manifest as a JSON document (the layout versions 1 and 2 were written in,
+    folders as columns, with its version and, for version 3, its live ctimes): what a test
+    edits to tamper with it, then writes back with `write_manifest_doc`."""
+    from rewheel.snapshot import Manifest, SnapshotMeta
+
+    snap = SnapshotMeta.load(Path(snapshot_path), Path(snapshot_path).parent)
+    return Manifest.load(snap, validate=False).to_json()
+
+
+def write_manifest_doc(snapshot_path: Path | str, doc: dict) -> None:
+    """Write a (tampered) manifest document as the snapshot's manifest, in place of its own:
+    `manifest.json`, which rewheel reads in every version (a version 3 `manifest.bin` is
+    removed, or it would be read first)."""
+    import json
+
+    Path(snapshot_path, "manifest.json").write_text(json.dumps(doc))
+    Path(snapshot_path, "manifest.bin").unlink(missing_ok=True)

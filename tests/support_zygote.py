@@ -28,7 +28,11 @@ interpreter's own exit does (threads' shutdown, atexit, flushing; exit status 12
 flush fails, death by the signal of a KeyboardInterrupt). What the interpreter fixes at start
 from the environment (PYTHON*, the locale, colour and terminal settings read by the CLI
 libraries at import) cannot be replaced: for a request whose values differ from the
-server's, the client starts a real interpreter instead (support_cli.INTERPRETER_KEYS)."""
+server's, the client starts a real interpreter instead (support_cli.INTERPRETER_KEYS).
+
+A request with `"guard": true` (and `python tests/support_zygote.py --guarded ARGV`, its real-
+interpreter twin) runs the command under `guard`: stopped with exit GUARD_EXIT before the
+first thing it would change — how the suite runs a printed hint as typed (support_hints)."""
 
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import io
 import json
 import os
 import pkgutil
+import re
 import selectors
 import signal
 import socket
@@ -110,6 +115,8 @@ def _become(req: dict, fds: list[int]) -> None:
         import runpy
 
         sys.argv = ["-m", *req["argv"]]
+        if req.get("guard"):
+            guard()
         if hold:
             if not os.read(3, 1):
                 os._exit(70)  # the client went before the tracer attached: never run untraced
@@ -125,6 +132,104 @@ def _become(req: dict, fds: list[int]) -> None:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code)
+
+
+# support_hints.GUARD_EXIT (that module imports the CLI; this one must not before preload)
+GUARD_EXIT = 86
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# Audit events that change something: files and folders, and signals to other processes.
+_CHANGES = {"os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.link", "os.symlink", "os.chmod",
+            "os.chown", "os.utime", "os.truncate", "os.mkfifo", "os.mknod", "shutil.rmtree", "shutil.copyfile",
+            "shutil.copymode", "shutil.copystat", "shutil.move", "os.kill", "os.killpg", "os.setxattr",
+            "os.removexattr", "os.chflags", "os.lchmod", "os.lchown", "os.exec", "os.posix_spawn", "os.spawn"}
+# Processes that only read: the target interpreter's probes, uv's reports and dry runs, the
+# service manager's and the GPUs' state.
+_READ_ONLY_TOOLS = {"nvidia-smi", "journalctl"}
+_SYSTEMCTL_READS = {"show", "is-active", "is-failed", "is-enabled", "status", "cat", "list-units"}
+
+
+def _read_only_process(argv: list[str]) -> bool:
+    name = os.path.basename(argv[0]) if argv else ""
+    if name in _READ_ONLY_TOOLS:
+        return True
+    if name == "systemctl":
+        return any(a in _SYSTEMCTL_READS for a in argv[1:])
+    if name == "uv":
+        return "--dry-run" in argv or argv[1:2] == ["--version"] or argv[1:3] in (
+            ["pip", "list"], ["pip", "show"], ["pip", "freeze"])
+    # An interpreter's probe (`python -c ...`, `-I -c`): what rewheel learns about a target.
+    return re.fullmatch(r"python[\d.]*", name) is not None and "-c" in argv[1:4]
+
+
+def _own_child(pid: int, gone_ok: bool) -> bool:
+    """Whether `pid` (a process, or a process group's leader) is a child this process started
+    (a probe it ends, with its group) — or, `gone_ok`, a process that is gone: signalling it
+    changes nothing of anyone else's."""
+    pid = abs(pid)  # (kill(-PGID): the group)
+    if pid <= 1:
+        return False  # this process's own group, or every process
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return gone_ok
+    return ppid == os.getpid()
+
+
+def _changes(event: str, args: tuple) -> bool:
+    """Whether the event would change anything: making a folder that is there already
+    (`mkdir(exist_ok=True)`), setting the mode a file has, or signalling a child of its own
+    (a probe's process group, ended) does not."""
+    import stat
+
+    try:
+        if event in ("os.kill", "os.killpg"):
+            # (A group whose leader is gone may still have members: only a live child's counts.)
+            return not _own_child(args[0], gone_ok=event == "os.kill" and args[0] > 0)
+        if event == "os.mkdir":
+            return not os.path.isdir(args[0])
+        if event == "os.chmod" and isinstance(args[0], (str, bytes, os.PathLike)):
+            return stat.S_IMODE(os.stat(args[0]).st_mode) != args[1]
+    except (OSError, TypeError, ValueError):
+        pass
+    return True
+
+
+def guard() -> None:
+    """From here on, the first change — a file opened for writing, a folder made, a rename or
+    removal, a mode or time set, a signal sent, a process started that is not a read-only
+    probe — ends this process with GUARD_EXIT, before it happens, saying on stderr what it
+    was. Reading, sockets, pipes, forks, /dev and /proc are free."""
+    sys.dont_write_bytecode = True  # (an import's byte-code cache is not the command's change)
+
+    def stop(what: str) -> None:
+        try:
+            os.write(2, f"[guard] stopped before its first change: {what}\n".encode(errors="replace"))
+        finally:
+            os._exit(GUARD_EXIT)
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = args
+            if not isinstance(path, (str, bytes, os.PathLike)):
+                return  # a descriptor
+            text = os.fsdecode(path)
+            if text.startswith(("/dev/", "/proc/")):
+                return
+            if (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                    isinstance(flags, int) and flags & _WRITE_FLAGS):
+                stop(f"open {text} for writing")
+        elif event in _CHANGES:
+            if not _changes(event, args):
+                return
+            stop(f"{event} {args[0] if args else ''}")
+        elif event == "subprocess.Popen":
+            argv = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a)
+                    for a in (args[1] if isinstance(args[1], (list, tuple)) else [args[1]])]
+            if not _read_only_process(argv):
+                stop(f"start {' '.join(argv)[:200]}")
+
+    sys.addaudithook(hook)
 
 
 def _title(title: str | None = None) -> None:
@@ -235,4 +340,11 @@ def serve(path: str) -> None:
 
 if __name__ == "__main__":
     sys.path[0] = os.getcwd()  # not tests/: `python -m` puts the working folder first
-    serve(sys.argv[1])
+    if sys.argv[1] == "--guarded":  # `python -m rewheel ARGV` under the guard, in this interpreter
+        import runpy
+
+        sys.argv = ["-m", *sys.argv[2:]]
+        guard()
+        runpy.run_module("rewheel", run_name="__main__", alter_sys=True)
+    else:
+        serve(sys.argv[1])

@@ -112,25 +112,33 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
                       startup_runs=1, say=lambda m: None)
     result = run_bench(cfg)
     assert [r["step"] for r in result["rows"]] == [
-        "snapshot", "patches (pristine)", "patches (2 edited)", "diff --json", "diff --stat",
-        "rollback (plain upgrade)", "rollback (reinstall all)", "rollback + undo snapshot",
-        "downtime: rollback", "downtime: rollback, to the start",
+        "snapshot (the first, empty store)", "snapshot (environment unchanged)", "patches (pristine)",
+        "patches (2 edited)", "diff --json", "diff --stat", "rollback (plain upgrade)", "rollback (reinstall all)",
+        "rollback + undo snapshot (plain upgrade)", "downtime: rollback (trivial service)",
+        "downtime: rollback, to the start (trivial service)", "downtime: rollback", "downtime: rollback, to the start",
+        "rollback + undo snapshot (the story's run, reinstall all)",
         "start-up: rewheel --help", "start-up: rewheel history", "start-up: rewheel why",
         "downtime: staged", "downtime: staged"]
-    informational = ("rollback + undo snapshot", "downtime: rollback, to the start", "downtime: staged")
+    informational = ("downtime: rollback, to the start", "downtime: rollback, to the start (trivial service)",
+                     "downtime: staged")
     for r in result["rows"]:
         assert r["rewheel_s"] > 0 and r["baseline_s"] > 0, r
         assert isinstance(r["pass"], bool) or (r["step"] in informational and r["pass"] is None), r
     assert result["false_patches"] == [0]
     assert result["edited_found_exactly"] == [True]
     assert result["rollback"]["byte_exact"] is True
+    # The second snapshot found nothing changed and stored nothing; the story's run, kept and
+    # rolled back, came back byte for byte; so did the rollback with a trivial service up.
+    again = result["snapshot_unchanged"]
+    assert again["files_unchanged"] == again["files"] > 0 and again["files_copied"] == 0, again
+    assert result["story"]["byte_exact"] is True and result["rollback_downtime_trivial"]["byte_exact"] is True
     check_downtime_runs(result)
     # The default rollback with a service up (from the toy venv's interpreter): the undo
     # snapshot before the stop, its own downtime, byte-exact; and the same by hand.
     served = result["rollback_downtime"]
     assert len(served["runs"]) == 1 and served["byte_exact"] is True and served["undo_while_serving"] is True
     mine, hand = served["runs"][0]["rewheel"], served["runs"][0]["by_hand"]
-    assert mine["steps"][:4] == ["snapshot", "stop", "snapshot-check", "restore"], mine
+    assert mine["steps"][:5] == ["restore-prepare", "snapshot", "stop", "snapshot-check", "restore"], mine
     assert mine["undo_snapshot_id"] and mine["seconds"] > 0 and mine["parts"]["restore"] > 0, mine
     assert mine["restart_s"] > 0, mine
     assert set(hand["parts"]) == {"stop", "sync", "start", "ready"} and hand["seconds"] > 0, hand
@@ -138,11 +146,11 @@ def test_real_mode_times_the_cli_end_to_end(tmp_path: Path, wheelhouse: Path) ->
     assert row["rewheel_s"] == mine["seconds"] and row["baseline_s"] == hand["seconds"] and row["target"] == 1.0
     assert result["diff"]["packages"] >= 1 and result["diff"]["files"] >= 1
     # Each rollback says what it wrote and what it proved identical. The bench's uv hard-links
-    # what it installs from its cache, and a restore never leaves a file sharing uv's cache's
-    # inode (an edit in place would reach the cache, a recovery source): each such file is
-    # relinked to the stored one, not proven in place (tests/test_restore_reinstall.py checks
-    # the proof itself, on files the environment alone holds). The reinstall-all replaced every
-    # file, the plain upgrade left the helper package alone: it has more to put back.
+    # what it installs from its cache: a file the environment does not hold alone is never
+    # proven in place (tests/test_restore_reinstall.py checks the proof itself, on files the
+    # environment alone holds); it is put back as the very inode it was, from uv's cache, or
+    # relinked. The reinstall-all replaced every file, the plain upgrade left the helper
+    # package alone: it has more to put back.
     plain, everything = result["rollback_plain"], result["rollback_reinstall-all"]
     for r in (plain, everything):
         assert r["written"] >= 1 and isinstance(r["proven_same"], int), r
@@ -248,3 +256,20 @@ def check_downtime_runs(result: dict) -> None:
                                                                    "snapshot-check"]
     assert [s["name"] for s in runs["unstaged"][0]["steps"]][:3] == ["preflight", "stop", "snapshot"]
 
+
+
+def test_the_board_row_times_the_command_on_a_synthetic_home(tmp_path: Path) -> None:
+    """`--only board` (and the row `make bench` adds): `rewheel board` on a synthetic home —
+    here 20 runs and a 150-file diff — against `diff -ruN` of the same trees, its largest
+    page, and the line saying both against their targets."""
+    cfg = BenchConfig(reps=1, root=tmp_path / "bench", only="board", board_runs=20, board_files=150,
+                      say=lambda m: None)
+    result = run_bench(cfg)
+    (row,) = result["rows"]
+    assert row["step"] == "board (20 runs, 150-file diff)" and row["baseline"] == "diff -ruN of the two trees"
+    assert row["rewheel_s"] > 0 and row["baseline_s"] > 0 and row["target"] == 15.0, row
+    board = result["board"]
+    assert board["pages"] == 20 + 1 + 1 + 2 + 1 and 0 < board["largest_page_mb"] < 4  # runs, index, env, …
+    assert board["cpu_seconds"] > 0 and isinstance(result["all_pass"], bool)
+    assert "board: written in" in render(result) and "largest page" in render(result)
+    json.dumps(result)

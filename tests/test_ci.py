@@ -97,7 +97,8 @@ def test_a_breaking_nightly_fails_with_its_root_cause_and_is_not_promoted(ci_ind
 
     build_toypkg(wheels, BAD, bad=True, helper=True)  # tonight's nightly breaks model init
     cp = rewheel("ci", str(recipe), "--packages-only", "--promote", "--lockfiles", str(lockdir),
-                 "--junit", str(tmp / "junit.xml"), "--summary", str(tmp / "summary.md"), "--json", "-q")
+                 "--junit", str(tmp / "junit.xml"), "--summary", str(tmp / "summary.md"),
+                 "--board", str(tmp / "board"), "--json", "-q")
     doc = json_of(cp)
     assert cp.returncode == 1, cp.stderr
     assert doc["status"] == "failed" and doc["version"] == BAD
@@ -120,6 +121,12 @@ def test_a_breaking_nightly_fails_with_its_root_cause_and_is_not_promoted(ci_ind
     summary = (tmp / "summary.md").read_text()
     assert "failed" in summary and "ValueError" in summary
     assert (lockdir / "pylock.toy.toml").read_text() == promoted  # never overwritten
+    # `--board`: the board, written in the same step, shows both verdicts the state now keeps.
+    assert f"board: {tmp / 'board' / 'index.html'}" in cp.stderr
+    nightlies = (tmp / "board" / "nightlies.html").read_text()
+    assert nightlies.count('class="badge s-qualified"') >= 1 and nightlies.count('class="badge s-failed"') >= 1
+    assert BAD in nightlies and GOOD in nightlies and "must divide num_heads 7" in nightlies
+    assert change["compare_url"] in nightlies
 
 
 def test_recipe_without_smoke_is_a_usage_error(ci_index) -> None:

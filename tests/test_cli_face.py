@@ -269,3 +269,47 @@ def test_a_core_hint_names_the_target_as_it_was_typed(given: dict, typed: str) -
     err = LockHeld("held", hint="`rewheel resume TARGET` (or `rewheel rollback TARGET`) stops them")
     cli._as_typed(err, cli._typed_target(given))
     assert err.hint == f"`rewheel resume {typed}` (or `rewheel rollback {typed}`) stops them"
+
+
+def _app_commands() -> list[str]:
+    import typer.main
+
+    from rewheel import cli
+
+    return sorted(typer.main.get_command(cli.app).commands)  # type: ignore[attr-defined]
+
+
+HEADING = re.compile(r"^(\S[^:]*):$", re.M)
+
+
+@pytest.mark.parametrize("command", [None, *_app_commands()])
+def test_help_says_each_thing_once(command: str | None) -> None:
+    """Every `--help` has the shape click and typer give together when they agree (the pair
+    pyproject.toml pins): `Usage: rewheel …`, then the description, then each section once —
+    `Arguments:` (where the command takes any), `Options:`, and the app's `Commands:` — and
+    each argument and option listed once. (click 8.5 beside typer 0.24 added its own
+    "Positional arguments:" section, so every argument was listed twice.)"""
+    import click
+    import typer.main
+
+    from rewheel import cli
+
+    whole = typer.main.get_command(cli.app)
+    cmd = whole if command is None else whole.commands[command]  # type: ignore[attr-defined]
+    cp = rewheel_cli(*([command] if command else []), "--help", env={"COLUMNS": "100"})
+    assert cp.returncode == 0, cp.stderr
+    text = cp.stdout
+    assert text.startswith(f"Usage: rewheel {command + ' ' if command else ''}[OPTIONS]"), text
+    args = [p for p in cmd.params if isinstance(p, click.Argument)]
+    want = [*(["Arguments"] if args else []), "Options", *(["Commands"] if command is None else [])]
+    assert HEADING.findall(text) == want, text
+    sections = dict(zip(HEADING.findall(text), re.split(HEADING, text)[2::2], strict=True))
+    for p in args:
+        name = p.human_readable_name.strip("[]")  # (an optional one is shown `[NAME]`)
+        listed = re.findall(rf"^  \[?{re.escape(name)}\]?\s", sections["Arguments"], re.M)
+        assert len(listed) == 1, f"{p.human_readable_name} listed {len(listed)} times:\n{text}"
+    for p in cmd.params:
+        if isinstance(p, click.Option) and not p.hidden:
+            first = p.opts[0]
+            listed = re.findall(rf"^  (?:-\w, )?{re.escape(first)}[\s,/]", sections["Options"], re.M)
+            assert len(listed) == 1, f"{first} listed {len(listed)} times:\n{text}"

@@ -470,6 +470,25 @@ def test_readme_look_around_commands_work_after_the_demo(demo_run: DemoRun) -> N
     assert "Worker_TP4" in out["why"] and "deepseek_v2.py" in out["why"]
     assert "recipe is ready" in out["check"] and "FAIL" not in out["check"]
     assert "reverted" in out["status"] and toy.GOOD_VERSION in out["status"]
+    # After a second run there are two smoke logs: `why` is still given one, the newest. (An
+    # older run's log, with another crash, beside the demo's; removed afterwards.)
+    log = max(demo_run.stage.glob("home/envs/*/runs/*/smoke.log"), key=lambda p: p.stat().st_mtime)
+    older = log.parent.parent / "00000000-older" / "smoke.log"
+    older.parent.mkdir()
+    try:
+        older.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+                         "ValueError: an older run's crash\n")
+        os.utime(older, (log.stat().st_mtime - 3600,) * 2)
+        why = next(c for c in commands if c.split()[1] == "why")
+        cp = subprocess.run(why, shell=True, cwd=demo_run.folder, capture_output=True, text=True, timeout=300,
+                            env=env)
+        assert cp.returncode == 0 and "Worker_TP4" in cp.stdout and "an older run's crash" not in cp.stdout, cp.stdout + cp.stderr
+    finally:
+        shutil.rmtree(older.parent)
+    # A usage error through the wrapper names the program a person types, not `python -m rewheel`.
+    cp = subprocess.run([str(demo_run.stage / "rewheel"), "why", "--no-such-option"], cwd=demo_run.folder,
+                        capture_output=True, text=True, timeout=300, env=env)
+    assert cp.returncode == 2 and cp.stderr.startswith("Usage: rewheel why "), cp.stderr
     # The index the look-around served is gone, and the service stayed stopped.
     assert _stage_processes(demo_run.stage) == []
 
@@ -500,3 +519,31 @@ def check_demo_screen(screen: str, joined: str, tmp_path: Path, stage: Path) -> 
         if "/prepared" in token or token.startswith("/v1") or token in ("/", "/health", "/version"):
             continue  # a run's staging folders, gone once it ends; the toy server's URLs
         assert any(Path(base, token).exists() for base in (tmp_path, stage)), f"{token!r} is not a whole path:\n{screen}"
+
+
+def test_the_demos_board_in_a_real_browser(demo_run: DemoRun, tmp_path: Path) -> None:
+    """`make demo` ends by printing its board's path; every page of that board loads in a real
+    headless Chromium with no console error and no failed request, no page is wider than the
+    window at 1280×800 or at a 390-pixel phone width, every link between pages resolves, and
+    the run's page shows the upgrade, the revert and its root cause."""
+    from support_browser import DESKTOP, PHONE, broken_links, visit
+
+    board = demo_run.stage / "board"
+    lines = [line.strip() for line in demo_run.output.splitlines()]
+    said = next(i for i, line in enumerate(lines) if line.startswith("The board, a static site"))
+    assert lines[said + 1] == ".demo/board/index.html"  # what the demo prints last
+    pages = sorted(p.name for p in board.glob("*.html"))
+    assert {"index.html", "nightlies.html"} <= set(pages) and any(p.startswith("run-") for p in pages)
+    shots = Path(os.environ.get("REWHEEL_BOARD_SHOTS") or tmp_path / "shots")
+    visits = visit(board, shots=shots)
+    assert len(visits) == 2 * len(pages) and {v.size for v in visits} == {DESKTOP, PHONE}
+    for v in visits:
+        assert v.console_errors == [] and v.failed_requests == [], (v.name, v.size, v.console_errors, v.failed_requests)
+        assert not v.overflows, f"{v.name} at {v.size}: body {v.scroll_width}px in a {v.client_width}px window"
+    assert broken_links(board, visits) == []
+    (run_page,) = [p for p in pages if p.startswith("run-")]
+    html = (board / run_page).read_text()
+    for word in (toy.GOOD_VERSION, toy.BAD_VERSION, "reverted", "Worker_TP4", "deepseek_v2.py", "cannot reshape",
+                 "head_layout.py", 'class="mark"'):
+        assert word in html, word
+    assert run_page in (board / "index.html").read_text()  # the front page links the revert

@@ -82,9 +82,13 @@ def test_json_shape_is_exact() -> None:
     assert set(doc) == {"root_cause"}
     rc = doc["root_cause"]
     assert set(rc) == {"type", "message", "rank", "frame", "log_line", "kind", "count", "restarts", "secondary",
-                       "pid", "node", "suspects"}
+                       "pid", "node", "suspects", "rank_source", "evidence"}
     assert rc["suspects"] == []  # `why` on a log alone: no upgrade to compare the frames with
     assert (rc["pid"], rc["node"]) == (216070, "llm-two")  # Worker_TP4's pid, the journal's host
+    # what named the process: its own lines' prefix, the evidence for it first
+    assert rc["rank_source"] == "prefix"
+    assert rc["evidence"][0] == {"source": "prefix", "rank": "Worker_TP4", "pid": 216070, "node": "llm-two",
+                                 "log_line": rc["log_line"]}
     assert set(rc["frame"]) == {"file", "line", "function", "source"}
     assert rc["secondary"] and all(s["relation"] == "cascade" for s in rc["secondary"])
     assert set(rc["secondary"][0]) == {"type", "message", "rank", "log_line", "count", "relation"}

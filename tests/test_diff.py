@@ -102,8 +102,10 @@ def upgraded(tmp_path: Path) -> dict:
     return {"py": py, "before": before, "target": open_target(Recipe.for_python(py))}
 
 
-EXPECTED_DS_DIFF = """--- a/minivllm/models/deepseek_v2.py
-+++ b/minivllm/models/deepseek_v2.py
+# (In a unified diff the path is relative to the environment's prefix, its one base:
+# `lib/python3.X/site-packages/minivllm/...`; `ds_diff` puts it in.)
+EXPECTED_DS_DIFF = """--- a/{site}/minivllm/models/deepseek_v2.py
++++ b/{site}/minivllm/models/deepseek_v2.py
 @@ -4,5 +4,6 @@
  class DeepseekV2DecoderLayer:
      def __init__(self, config, attn_cls):
@@ -113,6 +115,10 @@ EXPECTED_DS_DIFF = """--- a/minivllm/models/deepseek_v2.py
          self.mlp = None
 +        self.use_mla = config.use_mla
 """
+
+
+def ds_diff(py: Path, expected: str = EXPECTED_DS_DIFF) -> str:
+    return expected.replace("{site}", str(site_packages(py).relative_to(py.parent.parent)))
 
 
 def test_snapshot_vs_live_after_upgrade(upgraded: dict) -> None:
@@ -155,7 +161,8 @@ def test_unified_diff_on_request_and_filters(upgraded: dict) -> None:
     t = upgraded["target"]
     res = diffmod.diff_target(t.env, t.store, upgraded["before"].id, path_glob="*deepseek*", with_diffs=True)
     assert [f.path for f in res.files] == ["minivllm/models/deepseek_v2.py"]
-    assert res.files[0].diff == EXPECTED_DS_DIFF
+    assert res.files[0].diff == ds_diff(upgraded["py"])
+    assert res.patch_base == str(upgraded["py"].parent.parent)
     res = diffmod.diff_target(t.env, t.store, upgraded["before"].id, package="MiniVLLM")
     assert {f.path for f in res.files} == {"minivllm/__init__.py", "minivllm/models/deepseek_v2.py",
                                            "minivllm/old_only.py", "minivllm/new_only.py"}
@@ -211,13 +218,13 @@ def test_hand_edits_and_binary_changes_are_found(upgraded: dict) -> None:
     assert set(files) == {"minivllm/models/deepseek_v2.py", "minivllm/_C.bin", "minivllm/__init__.py"}
     assert files["minivllm/_C.bin"].binary and files["minivllm/_C.bin"].change == "changed"
     assert files["minivllm/_C.bin"].note == "large file: contents not compared line by line"
-    assert files["minivllm/models/deepseek_v2.py"].diff == (
-        "--- a/minivllm/models/deepseek_v2.py\n+++ b/minivllm/models/deepseek_v2.py\n"
+    assert files["minivllm/models/deepseek_v2.py"].diff == ds_diff(upgraded["py"], (
+        "--- a/{site}/minivllm/models/deepseek_v2.py\n+++ b/{site}/minivllm/models/deepseek_v2.py\n"
         "@@ -4,6 +4,6 @@\n class DeepseekV2DecoderLayer:\n     def __init__(self, config, attn_cls):\n"
         "         self.hidden_size = config.hidden_size\n"
         '-        self.self_attn = attn_cls(config, prefix="self_attn")\n'
         '+        self.self_attn = attn_cls(config, prefix="attn")\n'
-        "         self.mlp = None\n         self.use_mla = config.use_mla\n")
+        "         self.mlp = None\n         self.use_mla = config.use_mla\n"))
     init = files["minivllm/__init__.py"]
     assert init.change == "changed" and init.diff is not None
     assert "+__version__ = 'hacked'" in init.diff and "-__version__" in init.diff
@@ -233,7 +240,7 @@ def test_cli_diff(upgraded: dict) -> None:
     assert cp.returncode == 0, cp.stderr
     doc = json.loads(cp.stdout)
     assert [f["path"] for f in doc["files"]] == ["minivllm/models/deepseek_v2.py"]
-    assert doc["files"][0]["diff"] == EXPECTED_DS_DIFF
+    assert doc["files"][0]["diff"] == ds_diff(py)
     assert {p["name"]: p["change"] for p in doc["packages"]}["minivllm"] == "upgraded"
     cp = support_cli.rewheel(*rw, snap, "--stat")
     assert cp.returncode == 0, cp.stderr

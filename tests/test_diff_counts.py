@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import re
 import os
 import random
 import time
@@ -179,14 +180,17 @@ def test_counts_without_diffs_and_diffs_only_when_shown(edited: dict) -> None:
         "toypkg/ff.py": ("changed", 1, 0, False)}
     assert all(f.diff is None for f in res.files)
     # Shown: the diff, and the same counts.
-    res = diffmod.diff_target(t.env, t.store, snap.id, path_glob="toypkg/*.py", with_diffs=True)
+    res = diffmod.diff_target(t.env, t.store, snap.id, path_glob="*/toypkg/*.py", with_diffs=True)
     shown = {f.path: f for f in res.files}
     assert set(shown) == {"toypkg/mod.py", "toypkg/gone.py", "toypkg/added.py", "toypkg/ff.py"}
     for p, f in shown.items():
         assert (f.added_lines, f.removed_lines) == (files[p].added_lines, files[p].removed_lines)
         assert f.diff and (f.added_lines, f.removed_lines) == count_lines(f.diff)
+    # (Named relative to the environment's prefix, the base of every shown diff.)
+    named = shown["toypkg/mod.py"].patch_path
+    assert named is not None and re.fullmatch(r"lib/python3\.\d+/site-packages/toypkg/mod\.py", named)
     assert shown["toypkg/mod.py"].diff == by_difflib(MOD_OLD, edited["mod_new"]).replace(
-        "a/p", "a/toypkg/mod.py").replace("b/p", "b/toypkg/mod.py")
+        "--- a/p\n", f"--- a/{named}\n").replace("+++ b/p\n", f"+++ b/{named}\n")
 
 
 def test_cli_json_and_stat_carry_counts_not_diffs(edited: dict) -> None:
@@ -208,7 +212,8 @@ def test_cli_json_and_stat_carry_counts_not_diffs(edited: dict) -> None:
     cp = support_cli.rewheel(*rw, "--json", "--path", "*mod.py")
     assert cp.returncode == 0, cp.stderr
     [f] = json.loads(cp.stdout)["files"]
-    assert f["path"] == "toypkg/mod.py" and f["diff"].startswith("--- a/toypkg/mod.py\n")
+    # The diff names the file relative to the environment's prefix, the patch's one base.
+    assert f["path"] == "toypkg/mod.py" and re.match(r"--- a/lib/python3\.\d+/site-packages/toypkg/mod\.py\n", f["diff"])
 
 
 # --------------------------------------------------------------------------------------
@@ -255,7 +260,7 @@ def test_a_shown_diff_is_never_split(edited: dict, monkeypatch: pytest.MonkeyPat
     t, snap = edited["target"], edited["snap"]
     always_split(monkeypatch)
     monkeypatch.setattr(diffmod, "_fill_split", lambda *a: pytest.fail("a shown diff was split"))
-    res = diffmod.diff_target(t.env, t.store, snap.id, path_glob="toypkg/*.py", with_diffs=True)
+    res = diffmod.diff_target(t.env, t.store, snap.id, path_glob="*/toypkg/*.py", with_diffs=True)
     assert all(f.diff for f in res.files) and len(res.files) == 4
 
 

@@ -1,171 +1,50 @@
 """The rewheel.fleet Ansible collection, driven by real `ansible-galaxy`, `ansible-doc` and
-`ansible-playbook` over an inventory of three hosts on this machine (`ansible_connection:
-local`): each host its own venv built by uv, REWHEEL_HOME, recipe and real model server on its
-own loopback port; rewheel installed on each from a wheel built from this repository into its
-own uv tool environment; one real local index and PEP 751 locks compiled from it.
+`ansible-playbook` over an inventory of three hosts reached over real SSH
+(`ansible_connection: ssh`, tests/support_fleet.py): each host its own sshd on its own loopback
+address, home, venv built by uv, recipe and real model server; rewheel installed on each by the
+collection's role from a wheel built from this repository into the host's own uv tool
+environment; one real local index and PEP 751 locks compiled from it.
 
 A good lock reaches every host, check mode and a second run change nothing, and a lock that
 breaks on the canary is reverted there and reaches no other host; the fleet summary names the
-canary's root cause."""
+canary's root cause. (What the network does to a rollout: tests/test_fleet_ssh.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from devtools.localindex import start_index
-from support_env import REPO, make_venv, uv
+from support_fleet import Fleet, SshKeys, make_fleet, recap, stop_fleet, tool
 from support_index import installed_version
-from support_run import Host, build_toypkg
-from support_standins import free_port
-from rewheel.installer import find_uv
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
-COLLECTION = REPO / "ansible" / "rewheel" / "fleet"
 HOSTS = ("gpu-01", "gpu-02", "gpu-03")
 
 
-def tool(name: str, *args: str, env: dict[str, str | None] | None = None, cwd: Path | None = None,
-         timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """An Ansible command; `env` adds to this process's environment (None: left out)."""
-    merged = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
-    return subprocess.run([str(BIN / name), *args], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env=merged, cwd=cwd, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def ansible_home(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
-    """The collection built and installed once, into a private collections path; the
-    environment every Ansible command of these tests runs with."""
-    root = tmp_path_factory.mktemp("ansible")
-    built = tool("ansible-galaxy", "collection", "build", str(COLLECTION), "--output-path", str(root))
-    assert built.returncode == 0, built.stdout + built.stderr
-    (tarball,) = root.glob("rewheel-fleet-*.tar.gz")
-    env = {"ANSIBLE_HOME": str(root / "home"), "ANSIBLE_COLLECTIONS_PATH": str(root / "collections"),
-           "ANSIBLE_LOCAL_TEMP": str(root / "tmp"), "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0",
-           "ANSIBLE_RETRY_FILES_ENABLED": "0", "ANSIBLE_CONFIG": str(root / "none.cfg"),
-           "GITHUB_STEP_SUMMARY": None}
-    installed = tool("ansible-galaxy", "collection", "install", str(tarball), "-p", str(root / "collections"),
-                     env=env)
-    assert installed.returncode == 0, installed.stdout + installed.stderr
-    return env
-
-
-@pytest.fixture(scope="module")
-def rewheel_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """rewheel as a wheel, built from this repository by `uv build`."""
-    out = tmp_path_factory.mktemp("dist")
-    uv("build", "--wheel", "--out-dir", str(out), str(REPO))
-    (wheel,) = out.glob("rewheel-*.whl")
-    return wheel
-
-
-@dataclass
-class Fleet:
-    root: Path
-    hosts: dict[str, Host]
-    homes: dict[str, Path]
-    good_lock: Path
-    bad_lock: Path
-    env: dict[str, str | None]
-    wheel: Path
-
-    def playbook(self, lock: Path, *args: str) -> subprocess.CompletedProcess[str]:
-        # The lock as an operator types it: relative to where ansible-playbook runs.
-        cp = tool("ansible-playbook", "rewheel.fleet.rollout", "-i", str(self.root / "inventory.yml"),
-                  "-e", f"rewheel_lock={lock.relative_to(self.root)}", "-e", f"rewheel_wheel={self.wheel}", *args,
-                  env=self.env, cwd=self.root)
-        (self.root / "last-playbook.log").write_text(cp.stdout + cp.stderr)
-        return cp
-
-    def states(self) -> dict[str, dict[str, tuple]]:
-        return {name: h.state() for name, h in self.hosts.items()}
-
-    def served(self) -> dict[str, str | None]:
-        return {name: h.served_version() for name, h in self.hosts.items()}
-
-    def summary(self) -> str:
-        """The Markdown the last playbook appended (then cleared, for the next one's)."""
-        path = self.root / "summary.md"
-        text = path.read_text() if path.exists() else ""
-        path.unlink(missing_ok=True)
-        return text
-
-    def reports(self) -> dict[str, dict]:
-        return {p.stem: json.loads(p.read_text()) for p in sorted((self.root / "reports").glob("*.json"))}
-
-
-def recap(out: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP lines: host -> {"ok": n, "changed": n, "failed": n, ...}."""
-    found = {}
-    for m in re.finditer(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$", out, re.M):
-        found[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
-    return found
-
-
 @pytest.fixture
-def fleet(tmp_path: Path, ansible_home: dict[str, str | None], rewheel_wheel: Path,
+def fleet(tmp_path: Path, ansible_home: dict[str, str | None], rewheel_wheel: Path, ssh_keys: SshKeys,
           monkeypatch: pytest.MonkeyPatch):
     """Three hosts on toypkg 1.0.0, each serving it; locks for toypkg 2.0.0 (good) and 3.0.0
     (its model init fails: the smoke test breaks)."""
-    wheels = tmp_path / "wheels"
-    build_toypkg(wheels, "1.0.0")
-    build_toypkg(wheels, "2.0.0")
-    build_toypkg(wheels, "3.0.0", "smoke-fails")
-    index = start_index(wheels)
-    locks = {}
-    for name, version in (("good", "2.0.0"), ("bad", "3.0.0")):
-        folder = tmp_path / "lockfiles" / name
-        folder.mkdir(parents=True)
-        (folder / "req.in").write_text(f"toypkg=={version}\n")
-        uv("pip", "compile", "-q", "--index-url", index.url, str(folder / "req.in"),
-           "-o", str(folder / "pylock.toy.toml"))
-        locks[name] = folder / "pylock.toy.toml"
-    hosts: dict[str, Host] = {}
-    homes: dict[str, Path] = {}
-    inventory: dict = {}
-    for name in HOSTS:
-        d = tmp_path / name
-        py = make_venv(d / "env")
-        uv("pip", "install", "-q", "--python", str(py), "--index-url", index.url, "toypkg==1.0.0")
-        h = Host(d, py, free_port(), wheels, index.url, d / "toy.toml")
-        h.write_recipe()
-        homes[name] = d / "rewheel-home"
-        monkeypatch.setenv("REWHEEL_HOME", str(homes[name]))  # the service's pid file lives there
-        h.start_service()
-        hosts[name] = h
-        inventory[name] = {"rewheel_recipe": str(h.recipe), "rewheel_home": str(homes[name]),
-                           "rewheel_stage_dir": str(d / "stage"), "rewheel_tool_dir": str(d / "tools"),
-                           "rewheel_bin_dir": str(d / "bin")}
-    # JSON is YAML: Ansible's YAML inventory reads it.
-    (tmp_path / "inventory.yml").write_text(json.dumps({"gpu_fleet": {
-        "hosts": inventory,
-        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                 "rewheel_uv": find_uv(), "rewheel_tool_python": sys.executable}}}))
-    env = {**ansible_home, "ANSIBLE_CALLBACKS_ENABLED": "rewheel.fleet.fleet_summary",
-           "REWHEEL_FLEET_REPORTS": str(tmp_path / "reports"), "REWHEEL_FLEET_REWHEEL": str(BIN / "rewheel"),
-           "REWHEEL_FLEET_SUMMARY": str(tmp_path / "summary.md")}
-    yield Fleet(tmp_path, hosts, homes, locks["good"], locks["bad"], env, rewheel_wheel)
-    for name, h in hosts.items():
-        monkeypatch.setenv("REWHEEL_HOME", str(homes[name]))
-        h.stop_service()
-    index.stop()
+    f = make_fleet(tmp_path, HOSTS, ssh_keys, ansible_home, rewheel_wheel, monkeypatch)
+    yield f
+    print("playbooks (arguments, seconds):", f.times)  # (shown when a test failed)
+    stop_fleet(f, monkeypatch)
 
 
 def test_a_good_lock_reaches_every_host_and_check_mode_and_a_second_run_change_nothing(fleet: Fleet) -> None:
     install = fleet.playbook(fleet.good_lock, "--tags", "rewheel_install")
     assert install.returncode == 0, install.stdout + install.stderr
-    for name in HOSTS:  # each host's own uv tool environment, from the wheel
-        assert (fleet.root / name / "bin" / "rewheel").exists()
+    for name in HOSTS:  # each host's own uv tool environment, from the wheel, where uv puts it
+        home = fleet.ssh[name].home  # (/root there: the command's link names the tool by that path)
+        assert (home / ".local" / "share" / "uv" / "tools" / "rewheel" / "bin" / "rewheel").exists()
+        assert os.readlink(home / ".local" / "bin" / "rewheel") == "/root/.local/share/uv/tools/rewheel/bin/rewheel"
     before = fleet.states()
 
     # Check mode: every host would change; no environment nor service does.
@@ -187,8 +66,8 @@ def test_a_good_lock_reaches_every_host_and_check_mode_and_a_second_run_change_n
         assert installed_version(h.python, "toypkg") == "2.0.0"
     assert all(r["changed"] >= 1 and r["failed"] == 0 for r in recap(run.stdout).values())
     # One host per wave (1, 30% of 3, the rest), in inventory order.
-    assert re.findall(r"TASK \[Upgrade to the lock[^\n]*\s+changed: \[(gpu-\d+)\]\s+PLAY", run.stdout) == \
-        list(HOSTS), run.stdout
+    assert re.findall(r"TASK \[Upgrade to the lock[^\n]*\s+changed: \[(gpu-\d+)\]\s+TASK \[Stop the rollout[^\n]*"
+                      r"\s+skipping: \[gpu-\d+\]\s+PLAY", run.stdout) == list(HOSTS), run.stdout
     reports = fleet.reports()
     assert {h: r["status"] for h, r in reports.items()} == dict.fromkeys(HOSTS, "upgraded")
     summary = fleet.summary()
@@ -209,8 +88,7 @@ def test_a_good_lock_reaches_every_host_and_check_mode_and_a_second_run_change_n
     # first) to the snapshot before the upgrade, a second one with nothing to do (check mode
     # agrees), a labelled snapshot taken once, the status.
     h = fleet.hosts["gpu-01"]
-    common = {"recipe": str(h.recipe), "home": str(fleet.homes["gpu-01"]),
-              "executable": str(fleet.root / "gpu-01" / "bin" / "rewheel")}
+    common = {"recipe": str(h.recipe)}  # rewheel and its home found where they are by default
     steps = [("predict", "rolled_back", {}, True), ("back", "rolled_back", {}, False),
              ("again", "rolled_back", {}, False), ("predict_again", "rolled_back", {}, True),
              ("snap", "snapshot", {"label": "fleet-test"}, False),
@@ -250,7 +128,7 @@ def test_a_lock_that_breaks_on_the_canary_is_reverted_there_and_reaches_no_other
     assert counts["gpu-01"]["failed"] == 1
     for name in HOSTS[1:]:
         assert counts[name]["failed"] == 0
-        assert not (fleet.root / name / "stage" / "pylock.toy.toml").exists()
+        assert not (fleet.stage(name) / "pylock.toy.toml").exists()
         assert not list(fleet.homes[name].glob("envs/*/runs/*"))
     # The summary, on the play's output and as Markdown: the canary's root cause, grouped.
     reports = fleet.reports()

@@ -106,7 +106,7 @@ def test_dry_runs_and_refusals() -> None:
     assert fleet.host_result("gpu-01", plan).status == "unchanged"
     busy = {"error": "EnvBusy", "message": "another rewheel run holds /root/ml-env", "hint": None, "exit_code": 4}
     h = fleet.host_result("gpu-02", busy)
-    assert (h.status, h.exit_code, fleet.cause_text(h)) == ("error", 4, "another rewheel run holds /root/ml-env")
+    assert (h.status, h.exit_code, fleet.cause_text(h)) == ("error", 4, "another rewheel run holds /root/ml-env (exit 4)")
     assert fleet.FleetReport([h], fleet.group_causes([h])).exit_code == 1
 
 
@@ -136,7 +136,7 @@ def test_the_command(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("content, says", [("{not json", "not JSON"), ('["a"]', "not a rewheel JSON document"),
-                                           ('{"status": "qualified"}', "not a `rewheel run --json` report")])
+                                           ('{"status": "qualified"}', "not a `rewheel run RECIPE --json` report")])
 def test_what_is_not_a_run_report_is_refused_naming_the_file(tmp_path: Path, content: str, says: str) -> None:
     bad = tmp_path / "gpu-09.json"
     bad.write_text(content)

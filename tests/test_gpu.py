@@ -1,15 +1,18 @@
 """GPU checks against the nvidia-smi stand-in: counting visible GPUs, a missing tool, a
-missing driver, and a real leftover process that holds GPU memory until it is killed."""
+missing driver, a real leftover process that holds GPU memory until it is killed, and
+preflight's "are the GPUs free?" with a real service that rewheel started holding one."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 
 import pytest
 
 from rewheel import gpu
 from rewheel.errors import GpuError, PreflightError
-from support_standins import FakeHost
+from support_standins import FakeHost, free_port, http_service_argv, wait_for
 
 QUERY_GPU = ["nvidia-smi", "--query-gpu=index,name,uuid,memory.used,memory.total",
              "--format=csv,noheader,nounits"]
@@ -192,3 +195,75 @@ def test_wait_without_driver_is_a_gpu_error(fake_host: FakeHost) -> None:
     with pytest.raises(GpuError) as exc:
         gpu.wait_gpus_released(1)
     assert "NVIDIA driver" in exc.value.message
+
+
+# --- preflight: are the GPUs free? ------------------------------------------------------------
+
+def test_check_gpus_refuses_a_stranger_and_lets_the_services_own_processes_pass(fake_host: FakeHost) -> None:
+    fake_host.set_gpus(2)
+    svc, stranger = sleeper(fake_host), sleeper(fake_host)
+    fake_host.hold_gpu(svc.pid, gpu_index=0, used_memory=70000)
+    survey = gpu.check_gpus(1, service_pids={svc.pid}, has_service=True)
+    assert [p.pid for p in survey.service] == [svc.pid] and survey.foreign == []
+    assert f"0: NVIDIA RTX PRO 6000 Blackwell Server Edition (70000 of 97887 MiB used; service pid {svc.pid} " \
+           "70000 MiB)" in survey.describe()
+    # The service's 70000 MiB count as free for the smoke test: the stop releases them.
+    assert gpu.check_gpus(1, need_free_mib=97887, service_pids={svc.pid}, has_service=True).used[0].index == 0
+    fake_host.hold_gpu(stranger.pid, gpu_index=1, used_memory=500)
+    with pytest.raises(PreflightError) as exc:
+        gpu.check_gpus(1, service_pids={svc.pid}, has_service=True)
+    assert f"pid {stranger.pid}" in exc.value.message and "500 MiB on GPU 1" in exc.value.message
+    assert f"pid {svc.pid}" not in exc.value.message
+    assert exc.value.exit_code == 2 and f"kill {stranger.pid}" in (exc.value.hint or "")
+
+
+def test_check_gpus_refuses_too_little_free_memory(fake_host: FakeHost) -> None:
+    fake_host.set_gpus(1)
+    assert gpu.check_gpus(1, need_free_mib=97887).used[0].memory_total_mib == 97887
+    with pytest.raises(PreflightError) as exc:
+        gpu.check_gpus(1, need_free_mib=97888)
+    assert "smoke.gpu_free_mib = 97888" in exc.value.message and "has 97887 MiB free" in exc.value.message
+
+
+def test_rewheel_check_tells_the_services_gpu_processes_from_a_strangers(
+        fake_host: FakeHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The preflight that `check` and `run` share: a service that rewheel started holds the GPU
+    (its stop frees it: not refused), a stranger holds it too (refused, before anything stops),
+    then the service is stopped (its stop frees nothing any more)."""
+    from rewheel import preflight
+    from rewheel.environment import Environment
+    from rewheel.paths import env_dir, state_home
+    from rewheel.recipe import load_recipe
+    from rewheel.service import make_manager
+
+    fake_host.set_gpus(1)
+    monkeypatch.setenv("REWHEEL_HOME", str(tmp_path / "home"))
+    port = free_port()
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f"[environment]\npython = {json.dumps(sys.executable)}\n[service]\nmanager = \"command\"\n"
+                      f"start = {json.dumps(http_service_argv(port))}\n"
+                      f"health_url = \"http://127.0.0.1:{port}/health\"\n"
+                      "[smoke]\ncommand = [\"{python}\", \"-c\", \"pass\"]\ngpus = 1\n")
+    r = load_recipe(recipe)
+    assert r.service is not None
+    mgr = make_manager(r.service, env_dir(state_home(), Environment.inspect(r.python).prefix), python=r.python)
+    mgr.start()
+    main_pid = mgr.status().main_pid
+    fake_host.track_group(main_pid)
+    wait_for(lambda: mgr.status().up)
+    fake_host.hold_gpu(main_pid, gpu_index=0, used_memory=60000)
+
+    def gpus_check() -> dict:
+        res = preflight.run_checks(r, indexes=False)
+        return next(c.to_json() for c in res.checks if c.name == "gpus")
+
+    c = gpus_check()
+    assert c["ok"] and f"service pid {main_pid} 60000 MiB" in c["detail"], c
+    stranger = sleeper(fake_host)
+    fake_host.hold_gpu(stranger.pid, gpu_index=0, used_memory=1000)
+    c = gpus_check()
+    assert not c["ok"] and f"pid {stranger.pid}" in c["detail"] and f"pid {main_pid} " not in c["detail"], c
+    assert "not part of the running service" in c["detail"]
+    mgr.stop(10)
+    c = gpus_check()
+    assert not c["ok"] and "the service is not running: its stop frees nothing" in c["detail"], c

@@ -59,10 +59,11 @@ def text_files(prefix: Path) -> list[Path]:
 
 
 def store_inodes(home: Path) -> set[tuple[int, int]]:
-    """(device, inode) of every file any snapshot of any environment stores."""
+    """(device, inode) of every file any snapshot of any environment stores: the store's
+    objects, and the `tree/` of a snapshot taken before them."""
     found = set()
     for dirpath, _, names in os.walk(home / "envs"):
-        if "/tree" not in dirpath:
+        if "/tree" not in dirpath and "/objects" not in dirpath:
             continue
         for n in names:
             st = os.lstat(os.path.join(dirpath, n))
@@ -138,6 +139,16 @@ def edit_everything(files: list[Path]) -> dict[str, int]:
     return used
 
 
+def uv_cache_inodes(cache: Path) -> set[tuple[int, int]]:
+    """(device, inode) of every file in a uv cache."""
+    found = set()
+    for dirpath, _, names in os.walk(cache):
+        for n in names:
+            st = os.lstat(os.path.join(dirpath, n))
+            found.add((st.st_dev, st.st_ino))
+    return found
+
+
 def private_uv_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """uv installs by hard links from its cache (its default), so the environment's files
     start with several links, as in the issue; the cache is this test's own, since an edit
@@ -157,18 +168,20 @@ def test_an_in_place_edit_of_every_text_file_after_a_restore_reaches_no_snapshot
     assert doc["snapshot_id"] == pre and h.served_version() == "1.0.0"
     undo = doc["undo_snapshot_id"]
     assert doc["restore"]["written"] > 0
-    # After the restore no source is the store's inode; those it wrote have no other name
-    # (the unchanged ones uv linked from its cache stay uv's).
+    # After the restore no source is the store's inode; each file it wrote is a copy of its
+    # own, or the very inode the environment had before the upgrade, still in uv's cache.
     n = assert_private(h.prefix, rewheel_home, single=False)
     toypkg = [p for p in text_files(h.prefix) if p.parent.name == "toypkg"]
-    assert toypkg and all(p.stat().st_nlink == 1 for p in toypkg)
+    cached = uv_cache_inodes(tmp_path / "uv-cache")
+    assert toypkg and all(p.stat().st_nlink == 1 or (p.stat().st_dev, p.stat().st_ino) in cached for p in toypkg)
+    assert doc["restore"]["from_cache"] > 0  # (uv linked the environment's files from its cache)
     names = {p.name for p in text_files(h.prefix)}
     assert {"core.py", "layers.py", "__init__.py", "pyvenv.cfg", "activate", "METADATA", "RECORD"} <= names
     json_of(rewheel("pin", target, pre, "--json"))
     after = json_of(rewheel("snapshot", target, "--label", "after the rollback", "--json"))
     assert after["files_private"] > 0 and after["bytes_private"] > 0
     assert_private(h.prefix, rewheel_home, single=False)  # taking it changed nothing in the env
-    assert all(p.stat().st_nlink == 1 for p in toypkg)
+    assert all(p.stat().st_nlink == 1 or (p.stat().st_dev, p.stat().st_ino) in cached for p in toypkg)
     # Binaries stay shared by a hard link: the rule splits, it does not copy everything.
     ops = next(h.prefix.glob("lib/python3*/site-packages/toypkg/_ops.so"))
     assert (ops.stat().st_dev, ops.stat().st_ino) in store_inodes(rewheel_home)
@@ -195,7 +208,10 @@ def test_an_in_place_edit_of_every_text_file_after_a_restore_reaches_no_snapshot
     assert h.state() == before
     assert h.served_version() == "1.0.0"
     assert_private(h.prefix, rewheel_home, single=False)
-    assert all(p.stat().st_nlink == 1 for p in text_files(h.prefix))  # every one edited, so rewritten
+    # Every one was edited, so rewritten: a copy of its own, or (an editor that wrote a new
+    # file left uv's copy alone) the very inode uv's cache still holds, as before the upgrade.
+    cached = uv_cache_inodes(tmp_path / "uv-cache")
+    assert all(p.stat().st_nlink == 1 or (p.stat().st_dev, p.stat().st_ino) in cached for p in text_files(h.prefix))
 
 
 @pytest.mark.parametrize("how", PATTERNS, ids=lambda f: f.__name__)
@@ -211,17 +227,21 @@ def test_each_write_pattern_after_snapshot_and_restore(how: Callable[[Path], boo
     uv_install(py, "toypkg==1.0.0", find_links=wheelhouse)
     core = next(prefix.glob("lib/python3*/site-packages/toypkg/core.py"))
     assert core.stat().st_nlink > 1  # linked from uv's cache
+    was = core.stat().st_ino
     snap = json_of(rewheel("snapshot", "--python", str(py), "--json"))
     assert_private(prefix, rewheel_home, single=False)  # uv's links are left alone by a snapshot
     before = tree_state(prefix)
-    how(core)
+    in_place = how(core)
     assert json_of(rewheel("verify", "--python", str(py), "--full", "--json"))["ok"] is True
     doc = json_of(rewheel("rollback", "--python", str(py), snap["id"], "--yes", "--json", "--no-undo"))
     assert doc["restore"]["written"] == 1 and doc["recovered"] is None
     assert tree_state(prefix) == before
     assert_private(prefix, rewheel_home, single=False)
-    assert core.stat().st_nlink == 1  # written by the restore: a copy of its own
-    how(core)  # and again, now through the restored copy
+    if in_place:  # the edit went into uv's cache too (one inode): a copy of the snapshot's own bytes
+        assert core.stat().st_nlink == 1 and doc["restore"]["from_cache"] == 0
+    else:  # the cache still holds the inode the file was: put back as it was, linked
+        assert core.stat().st_ino == was and doc["restore"]["from_cache"] == 1
+    how(core)  # and again, now through the restored file
     assert json_of(rewheel("verify", "--python", str(py), "--full", "--json"))["ok"] is True
     json_of(rewheel("rollback", "--python", str(py), snap["id"], "--yes", "--json", "--no-undo"))
     assert tree_state(prefix) == before
@@ -236,13 +256,13 @@ def test_a_snapshot_that_shares_sources_is_made_safe_by_the_next_restore(tmp_pat
     written — and from then on an edit in place leaves the snapshot whole."""
     from rewheel.recipe import Recipe
     from rewheel.commands import open_target, snapshot_now
-    from rewheel.snapshot import capture
+    from rewheel.snapshot import ingest
 
     py = make_venv(tmp_path / "env")
     prefix = py.parent.parent
     uv_install(py, "toypkg==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
     with monkeypatch.context() as m:
-        m.setattr(capture, "hand_editable", lambda name, size: False)  # the rule before
+        m.setattr(ingest, "hand_editable", lambda name, size: False)  # the rule before
         old = snapshot_now(open_target(Recipe.for_python(py))).result.meta
     core = next(prefix.glob("lib/python3*/site-packages/toypkg/core.py"))
     assert (core.stat().st_dev, core.stat().st_ino) in store_inodes(rewheel_home)  # the hazard
@@ -264,3 +284,61 @@ def test_a_snapshot_that_shares_sources_is_made_safe_by_the_next_restore(tmp_pat
     doc = json_of(rewheel("rollback", "--python", str(py), old.id, "--yes", "--json", "--no-undo"))
     assert doc["restore"]["written"] == 0 and doc["restore"]["unshared"] == 0
 
+
+
+def _paused(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def test_an_edit_between_the_restore_and_the_work_after_it_reaches_no_snapshot(
+        host_factory, rewheel_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rollback with a service, paused right after its restore (the `start` step durable in
+    its journal: the service not started yet, nothing moved to the trash, nothing pruned):
+    every file a person may edit is edited then, each real editor's way in turn. The rollback
+    then finishes, and every snapshot is still whole — its pre-upgrade snapshot brings back the
+    restored bytes exactly, its undo snapshot the upgraded build's."""
+    import signal
+    import time
+
+    private_uv_cache(tmp_path, monkeypatch)
+    h = host_factory("2.0.0", "good", binary=True)
+    target = str(h.recipe)
+    code, rep = h.run_json()
+    assert code == 0 and rep["status"] == "upgraded", rep["_stderr"]
+    upgraded = h.state()
+    out = tmp_path / "rollback.json"
+    with open(out, "w") as fo:
+        p = support_cli.start("rollback", target, "--yes", "--json", stdout=fo, stderr=subprocess.DEVNULL,
+                              stdin=subprocess.DEVNULL,
+                              env={**os.environ, "REWHEEL_FAULT_AT": "step:start", "REWHEEL_FAULT_SIGNAL": "STOP"})
+        try:
+            deadline = time.monotonic() + 120
+            while not _paused(p.pid):
+                assert p.poll() is None and time.monotonic() < deadline, "the rollback never reached its start"
+                time.sleep(0.01)
+            # (what the restore moved out waits at a root for the trash, as the service starts)
+            restored = {k: v for k, v in h.state().items() if not k.startswith(".rewheel-restore-")}
+            used = edit_everything([p for p in text_files(h.prefix) if ".rewheel-restore-" not in str(p)])
+            assert min(used.values()) >= 3 and h.state() != restored
+            os.kill(p.pid, signal.SIGCONT)
+            assert p.wait(timeout=120) == 0
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    doc = json.loads(out.read_text())
+    undo = doc["undo_snapshot_id"]
+    assert doc["restore"]["written"] > 0 and undo
+    check = json_of(rewheel("verify", target, "--full", "--json"))
+    assert check["ok"] is True and all(s["damaged"] == [] for s in check["snapshots"])
+    # The edits stay in the environment until a rollback puts bytes back: the snapshots have
+    # neither them nor anything else changed.
+    json_of(rewheel("rollback", target, rep["snapshot_id"], "--yes", "--json"))
+    assert h.state() == restored
+    json_of(rewheel("rollback", target, undo, "--yes", "--json", "--force"))
+    assert h.state() == upgraded
+    assert_private(h.prefix, rewheel_home, single=False)

@@ -280,14 +280,14 @@ def test_snapshot_shares_a_path_two_distributions_ship(tmp_path: Path, shared_wh
     import hashlib
 
     from rewheel.snapshot import Manifest, Store, take_snapshot
-    from rewheel.snapshot import capture
+    from rewheel.snapshot import ingest
 
     py = make_venv(tmp_path / "env")
     for names in order:
         uv_install(py, *names.split(), find_links=shared_wheels)
     env = Environment.inspect(py)
     # The copy rule for hand-editable files set aside: what proves a file shows as its link.
-    monkeypatch.setattr(capture, "hand_editable", lambda name, size: False)
+    monkeypatch.setattr(ingest, "hand_editable", lambda name, size: False)
     snap = take_snapshot(env, Store(env.prefix)).meta
     man = Manifest.load(snap)
     sp = str(site_packages(py).relative_to(env.prefix))

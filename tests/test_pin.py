@@ -132,4 +132,4 @@ def test_store_delete_refuses_what_is_not_one_snapshot(venv: Path, bad: str) -> 
     store = Store(Environment.inspect(venv).prefix)
     with pytest.raises(SnapshotError, match="not a snapshot id"):
         store.delete(bad)
-    assert [m.id for m in store.list()] == [sid] and (store.snapshots_dir / sid / "manifest.json").is_file()
+    assert [m.id for m in store.list()] == [sid] and (store.snapshots_dir / sid / "manifest.bin").is_file()

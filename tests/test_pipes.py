@@ -156,7 +156,7 @@ def test_a_diff_written_to_a_file_applies(host, columns: str) -> None:
     diff of one file (`--path`) and of one distribution (`-p`), and one holding a long line."""
     h, env, a, b, _doc, _reports = host
     site = next((h.prefix / "lib").glob("python3*/site-packages"))
-    for extra in (["--patch"], ["--path", "toypkg/*.py"], ["-p", "toypkg"]):
+    for extra in (["--patch"], ["--path", "*/toypkg/*.py"], ["-p", "toypkg"]):
         patch = h.tmp / f"x-{columns}.patch"
         with open(patch, "w") as f:
             rc = subprocess.run([sys.executable, "-m", "rewheel", "diff", str(h.recipe), a, b, *extra],
@@ -164,11 +164,13 @@ def test_a_diff_written_to_a_file_applies(host, columns: str) -> None:
                                 env={**os.environ, **env, "COLUMNS": columns}).returncode
         assert rc == 0
         text = patch.read_text()
-        assert "+++ b/toypkg/" in text, text
-        git = subprocess.run(["git", "apply", "--check", "-v", str(patch)], cwd=site, capture_output=True,
+        # One base, the environment's prefix, named in the patch's header line.
+        assert f"+++ b/{site.relative_to(h.prefix)}/toypkg/" in text, text
+        assert f"\n# patch: paths relative to {h.prefix}; apply there: cd {h.prefix} && git apply FILE\n" in text, text
+        git = subprocess.run(["git", "apply", "--check", "-v", str(patch)], cwd=h.prefix, capture_output=True,
                              text=True, env={**os.environ, "GIT_CEILING_DIRECTORIES": str(h.tmp)})
         assert git.returncode == 0, git.stderr + text
-        gnu = subprocess.run(["patch", "-p1", "--dry-run", "-i", str(patch)], cwd=site, capture_output=True, text=True)
+        gnu = subprocess.run(["patch", "-p1", "--dry-run", "-i", str(patch)], cwd=h.prefix, capture_output=True, text=True)
         assert gnu.returncode == 0, gnu.stdout + gnu.stderr + text
     # A line longer than any terminal, edited into the live environment: the diff of the
     # snapshot against it, written to a file, takes it back (-R) — one line, never folded.
@@ -181,15 +183,15 @@ def test_a_diff_written_to_a_file_applies(host, columns: str) -> None:
     try:
         patch = h.tmp / f"long-{columns}.patch"
         with open(patch, "w") as f:
-            rc = subprocess.run([sys.executable, "-m", "rewheel", "diff", str(h.recipe), a, "--path", "toypkg/core.py"],
+            rc = subprocess.run([sys.executable, "-m", "rewheel", "diff", str(h.recipe), a, "--path", "*/toypkg/core.py"],
                                 stdout=f, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=120,
                                 env={**os.environ, **env, "COLUMNS": columns}).returncode
         text = patch.read_text()
         assert rc == 0 and f"+{long_line}\n" in text, text
-        git = subprocess.run(["git", "apply", "-R", "--check", str(patch)], cwd=site, capture_output=True,
+        git = subprocess.run(["git", "apply", "-R", "--check", str(patch)], cwd=h.prefix, capture_output=True,
                              text=True, env={**os.environ, "GIT_CEILING_DIRECTORIES": str(h.tmp)})
         assert git.returncode == 0, git.stderr + text
-        gnu = subprocess.run(["patch", "-R", "-p1", "--dry-run", "-i", str(patch)], cwd=site, capture_output=True,
+        gnu = subprocess.run(["patch", "-R", "-p1", "--dry-run", "-i", str(patch)], cwd=h.prefix, capture_output=True,
                              text=True)
         assert gnu.returncode == 0, gnu.stdout + gnu.stderr + text
     finally:

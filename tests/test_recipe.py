@@ -67,6 +67,8 @@ def test_full_recipe_loads(tmp_path: Path) -> None:
     (("prerelease = true", 'prerelease = "yes"'), "install.prerelease", "true or false"),
     (('packages = ["vllm>=0.16.0rc2.dev0"]', 'packages = ["vllm>>1"]'), "install.packages[0]", "not a valid requirement"),
     (("gpus = 8", "gpus = -1"), "smoke.gpus", "expected 0 or more"),
+    (("gpus = 8", "gpus = 8\ngpu_free_mib = -5"), "smoke.gpu_free_mib", "expected 0 or more"),
+    (("gpus = 8", 'gpus = 8\ngpu_free_mib = "20GiB"'), "smoke.gpu_free_mib", "expected an integer"),
     (("timeout_s = 1200", "timeout_s = 1209600"), "smoke.timeout_s", "at most 604800 seconds"),
     (("ready_timeout_s = 900", "ready_timeout_s = 900\nsettle_s = 1e300"), "service.settle_s", "at most 604800 seconds"),
     (('command = ["{{python}}"', 'command = "python -m x" #'), "smoke.command", "argv list"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from devtools.wheelbuild import build_wheel
-from support_env import make_venv, tree_state, uv_install
+from support_env import make_venv, stored_file, tree_state, uv_install
 from rewheel.snapshot import restore as restore_mod
 from rewheel import patches
 from rewheel.environment import Environment
@@ -135,14 +135,15 @@ def test_the_next_snapshot_links_proven_files_instead_of_copying_them(setup, whe
     edited.write_text(edited.read_text() + "# a hand edit\n")
     before = tree_state(env.prefix)
     after = take_snapshot(env, store, label="after-rollback")
-    # The edit, and the proven sources (hand-editable: copied whatever proves them); no
-    # proven binary is copied.
-    assert after.files_copied <= pristine.files_copied + 1
-    stored = after.meta.path / "tree" / "0" / ops.relative_to(env.prefix)
+    # Only the edit is new content: the proven sources are the first snapshot's objects
+    # (stored once, by their bytes), and no proven binary is copied.
+    assert after.files_copied == 1
+    stored = stored_file(after.meta.path, ops.relative_to(env.prefix))
     assert stored.stat().st_ino == ops.stat().st_ino  # linked, not copied
-    stored_core = after.meta.path / "tree" / "0" / core.relative_to(env.prefix)
+    stored_core = stored_file(after.meta.path, core.relative_to(env.prefix))
     assert stored_core.stat().st_ino != core.stat().st_ino and stored_core.read_bytes() == core.read_bytes()
-    stored_edit = after.meta.path / "tree" / "0" / edited.relative_to(env.prefix)
+    assert stored_core == stored_file(pristine.meta.path, core.relative_to(env.prefix))  # one object
+    stored_edit = stored_file(after.meta.path, edited.relative_to(env.prefix))
     assert stored_edit.read_bytes() == edited.read_bytes()
     reinstall_all(py, wheelhouse)
     restore_snapshot(env, after.meta)

@@ -78,7 +78,7 @@ def test_roll_forward_after_the_nightly_left_the_index(host_factory) -> None:
     # proved it current. The downtime is reported as a run's: the stop, that check, the
     # restore, the start and the wait for health.
     names = [s["name"] for s in doc["steps"]]
-    assert names == ["snapshot", "stop", "snapshot-check", "restore", "start"], names
+    assert names == ["restore-prepare", "snapshot", "stop", "snapshot-check", "restore", "start"], names
     dt = doc["downtime"]
     assert set(dt["parts"]) == {"stop", "snapshot", "restore", "start", "ready"} and "ongoing" not in dt
     assert 0 < sum(dt["parts"].values()) <= dt["seconds"] + 0.005  # each part rounded to 1 ms

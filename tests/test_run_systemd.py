@@ -53,15 +53,31 @@ def test_good_upgrade_under_systemd(systemd_host, real_systemd: RealSystemd) -> 
 def test_gpu_held_by_leftover_process_stops_the_run_before_anything_changes(
         systemd_host, real_systemd: RealSystemd, fake_gpus: FakeHost) -> None:
     h = systemd_host("2.0.0", "good")
-    # A process outside the unit (in the container's pid namespace, as rewheel sees it).
+    # A process outside the unit (in the container's pid namespace, as rewheel sees it): no
+    # step of the run would end it, so the preflight refuses it while the service still serves.
     leftover = real_systemd.transient("leftover", [sys.executable, "-c", "import time; time.sleep(600)"])
     fake_gpus.hold_gpu(leftover, gpu_index=1, used_memory=88210, process_name=sys.executable)
+    unit = real_systemd.show("vllm-toy", "MainPID", "InvocationID")
+    before = h.state()
+    code, rep = h.run_json()
+    assert code == 2, rep["_stderr"]
+    assert f"pid {leftover} " in rep["message"] and "not part of the running service" in rep["message"]
+    assert h.state() == before
+    assert real_systemd.show("vllm-toy", "MainPID", "InvocationID") == unit  # never stopped
+
+
+def test_gpu_held_from_another_container_is_waited_for_after_the_stop(
+        systemd_host, real_systemd: RealSystemd, fake_gpus: FakeHost) -> None:
+    h = systemd_host("2.0.0", "good")
+    # A pid nvidia-smi shows that is not in rewheel's pid namespace ("[Not Found]"): it cannot be
+    # told from the service's own workers, so the preflight lets it be and the wait for GPU memory
+    # after the stop names it; the old service is put back as it was.
+    fake_gpus.hold_gpu(4_000_000, gpu_index=1, used_memory=88210, process_name="[Not Found]", foreign=True)
     before = h.state()
     code, rep = h.run_json()
     assert code == 1, rep["_stderr"]
-    assert str(leftover) in rep["message"]
+    assert "pid 4000000 ([Not Found]) holds 88210 MiB on GPU 1" in rep["message"]
     assert h.state() == before
-    # The old service was put back as it was.
     wait_for(lambda: h.served_version() == "1.0.0", timeout=20)
     assert real_systemd.show("vllm-toy", "ActiveState")["ActiveState"] == "active"
 

@@ -299,6 +299,6 @@ def test_a_rollback_that_changes_no_byte_restarts_nothing(hosts) -> None:
     r = doc["restore"]
     assert (r["written"], r["deleted"], r["chmodded"]) == (0, 0, 0)
     assert doc["service"]["ok"] and doc["service"]["restarted"] is False
-    assert [s["name"] for s in doc["steps"]] == ["restore", "health"]
+    assert [s["name"] for s in doc["steps"]] == ["restore-prepare", "restore", "health"]
     assert json.loads(info.read_text())["pid"] == pid and pid_alive(pid)  # the same process
     assert _starts(h) == 1 and h.served_version() == "1.0.0"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from support_env import make_venv, tree_state, uv_install
+from support_env import (make_venv, manifest_doc, stored_file, to_tree_layout, tree_state, uv_install,
+                         write_manifest_doc)
 from rewheel import snapshot as snapmod
 from rewheel.snapshot import restore as restore_mod
+from rewheel.snapshot import restore_apply, restore_scan
 from rewheel.environment import Environment
 from rewheel.errors import RestoreError, SnapshotDamaged
 from rewheel.recipe import Recipe
@@ -65,7 +68,7 @@ def damage(py: Path, wheelhouse: Path) -> None:
 
 def manifest_entries(snap_path: Path) -> list[list]:
     """Every entry of a snapshot's manifest (stored by folder, as columns, since version 2)."""
-    return _entries(json.loads((snap_path / "manifest.json").read_text()))
+    return _entries(manifest_doc(snap_path))
 
 
 def needed_by_restore(entries: list[list]) -> list:
@@ -100,7 +103,7 @@ def test_snapshot_damage_rollback_is_byte_exact_offline(lanes: int, venv: Path, 
     # The patched file was copied, not linked: editing the live file in place later
     # must not reach the snapshot.
     core_rel = str((site_packages(venv) / "toypkg" / "core.py").relative_to(prefix))
-    stored = snap.meta.path / "tree" / "0" / core_rel
+    stored = stored_file(snap.meta.path, core_rel)
     assert stored.stat().st_ino != (prefix / core_rel).stat().st_ino
     assert snap.meta.versions == {"toypkg": "1.0.0", "toyhelper": "1.0.0"}
 
@@ -126,10 +129,10 @@ def test_pristine_files_are_shared_patched_files_copied(venv: Path) -> None:
     res = snapshot_now(t).result
     prefix = venv.parent.parent
     ops_rel = str((site_packages(venv) / "toypkg" / "_ops.so").relative_to(prefix))
-    assert (res.meta.path / "tree" / "0" / ops_rel).stat().st_ino == (prefix / ops_rel).stat().st_ino
+    assert stored_file(res.meta.path, ops_rel).stat().st_ino == (prefix / ops_rel).stat().st_ino
     # A pristine source is a copy of its own: an edit in place cannot reach it.
     init_rel = str((site_packages(venv) / "toypkg" / "__init__.py").relative_to(prefix))
-    assert (res.meta.path / "tree" / "0" / init_rel).stat().st_ino != (prefix / init_rel).stat().st_ino
+    assert stored_file(res.meta.path, init_rel).stat().st_ino != (prefix / init_rel).stat().st_ino
     assert res.meta.link_mode == "copy+hardlink"
     assert res.files_linked > 0 and res.files_copied > 0
     # Only what could not be proven pristine costs disk.
@@ -161,7 +164,9 @@ def test_store_where_links_fail(lanes: int, venv: Path, wheelhouse: Path, tmp_pa
         res = snapshot_now(t).result
         assert res.files_linked == 0
         assert "hardlink" not in res.meta.link_mode
-        assert res.meta.bytes_copied + res.meta.bytes_linked == res.meta.bytes_total
+        # Every byte is copied once: a content two files share (an empty __init__.py) is one object.
+        j = res.to_json()
+        assert res.meta.bytes_copied + j["bytes_reused"] == res.meta.bytes_total and res.meta.bytes_linked == 0
         if how == "links-fail":
             monkeypatch.setattr(os, "link", real_link)
         damage(venv, wheelhouse)
@@ -177,6 +182,16 @@ def _to_version_1(doc: dict) -> dict:
     return {"version": 1, "roots": doc["roots"], "real_roots": doc["real_roots"],
             "fields": ["root", "path", "type", "mode", "size", "mtime_ns", "sha256", "stored", "target"],
             "entries": [e[:9] for e in _entries(doc)]}
+
+
+def _to_version_2(doc: dict) -> dict:
+    """By folder, as columns, without live ctimes; an inode only for a hard-linked file."""
+    folders = []
+    for item in doc["folders"]:
+        item = list(item[:10])
+        item[8] = [ino if code == "L" else None for ino, code in zip(item[8], item[7], strict=True)]
+        folders.append(item)
+    return {**doc, "version": 2, "folder_fields": doc["folder_fields"][:10], "folders": folders}
 
 
 def _entries(doc: dict) -> list[list]:
@@ -195,6 +210,8 @@ def _add_to_root(doc: dict, name: str, kind: str) -> None:
     root[stored] += "C" if kind == "f" else "-"
     root[inos].append(None)
     root[9] = None
+    if len(root) > 10 and root[10] is not None:  # version 3: the live ctimes column
+        root[10].append(0)
 
 
 def _tamper(doc: dict, how: str) -> dict:
@@ -223,8 +240,7 @@ def test_tampered_manifest_is_refused_before_anything_changes(lanes: int, venv: 
     snap = snapshot_now(t).result.meta
     damage(venv, wheelhouse)
     damaged = tree_state(venv.parent.parent)
-    man_path = snap.path / "manifest.json"
-    man_path.write_text(json.dumps(_tamper(json.loads(man_path.read_text()), how)))
+    write_manifest_doc(snap.path, _tamper(manifest_doc(snap.path), how))
     with pytest.raises(SnapshotDamaged, match=message):
         rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert tree_state(venv.parent.parent) == damaged  # never half-applied
@@ -252,13 +268,21 @@ def test_a_shared_file_replaced_with_the_same_size_and_mtime_is_put_back(lanes: 
     assert tree_state(prefix) == before
 
 
-def test_a_version_1_manifest_still_restores_byte_for_byte(lanes: int, venv: Path, wheelhouse: Path) -> None:
-    """Snapshots taken before manifest version 2 (flat entries, no inode numbers)."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_an_older_snapshot_still_restores_byte_for_byte(lanes: int, venv: Path, wheelhouse: Path,
+                                                        version: int) -> None:
+    """Snapshots taken before the store's objects: their own `tree/`, and a manifest of
+    version 1 (flat entries, no inode numbers) or 2 (by folder, no live ctimes). The objects
+    are swept away first, so only the tree can bring the bytes back."""
     prefix = venv.parent.parent
     before = tree_state(prefix)
-    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
-    man_path = snap.path / "manifest.json"
-    man_path.write_text(json.dumps(_to_version_1(json.loads(man_path.read_text()))))
+    t = open_target(Recipe.for_python(venv))
+    snap = snapshot_now(t).result.meta
+    to_tree_layout(snap.path)
+    old = _to_version_1 if version == 1 else _to_version_2
+    write_manifest_doc(snap.path, old(manifest_doc(snap.path)))
+    assert t.store.collect()[0] > 0  # no snapshot names an object now
+    assert not [p for p in (t.store.env_dir / "objects").rglob("*") if p.is_file()]
     damage(venv, wheelhouse)
     res = rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert res.restore.written > 0 and res.restore.deleted > 0
@@ -274,10 +298,10 @@ def test_damaged_store_is_refused_before_anything_changes(lanes: int, venv: Path
     files = [e for e in manifest_entries(snap.path) if e[2] == "f"]
     if kind == "missing":
         victim = needed_by_restore(files)
-        (snap.path / "tree" / "0" / victim[1]).unlink()
+        stored_file(snap.path, victim[1]).unlink()
     elif kind == "changed-copy":
         victim = next(e for e in files if e[7] == "copy" and e[1].endswith("core.py"))
-        p = snap.path / "tree" / "0" / victim[1]
+        p = stored_file(snap.path, victim[1])
         data = bytearray(p.read_bytes())
         data[0] ^= 0xFF
         st = p.stat()
@@ -285,7 +309,7 @@ def test_damaged_store_is_refused_before_anything_changes(lanes: int, venv: Path
         os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))  # a careful tamperer keeps the mtime
     else:
         victim = needed_by_restore(files)  # one `damage` changes: the environment no longer has its bytes
-        with open(snap.path / "tree" / "0" / victim[1], "ab") as f:  # in-place edit: shared inode
+        with open(stored_file(snap.path, victim[1]), "ab") as f:  # in-place edit: shared inode
             f.write(b"# edited in place\n")
     damage(venv, wheelhouse)
     damaged = tree_state(venv.parent.parent)
@@ -305,7 +329,7 @@ def test_damage_to_a_stored_file_the_restore_does_not_need_does_not_block_it(lan
     snap = snapshot_now(t).result.meta
     files = [e for e in manifest_entries(snap.path) if e[2] == "f"]
     untouched = next(e for e in files if e[1] == "bin/activate")  # stored as a copy; damage() leaves it
-    (snap.path / "tree" / "0" / untouched[1]).unlink()
+    stored_file(snap.path, untouched[1]).unlink()
     damage(venv, wheelhouse)
     res = rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert res.restore.written > 0
@@ -432,13 +456,13 @@ def test_a_restore_killed_while_staging_is_finished_by_the_next(lanes: int, venv
             raise KeyboardInterrupt  # as a kill would, while staging
         return real(src, dst)
 
-    monkeypatch.setattr(restore_mod, "copy_hashed", dies_midway)
+    monkeypatch.setattr(restore_apply, "copy_hashed", dies_midway)
     with pytest.raises(KeyboardInterrupt):
         rollback(open_target(Recipe.for_python(venv)), snap.id)
-    monkeypatch.setattr(restore_mod, "copy_hashed", real)
+    monkeypatch.setattr(restore_apply, "copy_hashed", real)
     # Simulate what a SIGKILL leaves behind: the staging folder.
-    (prefix / f"{snapmod.STAGING_PREFIX}dead").mkdir()
-    (prefix / f"{snapmod.STAGING_PREFIX}dead" / "0").write_text("half")
+    (prefix / f"{snapmod.STAGING_PREFIX}deadbeef").mkdir()
+    (prefix / f"{snapmod.STAGING_PREFIX}deadbeef" / "0").write_text("half")
     from rewheel.journal import list_runs
 
     store_env = open_target(Recipe.for_python(venv)).store.env_dir
@@ -446,6 +470,33 @@ def test_a_restore_killed_while_staging_is_finished_by_the_next(lanes: int, venv
     res = rollback(open_target(Recipe.for_python(venv)), snap.id)
     assert res.finished_run is not None
     assert tree_state(prefix) == before
+
+
+def test_names_like_a_restores_staging_are_a_persons_files_at_every_level(lanes: int, venv: Path) -> None:
+    # Only a folder at a root named as a restore names its staging (8 hex digits) is passed
+    # over; a file or folder a person named `.rewheel-restore-*` anywhere else is captured,
+    # removed by a rollback as any file added since, and put back by undoing that rollback.
+    prefix = venv.parent.parent
+    folders = [prefix, site_packages(venv), site_packages(venv) / "toypkg"]
+    snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
+    planted: list[Path] = []
+    for i, folder in enumerate(folders):
+        for name in (f"{snapmod.STAGING_PREFIX}notes", f"{snapmod.STAGING_PREFIX}0a1b2c3d"):
+            f = folder / name
+            if folder == prefix and name.endswith("0a1b2c3d"):
+                f.write_text(f"a file, not a folder, at level {i}")  # a root's staging is a folder
+            else:
+                f.mkdir()
+                (f / "kept.txt").write_text(f"level {i}")
+            planted.append(f)
+    with_them = tree_state(prefix)
+    assert all(str(p.relative_to(prefix)) in with_them for p in planted)
+    res = rollback(open_target(Recipe.for_python(venv)), snap.id)
+    assert res.restore.deleted >= len(planted)
+    assert not [p for p in planted if os.path.lexists(p)]
+    assert res.undo_snapshot_id is not None
+    rollback(open_target(Recipe.for_python(venv)), res.undo_snapshot_id)
+    assert tree_state(prefix) == with_them
 
 
 def test_label_with_a_slash_and_markup_is_found_and_shown_verbatim(venv: Path) -> None:
@@ -504,7 +555,7 @@ def test_refused_restore_leaves_no_interrupted_run(venv: Path, wheelhouse: Path,
     t = open_target(Recipe.for_python(venv))
     snap = snapshot_now(t).result.meta
     victim = needed_by_restore(manifest_entries(snap.path))
-    (snap.path / "tree" / "0" / victim[1]).unlink()
+    stored_file(snap.path, victim[1]).unlink()
     damage(venv, wheelhouse)
     with pytest.raises(SnapshotDamaged):
         rollback(open_target(Recipe.for_python(venv)), snap.id)
@@ -546,14 +597,22 @@ def test_import_name_of_the_upgraded_distribution(venv: Path) -> None:
 
 
 def shared_file_in_lane(venv: Path, snap: snapmod.SnapshotMeta, lane: int, *under: str,
-                        stored: tuple[str, ...] = ("link",)) -> list:
+                        stored: tuple[str, ...] = ("link",), gone: bool = False) -> list:
     """A stored file of site-packages (linked, or a hand-editable one's copy), under one of
-    `under`, in a folder that is lane `lane`'s share of a two-lane restore."""
-    shares = restore_mod.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
+    `under`, in a folder that is lane `lane`'s share of a two-lane restore. `gone`: one whose
+    bytes no other file of the snapshot, nor any live file, holds (objects are stored by
+    their bytes: a copy the environment still has would be stored again by the rollback's
+    own undo snapshot)."""
+    shares = restore_scan.share_folders(snapmod.Manifest.load(snap, validate=False), 2)
     sp = str(site_packages(venv).relative_to(venv.parent.parent))
-    return next(e for e in manifest_entries(snap.path) if e[2] == "f" and e[7] in stored
+    entries = manifest_entries(snap.path)
+    live = {hashlib.sha256(p.read_bytes()).hexdigest() for p in venv.parent.parent.rglob("*")
+            if p.is_file() and not p.is_symlink()} if gone else set()
+    twice = {e[6] for e in entries if e[2] == "f" and sum(x[6] == e[6] for x in entries) > 1}
+    return next(e for e in entries if e[2] == "f" and e[7] in stored
                 and e[1].startswith(tuple(f"{sp}/{u}" for u in under))
-                and (0, e[1].rpartition("/")[0]) in shares[lane])
+                and (0, e[1].rpartition("/")[0]) in shares[lane]
+                and not (gone and (e[6] in live or e[6] in twice)))
 
 
 @pytest.mark.parametrize("lane", [0, 1])
@@ -568,9 +627,9 @@ def test_damage_either_lane_needs_stops_both_lanes_before_anything_changes(venv:
     prefix = venv.parent.parent
     snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
     # damage() reinstalls toypkg and toyhelper: the restore needs every stored file of theirs.
-    victim = shared_file_in_lane(venv, snap, lane, "toypkg", "toyhelper", stored=("link", "copy"))
-    (snap.path / "tree" / "0" / victim[1]).unlink()
     damage(venv, wheelhouse)
+    victim = shared_file_in_lane(venv, snap, lane, "toypkg", "toyhelper", stored=("link", "copy"), gone=True)
+    stored_file(snap.path, victim[1]).unlink()
     damaged = tree_state(prefix)
     children = own_children()  # an earlier test on this worker may have left its service
     with pytest.raises(SnapshotDamaged) as err:
@@ -594,7 +653,7 @@ def test_a_lane_failing_midway_is_reported_and_the_next_restore_finishes(venv: P
     # The package folders fall to the second lane in this small environment; swapping the
     # shares gives them to the first (this process) for the other case.
     real_share = snapmod.share_folders
-    monkeypatch.setattr(restore_mod, "share_folders", lambda man, n: real_share(man, n)[::1 if lane else -1])
+    monkeypatch.setattr(restore_scan, "share_folders", lambda man, n: real_share(man, n)[::1 if lane else -1])
     prefix = venv.parent.parent
     before = tree_state(prefix)
     snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
@@ -708,15 +767,16 @@ def test_sparse_unlisted_file_is_stored_sparse_and_once(venv: Path, wheelhouse: 
         f.write(os.urandom(70_000))
     t = open_target(Recipe.for_python(venv))
     first = snapshot_now(t).result
-    stored = first.meta.path / "tree" / "0" / big.relative_to(venv.parent.parent)
+    stored = stored_file(first.meta.path, big.relative_to(venv.parent.parent))
     assert stored.stat().st_size == 256 << 20
     assert stored.stat().st_blocks * 512 < 8 << 20  # sparse, not 256 MiB of zeros
+    assert first.to_json()["bytes_copied"] < 8 << 20  # what it occupies, not its length
     second = snapshot_now(open_target(Recipe.for_python(venv))).result
     j = second.to_json()
-    assert j["files_reused"] == 1 and j["bytes_reused"] == 256 << 20
-    assert j["bytes_copied"] < first.to_json()["bytes_copied"] - (128 << 20)
-    stored2 = second.meta.path / "tree" / "0" / big.relative_to(venv.parent.parent)
-    assert stored2.stat().st_ino == stored.stat().st_ino
+    # Nothing changed: every file is the first snapshot's object, nothing copied again.
+    assert j["files_unchanged"] == j["files"] and j["files_copied"] == 0 and j["bytes_copied"] == 0
+    stored2 = stored_file(second.meta.path, big.relative_to(venv.parent.parent))
+    assert stored2 == stored and stored2.stat().st_ino == stored.stat().st_ino
     before = tree_state(venv.parent.parent)
     open_target(Recipe.for_python(venv)).store.delete(first.meta.id)
     big.unlink()
@@ -817,7 +877,7 @@ def test_manifest_modes_and_link_targets_are_checked(tamper: str, venv: Path, wh
     if tamper == "symlink-nul":
         os.symlink("toypkg", site_packages(venv) / "toy-link")
     snap = snapshot_now(open_target(Recipe.for_python(venv))).result.meta
-    doc = json.loads((snap.path / "manifest.json").read_text())
+    doc = manifest_doc(snap.path)
     for folder in doc["folders"]:
         names = folder[2]
         if tamper == "setuid" and folder[1].endswith("site-packages/toypkg") and "__init__.py" in names:
@@ -826,7 +886,7 @@ def test_manifest_modes_and_link_targets_are_checked(tamper: str, venv: Path, wh
             cold = json.loads(folder[9])
             cold["target"][names.index("toy-link")] = "toy\x00pkg"
             folder[9] = json.dumps(cold)
-    (snap.path / "manifest.json").write_text(json.dumps(doc))
+    write_manifest_doc(snap.path, doc)
     damage(venv, wheelhouse)
     if tamper == "symlink-nul":
         (site_packages(venv) / "toy-link").unlink()
@@ -848,3 +908,72 @@ def test_diff_leaves_out_what_the_snapshot_excluded(venv: Path, tmp_path: Path) 
     (sp / "toypkg" / "new.py").write_text("NEW = 1\n")
     files = [f.path for f in diff_trees(t.env, snap).files]
     assert "toypkg/new.py" in files and not any(p.endswith(".pt") for p in files)
+
+
+def test_a_snapshot_in_two_processes_is_the_one_one_process_takes(venv: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packages of site-packages shared out between two processes (the second sending its
+    folders back): the same entries and objects as one process finds, for a first snapshot into
+    an empty store, for one with nothing changed, and for one where files changed on both sides."""
+    from rewheel.snapshot import capture_walk
+
+    monkeypatch.setattr(capture_walk, "_LANES_MIN_ENTRIES", 1)  # the toy environment is small
+    env = Environment.inspect(venv)
+
+    def take(lanes: int, home: Path) -> list[tuple]:
+        monkeypatch.setenv("REWHEEL_RESTORE_LANES", str(lanes))
+        res = snapmod.take_snapshot(env, snapmod.Store(env.prefix, home))
+        return sorted((e.root, e.path, e.kind, e.mode, e.size, e.mtime_ns, e.sha256, e.stored, e.target)
+                      for e in snapmod.Manifest.load(res.meta).entries)
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert take(2, two) == take(1, one)  # the first snapshot of a store
+    split = capture_walk.CaptureWalk(env, snapmod.Store(env.prefix, two), capture_walk.Dists(env, None), (),
+                                     None)._split()
+    assert split is not None and split[2]  # the second process had packages of its own
+    assert take(2, two) == take(1, one)  # nothing changed
+    for pkg in ("toypkg", "toyhelper"):  # files of both processes' shares change
+        (site_packages(venv) / pkg / "added.py").write_text(f"# added to {pkg}\n")
+    assert take(2, two) == take(1, one)
+    for home in (one, two):
+        check = verify_store_of(env, home)
+        assert check.ok, [d.to_json() for r in check.results for d in r.damaged]
+
+
+def verify_store_of(env: Environment, home: Path) -> snapmod.StoreVerify:
+    return snapmod.verify_store(snapmod.Store(env.prefix, home), None, full=True)
+
+
+def test_the_window_check_sees_any_change_since_the_snapshot(venv: Path) -> None:
+    """`unchanged_since`, the one stat walk a command makes once its service is stopped: the
+    environment as the snapshot recorded it, or not — an edit that put the mtime back (the
+    ctime moved), a new byte-code cache, a mode, a symlink's target; another environment
+    created inside is not this one's, so no difference."""
+    from rewheel.snapshot.capture_walk import unchanged_since
+
+    env = Environment.inspect(venv)
+    store = snapmod.Store(env.prefix)
+    snap = snapmod.take_snapshot(env, store).meta
+    assert unchanged_since(env, store, snap) is True
+    core = site_packages(venv) / "toypkg" / "core.py"
+    st = core.stat()
+    with open(core, "r+b") as f:  # in place, then the mtime put back: size and mtime as they were
+        f.write(b"#")
+    os.utime(core, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (core.stat().st_size, core.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert unchanged_since(env, store, snap) is False
+    changes = [lambda: (site_packages(venv) / "toypkg" / "__pycache__").mkdir(exist_ok=True),
+               lambda: (site_packages(venv) / "toypkg" / "_ops.so").chmod(0o700)]
+    for change in changes:
+        snap = snapmod.take_snapshot(env, store).meta
+        assert unchanged_since(env, store, snap) is True
+        change()
+        assert unchanged_since(env, store, snap) is False
+    snap = snapmod.take_snapshot(env, store).meta
+    inner = venv.parent.parent / "other-env"
+    inner.mkdir()
+    (inner / "pyvenv.cfg").write_text("home = /usr\n")
+    (inner / "more.txt").write_text("not this environment's\n")
+    assert unchanged_since(env, store, snap) is True  # as a snapshot leaves it out, so does the check
+    (venv.parent.parent / "stray.txt").write_text("this environment's\n")
+    assert unchanged_since(env, store, snap) is False

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+import support_env
 from support_env import make_venv, tree_state, uv_install
 from support_run import make_host
 import support_cli
@@ -50,7 +51,7 @@ def edit_in_place(path: Path, text: str = "# hand fix, written in place\n") -> N
 
 
 def stored_file(snapshot_path: str, prefix: Path, live: Path) -> Path:
-    return Path(snapshot_path) / "tree" / "0" / live.relative_to(prefix)
+    return support_env.stored_file(snapshot_path, live.relative_to(prefix))
 
 
 # --------------------------------------------------------------------------------------

@@ -188,7 +188,7 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
     s: dict[str, list[float]] = {k: [] for k in (
         "patches", "patches_edited", "stat_walk", "cp_al", "snapshot", "diff_json", "diff_stat",
         "rollback", "uv_sync", "rollback_all", "uv_sync_all", "upgrade", "upgrade_all", "rollback_undo",
-        "cp_al_uv_sync")}
+        "cp_al_uv_sync", "stat_walk_again", "snapshot_unchanged")}
     false_patches: list[int] = []
     edited_found: list[bool] = []
     exact: list[bool] = []
@@ -234,6 +234,14 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
         dt, snap = rb.cli("snapshot", "--python", py, "--label", f"bench-{rep}")
         s["snapshot"].append(dt)
         sid = snap["id"]
+        # The next snapshot, nothing changed since: what the store costs is what changed.
+        settle()
+        t0 = time.perf_counter()
+        stat_walk(prefix)
+        s["stat_walk_again"].append(time.perf_counter() - t0)
+        dt, again = rb.cli("snapshot", "--python", py, "--label", f"bench-{rep}-again")
+        s["snapshot_unchanged"].append(dt)
+        info["snapshot_unchanged"] = {k: again.get(k) for k in ("files", "files_unchanged", "files_copied")}
         info["snapshot"] = {k: snap.get(k) for k in ("files", "files_linked", "files_copied", "bytes_copied",
                                                      "link_mode", "files_private", "bytes_private")}
         # A plain upgrade: the diff, then the rollback, then uv's way back.
@@ -264,7 +272,10 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
                 settle()
                 dt, doc = rb.cli("rollback", "--python", py, sid, "--yes")
                 s["rollback_undo"].append(dt)
-                info["rollback_undo"] = {"undo_snapshot_id": doc.get("undo_snapshot_id")}
+                r = doc.get("restore", {})
+                info["rollback_undo"] = {"undo_snapshot_id": doc.get("undo_snapshot_id"),
+                                         "steps": {x["name"]: x["seconds"] for x in doc.get("steps", [])},
+                                         **{k: r.get(k) for k in ("written", "from_cache", "proven_same")}}
                 check_exact("rollback with undo")
             # The baseline: the same upgrade again, then `uv pip sync` of the old set (warm cache).
             rb.install(cfg.real_new, *extra)
@@ -292,11 +303,16 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
                    baseline_samples=s[b])
 
     rows = [
-        row("snapshot", "snapshot", "cp -al", "cp_al", TARGETS["snapshot"],
+        row("snapshot (the first, empty store)", "snapshot", "cp -al", "cp_al", TARGETS["snapshot"],
             f"{(info.get('snapshot') or {}).get('files_linked')} linked, "
             f"{(info.get('snapshot') or {}).get('files_copied')} copied, of them "
             f"{(info.get('snapshot') or {}).get('files_private')} hand-editable "
             f"({((info.get('snapshot') or {}).get('bytes_private') or 0) / 2**20:,.0f} MiB, never shared)"),
+        row("snapshot (environment unchanged)", "snapshot_unchanged", "stat walk", "stat_walk_again",
+            TARGETS["snapshot unchanged"],
+            f"{(info.get('snapshot_unchanged') or {}).get('files_unchanged')} of "
+            f"{(info.get('snapshot_unchanged') or {}).get('files')} files unchanged, "
+            f"{(info.get('snapshot_unchanged') or {}).get('files_copied')} copied"),
         row("patches (pristine)", "patches", "stat walk", "stat_walk", TARGETS["patch scan"],
             f"false patches {max(false_patches, default=0)}"),
         row("patches (2 edited)", "patches_edited", "stat walk", "stat_walk", TARGETS["patch scan"],
@@ -308,13 +324,19 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
             _rb_note(info.get("rollback_plain"), s["upgrade"])),
         row("rollback (reinstall all)", "rollback_all", "uv pip sync + sync", "uv_sync_all", TARGETS["rollback"],
             _rb_note(info.get("rollback_reinstall-all"), s["upgrade_all"])),
-        row("rollback + undo snapshot", "rollback_undo", "cp -al + uv pip sync", "cp_al_uv_sync", None,
-            "the default: the upgraded state snapshotted first (plain upgrade)"),
+        row("rollback + undo snapshot (plain upgrade)", "rollback_undo", "cp -al + uv pip sync", "cp_al_uv_sync",
+            TARGETS["rollback"], _undo_note(info.get("rollback_undo"))),
     ]
     from devtools.bench.rollback_downtime import bench_rollback_downtime
 
+    trivial = bench_rollback_downtime(cfg, rb, imports=False)
+    rows += trivial["rows"]
     served = bench_rollback_downtime(cfg, rb)
     rows += served["rows"]
+    from devtools.bench.story import bench_story
+
+    story = bench_story(cfg, rb)
+    rows += story["rows"]
     from devtools.bench.startup import bench_startup
 
     startup = bench_startup(cfg, python=rb.python, home=rb.home)
@@ -323,23 +345,41 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
 
     downtime = run_real_downtime(cfg)
     rows += downtime["rows"]
+    board: dict[str, Any] | None = None
+    if cfg.board_runs:
+        from devtools.bench.board import board_row
+
+        row, board = board_row(cfg)  # synthetic: a home of that many runs, not this environment's
+        rows.append(row)
     result: dict[str, Any] = {
         "kind": "real", "environment": {**desc, "measured_files": env_files, "measured_bytes": env_bytes,
                                         "prefix": prefix},
         "reps": reps, "machine": machine_info(cfg.root), "rows": [r.to_json() for r in rows],
         "false_patches": false_patches, "edited_found_exactly": edited_found,
         "rollback": {"byte_exact": bool(exact) and all(exact)}, **info,
-        "rollback_downtime": served["rollback_downtime"], "startup": startup["startup"],
-        "downtime": downtime["downtime"],
+        "rollback_downtime": served["rollback_downtime"], "rollback_downtime_trivial": trivial["rollback_downtime"],
+        "story": story["story"], "startup": startup["startup"],
+        "downtime": downtime["downtime"], "board": board,
         "seconds": {"prepare": round(t_prepared - t_start, 1), "total": round(time.perf_counter() - t_start, 1)},
     }
     checks = [r["pass"] for r in result["rows"] if r["pass"] is not None]
+    if board is not None:
+        checks.append(board["pass"])
     checks += [result["rollback"]["byte_exact"], result["rollback_downtime"]["byte_exact"],
-               result["rollback_downtime"]["undo_while_serving"], not any(false_patches),
+               result["rollback_downtime"]["undo_while_serving"], result["rollback_downtime_trivial"]["byte_exact"],
+               result["story"]["byte_exact"], not any(false_patches),
                bool(edited_found) and all(edited_found)]
     result["all_pass"] = all(checks)
     rm_tree(rb.work)
     return result
+
+
+def _undo_note(r: dict[str, Any] | None) -> str:
+    if not r:
+        return ""
+    steps = ", ".join(f"{k} {v:.2f}s" for k, v in (r.get("steps") or {}).items())
+    return (f"the default: the upgraded state snapshotted first; {steps}; written {r.get('written') or 0:,}, of "
+            f"them {r.get('from_cache') or 0:,} the very inodes uv's cache held")
 
 
 def _rb_note(r: dict[str, Any] | None, upgrades: list[float]) -> str:
@@ -366,6 +406,10 @@ def render_real(result: dict[str, Any]) -> str:
     if rd:
         lines.append(f"rollback with the service up: byte-exact {'PASS' if rd['byte_exact'] else 'FAIL'}, undo "
                      f"snapshot taken while serving {'PASS' if rd['undo_while_serving'] else 'FAIL'}")
+    if result.get("board"):
+        from devtools.bench.board import board_line
+
+        lines.append(board_line(result["board"]))
     for r in result["rows"]:
         if r["note"]:
             lines.append(f"  {r['step']}: {r['note']}")

@@ -52,16 +52,18 @@ HAND_STEP = "downtime: rollback"
 HAND_BASELINE = "by hand: stop, uv pip sync + sync, start"
 PRESTART_STEP = "downtime: rollback, to the start"
 PRESTART_BASELINE = "by hand: stop, uv pip sync + sync"
+TRIVIAL = " (trivial service)"  # the service imports nothing: the restore is what shows
 
 
-def _recipe(path: Path, python: Path, port: int, package: str, uv_args: tuple[str, ...]) -> None:
+def _recipe(path: Path, python: Path, port: int, package: str, uv_args: tuple[str, ...], imports: bool) -> None:
     import tomli_w
 
     path.write_text(tomli_w.dumps({
         "name": "bench-rollback-downtime",
         "environment": {"python": str(python)},
         "service": {"manager": "command",
-                    "start": ["{python}", "-I", str(SERVE), "--port", str(port), "--import", package],
+                    "start": ["{python}", "-I", str(SERVE), "--port", str(port),
+                              *(["--import", package] if imports else [])],
                     "health_url": f"http://127.0.0.1:{port}/health", "ready_timeout_s": READY_TIMEOUT_S,
                     "stop_timeout_s": STOP_TIMEOUT_S, "settle_s": 1.0},
         "install": {"packages": [package], "uv_args": list(uv_args)},
@@ -147,8 +149,10 @@ class _Service:
                           "ready": round(t4 - t3, 4)}}
 
 
-def bench_rollback_downtime(cfg: BenchConfig, rb: RealBench) -> dict[str, Any]:
-    """Both rollbacks per repetition (see the module's docstring); the rows and the record."""
+def bench_rollback_downtime(cfg: BenchConfig, rb: RealBench, *, imports: bool = True) -> dict[str, Any]:
+    """Both rollbacks per repetition (see the module's docstring); the rows and the record.
+    `imports=False`: a trivial service, which imports nothing, so that the downtime is the
+    restore's and not the new start's import of vLLM."""
     root = cfg.root / "rollback-downtime"
     env = root / "env"
     python = env / "bin" / "python"
@@ -158,10 +162,10 @@ def bench_rollback_downtime(cfg: BenchConfig, rb: RealBench) -> dict[str, Any]:
     root.mkdir(parents=True, exist_ok=True)
     package = cfg.real_new.split("==")[0].strip()
     recipe = root / "recipe.toml"
-    cfg.say(f"rollback downtime: a service from {python}, importing {package}")
+    cfg.say(f"rollback downtime: a service from {python}, " + (f"importing {package}" if imports else "importing nothing"))
     rb.uv("venv", "-q", "--python", sys.executable, str(env))
     rb.sync_old(python=python)
-    _recipe(recipe, python, _free_port(), package, cfg.real_uv_args)
+    _recipe(recipe, python, _free_port(), package, cfg.real_uv_args, imports)
     home.mkdir(mode=0o700)
     svc = _Service(recipe, home)
     runs: list[dict[str, Any]] = []
@@ -206,7 +210,7 @@ def bench_rollback_downtime(cfg: BenchConfig, rb: RealBench) -> dict[str, Any]:
             svc.stop()
         except RewheelError as exc:
             cfg.say(f"  stopping the bench's service: {exc}")
-    rows = rollback_downtime_rows(runs)
+    rows = rollback_downtime_rows(runs, "" if imports else TRIVIAL)
     record = {"runs": runs, "target": TARGETS["rollback"], "hand_poll_s": HAND_POLL_S,
               "byte_exact": bool(runs) and all(r["rewheel"]["byte_exact"] for r in runs),
               "undo_while_serving": bool(runs) and all(r["rewheel"]["undo_while_serving"] for r in runs),
@@ -237,7 +241,7 @@ def _prestart(run: dict[str, Any]) -> float:
     return max(0.0, run["seconds"] - run["parts"].get("start", 0.0) - run["parts"].get("ready", 0.0))
 
 
-def rollback_downtime_rows(runs: list[dict[str, Any]]) -> list[Row]:
+def rollback_downtime_rows(runs: list[dict[str, Any]], suffix: str = "") -> list[Row]:
     """The two rows from the repetitions' records: the downtime (target 1x) and its part
     before the start (informational), each with the medians of the parts in its note."""
     mine = [r["rewheel"] for r in runs]
@@ -260,9 +264,11 @@ def rollback_downtime_rows(runs: list[dict[str, Any]]) -> list[Row]:
     pa = [_prestart(m) for m in mine]
     pb = [_prestart(h) for h in hand]
     return [
-        Row(HAND_STEP, _median(a), HAND_BASELINE, _median(b), TARGETS["rollback"], samples=a, baseline_samples=b,
+        Row(HAND_STEP + suffix, _median(a), HAND_BASELINE, _median(b), TARGETS["rollback"], samples=a,
+            baseline_samples=b,
             note=f"default rollback ({undo}; {exact}): {parts(mine)}{again}; by hand: {parts(hand)}"),
-        Row(PRESTART_STEP, _median(pa), PRESTART_BASELINE, _median(pb), None, samples=pa, baseline_samples=pb,
+        Row(PRESTART_STEP + suffix, _median(pa), PRESTART_BASELINE, _median(pb), None, samples=pa,
+            baseline_samples=pb,
             note="the starts differ by bytecode: the restore brings the old release's back, uv's sync "
                  "unpacks it without"),
     ]

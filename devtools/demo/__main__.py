@@ -6,7 +6,7 @@ attention init fails on tensor-parallel rank 4. A toy `vllm serve` (8 worker pro
 from a virtualenv on dev313, with a hand-made patch in deepseek_v2.py and 35 leftover debug
 dumps. `rewheel run` then upgrades it to the nightly: snapshot, reinstall, diff, smoke test —
 which fails on Worker_TP4 — and the automatic revert, after which the old service is healthy
-again. `rewheel history` and `rewheel diff` follow. Every step runs the real code; nothing is
+again. `rewheel history`, `rewheel diff` and `rewheel board` follow. Every step runs the real code; nothing is
 mocked. Everything lives under one folder (default `<repo>/.demo`, or `$REWHEEL_DEMO_DIR`);
 the demo removes it at the start, leaves it for inspection at the end, and leaves no process.
 
@@ -224,7 +224,14 @@ def play(demo: Demo) -> None:
     demo.rewheel("diff", str(recipe_path), pre_snap or "", "--stat")
 
     # 7 ---------------------------------------------------------------------------------
-    demo.header(7, "Did the story play out as designed?")
+    demo.header(7, "rewheel board",
+                "The same, as a static site to look at: the environment's timeline, the run with its versions, "
+                "root cause, log excerpt, suspects and source diff.")
+    board = stage / "board"
+    demo.rewheel("board", str(recipe_path), "--out", str(board))
+
+    # 8 ---------------------------------------------------------------------------------
+    demo.header(8, "Did the story play out as designed?")
 
     def run_fetched(j) -> list:  # journal.RunJournal | None: what uv downloaded after the stop
         return [x for n in (j.all(Note) if j else []) for x in n.fetched_after_stop or []]
@@ -288,6 +295,18 @@ def play(demo: Demo) -> None:
     demo.check("the service runs dev313", code == 200 and toy.GOOD_VERSION in body, body.strip()[:80])
     code, body = _http(f"http://127.0.0.1:{port}/v1/models")
     demo.check("the probe answers with the model", code == 200 and toy.TOY_MODEL in body, f"GET /v1/models -> {code}")
+    page = board / run_page(run) if run else None
+    html = page.read_text() if page is not None and page.is_file() else ""
+    demo.check("the board shows the upgrade, the revert and its root cause",
+               (board / "index.html").is_file() and all(w in html for w in (
+                   toy.BAD_VERSION, "reverted", "Worker_TP4", "deepseek_v2.py", "cannot reshape")),
+               str(page.relative_to(stage)) if page is not None else "no run")
+
+
+def run_page(run: Any) -> str:  # journal.RunJournal: its page on the board (rewheel.board)
+    from rewheel.board.model import RunView
+
+    return RunView(run.dir.parent.parent.name, run.id, run.kind, run.status, run.dir).page
 
 
 def teardown(demo: Demo) -> None:
@@ -356,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"Look around: {stage}  (state in home/, the run's logs in home/envs/*/runs/)",
                       highlight=False)
         print_look_around(console, stage)
+        console.print("The board, a static site (open it in a browser):", highlight=False)
+        console.print(f"  {board_path(stage)}", highlight=False, markup=False, soft_wrap=True)
         return 0
     why = f"{len(bad)} check(s) failed" if bad else f"it broke: {type(failed).__name__}"
     console.rule(f"[bold red]The demo did not play out as designed ({why})", style="red")
@@ -372,9 +393,17 @@ def look_around_commands(stage: Path) -> list[str]:
     where = rel if not rel.startswith("..") else str(stage)
     return [f"{where}/rewheel history {where}/demo.toml",
             f"{where}/rewheel diff {where}/demo.toml",
-            f"{where}/rewheel why {where}/home/envs/*/runs/*/smoke.log",
+            # The newest run's log: `why` reads one log, and each run (a look-around `run` too)
+            # leaves one more. (Unquoted, as the other paths here: it fits the demo's 76 columns.)
+            f"{where}/rewheel why $(ls -t {where}/home/envs/*/runs/*/smoke.log | head -1)",
             f"{where}/rewheel check {where}/demo.toml",
             f"{where}/rewheel status {where}/demo.toml"]
+
+
+def board_path(stage: Path) -> str:
+    """The board's front page as a person types it from here (as the look-around commands)."""
+    rel = os.path.relpath(stage / "board" / "index.html")
+    return rel if not rel.startswith("..") else str(stage / "board" / "index.html")
 
 
 def print_look_around(console: Console, stage: Path) -> None:

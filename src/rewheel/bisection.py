@@ -312,6 +312,58 @@ def bisect(recipe: Recipe, *, good: str, bad: str, package: str | None = None,
         return res
 
 
+def journaled(home: Path | None = None) -> list[BisectResult]:
+    """Every bisection journaled under the state home (`<home>/bisect/*/journal.jsonl`), as
+    far as each got, oldest first: for `rewheel board`. A running or interrupted one has
+    no `finished` record yet; its status is then UNTESTABLE and its message says so."""
+    from rewheel.diagnose import RootCause
+
+    root = (home or state_home()) / "bisect"
+    out: list[tuple[float, BisectResult]] = []
+    for state in sorted(p for p in root.glob("*") if p.is_dir()) if root.is_dir() else []:
+        try:
+            j = RunJournal.load(state)
+        except RewheelError:
+            continue
+        start, fin, cand = j.first(Started), j.last(Finish), j.first(Candidates)
+        if start is None or start.good is None or start.bad is None:
+            continue
+        res = BisectResult(status=BisectStatus.UNTESTABLE, recipe=start.recipe or "", package=start.package or "",
+                           good=start.good, bad=start.bad, mode=(cand.mode if cand else None) or "versions",
+                           commit_source=cand.source if cand else None, state_dir=str(state))
+        res.candidates = [Build(b.get("version"), b.get("commit")) for b in (cand.builds if cand else [])
+                          if isinstance(b, dict)]
+        urls: dict[str, str] = {}
+        for rec in j.all(BuildVerdict):
+            root_cause = RootCause.from_json(rec.root_cause) if rec.root_cause else None
+            res.steps.append(Verdict(Build(rec.version, rec.commit), rec.verdict, rec.reason, root_cause,
+                                     rec.log, rec.seconds, True, rec.project_urls))
+            urls = urls or rec.project_urls
+        if fin is None:
+            res.message = "not finished (running, or interrupted: the same command resumes it)"
+        else:
+            try:
+                res.status = BisectStatus(str(fin.status))
+            except ValueError:
+                res.message = f"ended {fin.status}"
+            res.first_bad = _build_of(fin.first_bad)
+            res.last_good = _build_of(fin.last_good)
+            if res.first_bad is not None:
+                # The verdict of the first bad build, so `first_bad_verdict` finds its root cause.
+                same = next((v for v in res.steps if res.first_bad.same(v.build)), None)
+                if same is not None:
+                    res.first_bad = same.build
+            if res.first_bad is not None and res.last_good is not None:
+                res.compare_url = _compare_url(urls, None, res.last_good, res.first_bad)
+        res.smoke_runs = sum(1 for v in res.steps if v.verdict in ("good", "bad"))
+        out.append((start.time, res))
+    return [r for _, r in sorted(out, key=lambda x: x[0])]
+
+
+def _build_of(doc: dict[str, Any] | None) -> Build | None:
+    return Build(doc.get("version"), doc.get("commit")) if isinstance(doc, dict) else None
+
+
 def _suspects(b: _Bisection, res: BisectResult) -> None:
     """The changes between the last good and the first bad build that the first bad build's
     root cause points at: both builds installed again side by side (uv's cache has their

@@ -43,6 +43,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# The program's name in usage lines and hints: what a person types.
+PROG = "rewheel"
+
 
 def _keep_argument_help() -> None:
     """Typer sets an argument's help and then click's Argument.__init__ (8.2 and later, which
@@ -179,11 +182,9 @@ def confirm(question: str, yes: bool) -> None:
     if yes:
         return
     if not sys.stdin.isatty():
-        import shlex
-
         raise ConfirmationRequired(f"no terminal to ask on, so nothing was changed: {question.rstrip('?')}",
                                    hint="to confirm without a terminal, add --yes: "
-                                        f"`{shlex.join(['rewheel', *sys.argv[1:], '--yes'])}`")
+                                        f"`{report.typed_line('rewheel … --yes', add='--yes')}`")
     if not typer.confirm(question, default=False, err=True):
         from rewheel.errors import NotConfirmed
 
@@ -245,16 +246,47 @@ def _typed_target(kwargs: dict[str, Any]) -> str | None:
 
 # A placeholder word of the usage in a message (`rewheel history TARGET`).
 _PLACEHOLDER = re.compile(r"\b(TARGET|RECIPE)\b")
+# The command line as typed, a flag added or dropped (errors.as_typed).
+_AS_TYPED = re.compile(r"<as typed(?: \+(\S+))?(?: -(\S+))?>")
 
 
 def _as_typed(err: RewheelError, typed: str | None) -> None:
-    """Core modules that do not know what was typed say TARGET or RECIPE in their hints; the
-    message a person reads names what they gave instead, so that the hint pastes as it is."""
-    if typed is None:
-        return
-    err.message = _PLACEHOLDER.sub(lambda _m: typed, err.message)
+    """Core modules that do not know what was typed say TARGET or RECIPE in their hints, or the
+    command line as typed (errors.as_typed); the message a person reads names what they gave
+    instead, so that the hint pastes as it is."""
     if err.hint:
-        err.hint = _PLACEHOLDER.sub(lambda _m: typed, err.hint)
+        err.hint = _AS_TYPED.sub(lambda m: report.typed_line(m.group(0), add=m.group(1) or "", drop=m.group(2) or ""),
+                                 err.hint)
+    if typed is not None:
+        err.message = _PLACEHOLDER.sub(lambda _m: typed, err.message)
+        if err.hint:
+            err.hint = _PLACEHOLDER.sub(lambda _m: typed, err.hint)
+    if err.hint:
+        err.hint = _HINTED.sub(_keep_yes, err.hint)
+
+
+# A command in a hint.
+_HINTED = re.compile(r"`(rewheel [^`]+)`")
+
+
+def _keep_yes(m: re.Match[str]) -> str:
+    """A hinted command that retries the one typed (the same command and arguments: `rewheel
+    resume X` after `rewheel resume X --yes` was interrupted) keeps the --yes the person gave:
+    a script that pastes it is not refused for want of a terminal. Another command, or another
+    snapshot, is a new decision, asked anew."""
+    import shlex
+
+    argv = report.ARGV or []
+    if "--yes" not in argv and "-y" not in argv:
+        return m.group(0)
+    try:
+        words = shlex.split(m.group(1))[1:]
+    except ValueError:
+        return m.group(0)
+    if "--yes" in words or "-y" in words or [w for w in words if not w.startswith("-")] != [
+            a for a in argv if not a.startswith("-")]:
+        return m.group(0)
+    return f"`{m.group(1)} --yes`"
 
 
 def internal_error(exc: BaseException) -> RewheelError:
@@ -340,14 +372,17 @@ def _main() -> None:
         if reconfigure is not None and (getattr(stream, "errors", None) or "strict") == "strict":
             reconfigure(errors="backslashreplace")
     sys.argv[1:] = _plain_first(sys.argv[1:])
+    report.ARGV = sys.argv[1:]  # (hints that retry the command name it as typed)
     this = _app_for(sys.argv[1:])
     if "--json" not in sys.argv[1:]:
-        this()
+        # The usage lines name the program a person types, however it was started (`python -m
+        # rewheel`, a wrapper script): click would say `python -m rewheel` for the former.
+        this(prog_name=PROG)
         return
     # A usage error (unknown option, missing argument) is reported by typer before any
     # command runs, as human text only; with --json a script still gets one JSON document.
     try:
-        code = this(standalone_mode=False)
+        code = this(standalone_mode=False, prog_name=PROG)
     except typer.Abort:
         _stderr_console().print("aborted", markup=False)
         sys.exit(EXIT_ABORTED)
@@ -357,10 +392,18 @@ def _main() -> None:
             raise
         from rewheel.errors import UsageError
 
-        named = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+        args = sys.argv[1:]
+        named = next((a for a in args if not a.startswith("-")), None)
         known = {c.name or (c.callback.__name__.replace("_", "-") if c.callback else "")
                  for c in app.registered_commands}
-        err = UsageError(fmt(), hint=f"`rewheel {named + ' ' if named in known else ''}--help` shows the usage")
+        if named in known and "--json" in args[:args.index(named)]:
+            import shlex
+
+            # `rewheel --json history X`: --json is each command's option, given after its name.
+            hint = f"--json goes after the command: `{shlex.join([PROG, *(a for a in args if a != '--json'), '--json'])}`"
+        else:
+            hint = f"`rewheel {named + ' ' if named in known else ''}--help` shows the usage"
+        err = UsageError(fmt(), hint=hint)
         emit_json(err.to_json())
         report.print_error(_stderr_console(), err)
         sys.exit(err.exit_code)
@@ -662,8 +705,8 @@ def diff(target: TargetArg = None,
          python: PythonOpt = None,
          stat_only: Annotated[bool, typer.Option("--stat", help="Only the changed files with their +/- line counts.")] = False,
          package: Annotated[str | None, typer.Option("--package", "-p", metavar="NAME", help="Only this distribution's files, with unified diffs.")] = None,
-         path_glob: Annotated[str | None, typer.Option("--path", metavar="GLOB", help="Only files matching this glob (relative to site-packages), with unified diffs.")] = None,
-         show_patch: Annotated[bool, typer.Option("--patch", help="Unified diffs of every changed text file.")] = False,
+         path_glob: Annotated[str | None, typer.Option("--path", metavar="GLOB", help="Only files whose path relative to the environment's prefix matches this glob (e.g. '*/vllm/*', 'bin/*'), with unified diffs.")] = None,
+         show_patch: Annotated[bool, typer.Option("--patch", help="Unified diffs of every changed text file, with paths relative to the environment's prefix (a '# patch:' line before them names it): cd there and git apply.")] = False,
          json_out: JsonOpt = False, verbose: VerboseOpt = False, plain: PlainOpt = False) -> None:
     """Versions and source files between two snapshots, or a snapshot and the live environment."""
     from rewheel import diff as diffmod
@@ -701,7 +744,7 @@ def patches(target: TargetArg = None, python: PythonOpt = None,
     out, err = consoles(json_out)
     with err.status("scanning installed files…"):
         result = patchmod.scan_target(t, dists=package or None, offline=offline, thorough=thorough)
-    show(out, json_out, result, report.render_patches)
+    show(out, json_out, result, functools.partial(report.render_patches, target=t.cli_ref))
     _exit_if_interrupted(t, err)
 
 
@@ -715,6 +758,7 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
        venv_python: Annotated[str | None, typer.Option("--venv-python", metavar="PATH|VERSION", help="Interpreter for the throwaway environment (default: the recipe's).")] = None,
        quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not stream uv's and the smoke test's output.")] = False,
        packages_only: Annotated[bool, typer.Option("--packages-only", help="Start from the recipe's packages alone, not from the target environment's pinned set.")] = False,
+       board: Annotated[str | None, typer.Option("--board", metavar="DIR", help="Write the board (rewheel board) there, this verdict included.")] = None,
        json_out: JsonOpt = False, plain: PlainOpt = False) -> None:
     """Qualify the newest nightly in a throwaway environment; report for CI; promote its lock."""
     from pathlib import Path
@@ -731,6 +775,10 @@ def ci(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="The re
                              say=say, on_output=on_output, from_target=not packages_only)
     qualify.write_reports(result, junit=Path(junit) if junit else None,
                           summary=Path(summary) if summary else None)
+    if board:
+        from rewheel.board import write_board
+
+        err.print(f"board: {write_board(Path(board)).index}", highlight=False, markup=False)
     show(out, json_out, result, report.render_ci)
     if not json_out:
         report.render_ci_base(out, result)
@@ -875,6 +923,26 @@ def fleet_report(
     raise typer.Exit(result.exit_code)
 
 
+@app.command()
+@handles_errors
+def board(target: TargetArg = None, python: PythonOpt = None,
+          out_dir: Annotated[str, typer.Option("--out", metavar="DIR", help="The folder to write the site to (new, empty, or an earlier board's).", show_default=False)] = ...,  # type: ignore[assignment]
+          fleet: Annotated[str | None, typer.Option("--fleet", metavar="DIR", help="A rollout's run reports (HOST.json, as fleet-report reads them).")] = None,
+          expect: Annotated[list[str] | None, typer.Option("--expect", metavar="HOSTS", help="With --fleet: the rollout's hosts in order (comma-separated, repeatable).")] = None,
+          waves: Annotated[str, typer.Option("--waves", metavar="LIST", help="With --fleet: the rollout's waves, as the playbook's serial.")] = "1,30%,100%",
+          json_out: JsonOpt = False) -> None:
+    """Write a static HTML site of what rewheel knows: every environment's runs, rollbacks
+    and snapshots (or TARGET's), each run's versions, source diff, patches, root cause and
+    step timings, the nightlies `ci` qualified and `bisect` searched, a fleet's rollout. It
+    opens from file:// (no server, no network)."""
+    from rewheel.board import write_board
+
+    t = _target(target, python) if target is not None or python is not None else None
+    result = write_board(Path(out_dir), target=t, fleet=Path(fleet) if fleet else None, expect=expect, waves=waves)
+    out, _ = consoles(json_out)
+    show(out, json_out, result, report.render_board)
+
+
 # ---- global options: `--plain`, `--version` ----
 def _plain_first(args: list[str]) -> list[str]:
     """`--plain` is a global option (`rewheel --plain history X`); it is accepted after the
@@ -949,6 +1017,7 @@ _SHORT_HELP = {
     "unpin": "Let retention prune a pinned snapshot again.",
     "forget": "Remove one snapshot from the store.",
     "fleet-report": "Summarize a rollout over many hosts from their run reports.",
+    "board": "Write a static HTML site of the runs, nightlies and fleet.",
 }
 for _info in app.registered_commands:
     _name = _info.name or (_info.callback.__name__ if _info.callback else "")

@@ -193,6 +193,9 @@ class FileChange:
     removed_lines: int | None = None
     diff: str | None = None
     note: str | None = None
+    # Relative to the diff's patch base (`DiffResult.patch_base`): the path its unified diff
+    # names and `--path` matches; None: `path`.
+    patch_path: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "change": self.change, "added_lines": self.added_lines,
@@ -214,13 +217,16 @@ class DiffResult:
     unchanged_packages: int = 0
     stats: dict[str, Any] = field(default_factory=dict)
     filters: dict[str, Any] = field(default_factory=dict)
+    # The one folder every unified diff's paths are relative to (the environment's prefix;
+    # `/` when a file lies outside it): `cd BASE && git apply FILE` applies them.
+    patch_base: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"old": self.old, "new": self.new,
                 "packages": [p.to_json() for p in self.packages],
                 "files": [f.to_json() for f in self.files],
                 "unchanged_packages": self.unchanged_packages, "stats": self.stats,
-                "filters": self.filters}
+                "filters": self.filters, "patch_base": self.patch_base}
 
 
 @dataclass(slots=True)
@@ -276,9 +282,12 @@ def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners) ->
     import csv
 
     for e in _record_files(man):
-        stored = snap.path / "tree" / str(e[0]) / e[1]
+        stored = man.stored_at(snap, *e)  # None: the manifest names no object for it
+        if stored is None:
+            continue
         try:
-            text = stored.read_text(encoding="utf-8", errors="replace")
+            with open(stored, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
         except OSError:
             continue
         abs_rec = os.path.join(man.roots[e[0]].path, e[1])
@@ -361,7 +370,8 @@ def _stored_bytes(snap: SnapshotMeta, man: Manifest, abs_path: str,
     for ri, root in enumerate(man.roots):
         base = root.path.rstrip("/") + "/"
         if abs_path.startswith(base):
-            return _read_bytes(str(snap.path / "tree" / str(ri) / abs_path[len(base):]), want_sha)
+            stored = man.stored_at(snap, ri, abs_path[len(base):])
+            return _read_bytes(stored, want_sha) if stored is not None else None
     return None
 
 
@@ -499,8 +509,10 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
     environment (`new_snap=None`).
 
     `package`/`path_glob` narrow the file list (a glob matched against the path relative to
-    site-packages and against the absolute path); `with_diffs` adds unified diffs of text
-    files; `line_counts=False` (a `--stat`-less quick look) skips reading changed files.
+    the environment's prefix, the base its unified diffs name: `lib/python3.12/site-packages/
+    vllm/*`, `*/vllm/*`, `bin/*`); `with_diffs` adds unified diffs of text files, all relative
+    to one base (`patch_base`); `line_counts=False` (a `--stat`-less quick look) skips reading
+    changed files.
     """
     t0 = time.monotonic()
     stats: dict[str, Any] = {"by_manifest": 0, "by_record": 0, "hashed_files": 0, "hashed_bytes": 0}
@@ -584,8 +596,18 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
     unchanged = sum(1 for p in packages if p.change == "unchanged")
     packages = [p for p in packages if p.change != "unchanged"]
 
+    # One base for the diffs a person applies and the globs they give: the prefix (site-packages
+    # lies inside it, and so do bin/ and include/); a path outside it stays absolute.
+    for f in files:
+        f.patch_path = display_path(f.abs_path, (), prefix)
     if path_glob:
-        files = [f for f in files if fnmatch.fnmatch(f.path, path_glob) or fnmatch.fnmatch(f.abs_path, path_glob)]
+        files = [f for f in files if fnmatch.fnmatch(f.patch_path or f.path, path_glob)]
+    base: str | None = None
+    if with_diffs:
+        base = prefix if all(f.patch_path != f.abs_path for f in files) else "/"
+        if base == "/":
+            for f in files:
+                f.patch_path = f.abs_path.lstrip("/")
 
     if line_counts or with_diffs:
         old_side, new_side = _Side(old_snap, old_man), _Side(new_snap, new_man)
@@ -601,7 +623,7 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
             _fill_split(files, fill)
     stats["seconds"] = round(time.monotonic() - t0, 3)
     return DiffResult(old_snap.id, new_snap.id if new_snap else LIVE, packages, files, unchanged,
-                      stats, {"package": package, "path": path_glob})
+                      stats, {"package": package, "path": path_glob}, patch_base=base)
 
 
 def _fill_split(files: list[FileChange], fill: Callable[[FileChange], None]) -> None:
@@ -659,13 +681,15 @@ def _fill_text(fc: FileChange, o: _Item | None, n: _Item | None, old_side: _Side
         if not isinstance(data, bytes) or (text := countable(data)) is None:
             fc.binary = True
             if with_diffs:
-                fc.diff = f"Binary files a/{fc.path} and b/{fc.path} differ\n"
+                label = fc.patch_path or fc.path
+                fc.diff = f"Binary files a/{label} and b/{label} differ\n"
             return
         sides.append(text)
     if with_diffs:
         # A diff that is shown: its counts are its own +/- lines.
         old_t, new_t = (as_str(x) for x in sides)
-        fc.diff = unified_diff(old_t, new_t, fc.path, fc.path)
+        label = fc.patch_path or fc.path
+        fc.diff = unified_diff(old_t, new_t, label, label)
         fc.added_lines, fc.removed_lines = count_lines(fc.diff)
     elif all(x is None or isinstance(x, bytes) for x in sides):
         fc.added_lines, fc.removed_lines = count_changed_lines(*sides)

@@ -423,3 +423,15 @@ class Environment:
     def to_json(self) -> dict:
         return {"python": str(self.python), "prefix": str(self.prefix), "kind": self.kind,
                 "version": self.version, "site_dirs": [str(s) for s in self.site_dirs]}
+
+
+def inspect_prefix(prefix: Path) -> Environment:
+    """The environment of a prefix rewheel keeps state for, by the interpreter in it
+    (SnapshotError, exit 2, when it has none: removed or moved)."""
+    from rewheel.errors import SnapshotError
+
+    for rel in ("bin/python", "bin/python3", "python.exe", "Scripts/python.exe"):
+        if (prefix / rel).exists():
+            return Environment.inspect(prefix / rel)
+    raise SnapshotError(f"no Python interpreter in {prefix}: cannot compare a snapshot with it",
+                        hint="the environment was removed or moved; `rewheel diff TARGET A B` compares two snapshots")

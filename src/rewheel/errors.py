@@ -19,6 +19,14 @@ EXIT_BUSY = 4
 EXIT_INTERNAL = 5
 
 
+def as_typed(*, add: str = "", drop: str = "") -> str:
+    """In a hint: the command line the person typed, with a flag added or dropped — what they
+    paste to retry it (`rollback … --yes` refused for a failed build: the same line with
+    --force, its --yes kept). The CLI puts their command line in (cli._as_typed); a caller
+    without one reads the placeholder."""
+    return "<as typed" + (f" +{add}" if add else "") + (f" -{drop}" if drop else "") + ">"
+
+
 class RewheelError(Exception):
     """Base of every error rewheel reports to a user. `message` says what is wrong,
     naming the file, key, value or command; `hint` says what to do about it."""

@@ -24,7 +24,10 @@ from rewheel.diagnose import RootCause, first_line
 from rewheel.errors import EXIT_OK, EXIT_REVERTED, EXIT_UNRESTORED, UsageError
 
 # A host's outcome, worst first: the order of the summary's counts.
-STATUSES = ("failed", "error", "reverted", "rejected", "not-reached", "upgraded", "planned", "unchanged")
+# `unreachable`: the controller could not reach the host (the fleet collection's callback writes
+# that document); a run that had begun there goes on by itself.
+STATUSES = ("failed", "error", "unreachable", "reverted", "rejected", "not-reached", "upgraded", "planned",
+            "unchanged")
 _RUN_STATUSES = {"upgraded", "reinstalled", "unchanged", "reverted", "failed", "planned", "rejected"}
 
 
@@ -98,11 +101,11 @@ class FleetReport:
     @property
     def exit_code(self) -> int:
         """3 when a host could not be restored (a person must act there), 1 when one was
-        reverted, rejected or refused, else 0."""
+        reverted, rejected, refused or not reached by the controller, else 0."""
         statuses = {h.status for h in self.hosts}
         if "failed" in statuses:
             return EXIT_UNRESTORED
-        if statuses & {"reverted", "rejected", "error"}:
+        if statuses & {"reverted", "rejected", "error", "unreachable"}:
             return EXIT_REVERTED
         return EXIT_OK
 
@@ -112,15 +115,82 @@ class FleetReport:
 
 
 # -- reading -------------------------------------------------------------------------------
-def downtime(doc: dict[str, Any]) -> tuple[float | None, str | None]:
+# A report is read by key; a key it needs holding the wrong kind of value (another program's
+# file, a hand edit, a truncated copy) is refused naming the file and the key, never guessed at.
+_HINT = "give the files `rewheel run RECIPE --json` wrote, one per host"
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _refuse(where: str, key: str, value: Any, expected: str) -> UsageError:
+    return UsageError(f"{where}: `{key}` is {_kind(value)}, not {expected}", hint=_HINT)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _opt(where: str, doc: dict[str, Any], key: str, kind: type | tuple[type, ...], expected: str,
+         path: str | None = None) -> Any:
+    """`doc[key]`, None when absent or null; refused when it is not of `kind`."""
+    value = doc.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _refuse(where, path or key, value, expected)
+    return value
+
+
+def _versions(where: str, doc: dict[str, Any], key: str) -> dict[str, str]:
+    value = _opt(where, doc, key, dict, "an object of versions") or {}
+    for name, version in value.items():
+        if not isinstance(version, str):
+            raise _refuse(where, f"{key}.{name}", version, "a version (a string)")
+    return dict(value)
+
+
+def _steps(where: str, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    steps = _opt(where, doc, "steps", list, "a list of steps") or []
+    for i, step in enumerate(steps):
+        if not isinstance(step, dict):
+            raise _refuse(where, f"steps[{i}]", step, "an object")
+        _opt(where, step, "name", str, "a string", f"steps[{i}].name")
+        _opt(where, step, "seconds", (int, float), "a number", f"steps[{i}].seconds")
+    return steps
+
+
+def _root_cause(where: str, doc: dict[str, Any]) -> RootCause | None:
+    rc = _opt(where, doc, "root_cause", dict, "an object")
+    if rc is None:
+        return None
+    for key in ("type", "message", "rank"):
+        _opt(where, rc, key, str, "a string", f"root_cause.{key}")
+    frame = _opt(where, rc, "frame", dict, "an object", "root_cause.frame")
+    if frame is not None:
+        if not isinstance(frame.get("file"), str):
+            raise _refuse(where, "root_cause.frame.file", frame.get("file"), "a path (a string)")
+        if not isinstance(frame.get("line"), int) or isinstance(frame.get("line"), bool):
+            raise _refuse(where, "root_cause.frame.line", frame.get("line"), "a line number")
+        _opt(where, frame, "function", str, "a string", "root_cause.frame.function")
+    try:
+        return RootCause.from_json(rc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UsageError(f"{where}: `root_cause` is not a root cause rewheel wrote ({type(exc).__name__}: {exc})",
+                         hint=_HINT) from None
+
+
+def downtime(doc: dict[str, Any], where: str = "report") -> tuple[float | None, str | None]:
     """(seconds, source) of a run report: its own `downtime` when it has the key, else the
     steps from the first `stop` through the last `start` (or through `revert`)."""
     if "downtime" in doc:
         dt = doc["downtime"]
-        if isinstance(dt, dict) and isinstance(dt.get("seconds"), (int, float)):
+        if isinstance(dt, dict) and _is_number(dt.get("seconds")):
             return float(dt["seconds"]), "report"
         return None, "report"
-    steps = [s for s in doc.get("steps") or [] if isinstance(s, dict)]
+    steps = _steps(where, doc)
     names = [s.get("name") for s in steps]
     if "stop" not in names:
         return None, None  # nothing was stopped: no service, or the run ended before
@@ -145,29 +215,44 @@ def _changes(old: dict[str, str], new: dict[str, str]) -> list[VersionChange]:
     return [VersionChange(n, old.get(n), new.get(n)) for n in names if old.get(n) != new.get(n)]
 
 
+def _planned(where: str, doc: dict[str, Any]) -> list[VersionChange]:
+    plan = _opt(where, doc, "plan", dict, "an object") or {}
+    changes = _opt(where, plan, "changes", list, "a list", "plan.changes") or []
+    out = []
+    for i, c in enumerate(changes):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise _refuse(where, f"plan.changes[{i}]", c, "a change with a name")
+        old = _opt(where, c, "old", str, "a version (a string)", f"plan.changes[{i}].old")
+        new = _opt(where, c, "new", str, "a version (a string)", f"plan.changes[{i}].new")
+        if old != new:
+            out.append(VersionChange(c["name"], old, new))
+    return out
+
+
 def host_result(host: str, doc: Any, source: str | None = None) -> HostResult:
     """One host's outcome from the JSON document its command printed."""
+    where = source or host
     if not isinstance(doc, dict):
-        raise UsageError(f"{source or host}: not a rewheel JSON document (a JSON object)",
-                         hint="give the files `rewheel run --json` wrote, one per host")
+        raise UsageError(f"{where}: not a rewheel JSON document (a JSON object)", hint=_HINT)
+    if doc.get("unreachable") is True:
+        return HostResult(host, "unreachable", source, message=str(doc.get("message") or "unreachable"))
     if "error" in doc and "status" not in doc:
-        # A command that refused or broke before a run began (exit 2, 4, 5): nothing changed.
-        return HostResult(host, "error", source, message=str(doc.get("message") or doc["error"]),
-                          exit_code=doc.get("exit_code"))
+        # A command that refused or broke before a run began (exit 2, 4, 5: nothing changed), or
+        # stopped where a person must act (exit 3, e.g. a full disk: `failed`).
+        code = _opt(where, doc, "exit_code", int, "an exit code")
+        message = str(doc.get("message") or doc["error"]) + (f" (exit {code})" if code is not None else "")
+        return HostResult(host, "failed" if code == EXIT_UNRESTORED else "error", source, message=message,
+                          exit_code=code)
     status = doc.get("status")
-    if status not in _RUN_STATUSES:
-        raise UsageError(f"{source or host}: not a `rewheel run --json` report (status {status!r})",
-                         hint="give the files `rewheel run --json` wrote, one per host")
-    before = dict(doc.get("before") or {})
-    after = dict(doc.get("after") or {})
-    rc = doc.get("root_cause")
-    res = HostResult(host, status, source, run_id=doc.get("run_id"), before=before, after=after,
-                     root_cause=RootCause.from_json(rc) if isinstance(rc, dict) else None,
-                     exit_code=doc.get("exit_code"))
+    if not isinstance(status, str) or status not in _RUN_STATUSES:
+        raise UsageError(f"{where}: not a `rewheel run RECIPE --json` report (status {status!r})", hint=_HINT)
+    before = _versions(where, doc, "before")
+    after = _versions(where, doc, "after")
+    res = HostResult(host, status, source, run_id=_opt(where, doc, "run_id", str, "a run id (a string)"),
+                     before=before, after=after, root_cause=_root_cause(where, doc),
+                     exit_code=_opt(where, doc, "exit_code", int, "an exit code"))
     if status == "planned":
-        plan = (doc.get("plan") or {}).get("changes") or []
-        res.changes = [VersionChange(c["name"], c.get("old"), c.get("new")) for c in plan
-                       if isinstance(c, dict) and c.get("old") != c.get("new")]
+        res.changes = _planned(where, doc)
         if not res.changes:
             res.status = "unchanged"  # the dry run found the host already there
         res.after = dict(before)
@@ -175,14 +260,19 @@ def host_result(host: str, doc: Any, source: str | None = None) -> HostResult:
     kept = status in ("upgraded", "reinstalled", "unchanged")
     if status in ("reinstalled", "unchanged"):
         res.status = "unchanged"  # kept, and no version changed
-    res.changes = _changes(before, dict(doc.get("attempted") or {}) if not kept else after)
-    res.downtime_s, res.downtime_source = downtime(doc)
-    failure = doc.get("failure")
-    if isinstance(failure, dict) and not kept:
-        res.message = failure.get("message")
-    revert = doc.get("revert")
-    if status == "failed" and isinstance(revert, dict) and revert.get("error"):
-        res.message = f"{res.message}; the revert failed: {revert['error']}" if res.message else revert["error"]
+    res.changes = _changes(before, _versions(where, doc, "attempted") if not kept else after)
+    res.downtime_s, res.downtime_source = downtime(doc, where)
+    failure = _opt(where, doc, "failure", dict, "an object") or {}
+    if not kept:
+        res.message = _opt(where, failure, "message", str, "a string", "failure.message")
+    if status == "failed":
+        # What a person must act on first (the revert's error names where), then what began it.
+        res.exit_code = EXIT_UNRESTORED
+        revert = _opt(where, doc, "revert", dict, "an object") or {}
+        error = _opt(where, revert, "error", str, "a string", "revert.error")
+        step = _opt(where, failure, "step", str, "a string", "failure.step")
+        began = f"{step} failed: {res.message}" if step and res.message else res.message
+        res.message = f"NOT restored (exit {EXIT_UNRESTORED}): " + "; ".join(x for x in (error, began) if x)
     return res
 
 
@@ -228,7 +318,7 @@ def fleet_report(reports: list[str], *, expect: list[str] | None = None) -> Flee
             doc = json.loads(text)
         except ValueError as exc:
             raise UsageError(f"{path}: not JSON: {exc}",
-                             hint="give the files `rewheel run --json` wrote, one per host") from None
+                             hint="give the files `rewheel run RECIPE --json` wrote, one per host") from None
         hosts.append(host_result(host, doc, str(path)))
         seen.add(host)
     for name in expect or []:
@@ -243,7 +333,7 @@ def fleet_report(reports: list[str], *, expect: list[str] | None = None) -> Flee
 
 # -- Markdown ------------------------------------------------------------------------------
 _ICON = {"upgraded": "✅", "unchanged": "➖", "planned": "📝", "reverted": "↩️", "rejected": "↩️",
-         "failed": "🛑", "error": "⚠️", "not-reached": "⏸️"}
+         "failed": "🛑", "error": "⚠️", "unreachable": "🔌", "not-reached": "⏸️"}
 
 
 def _md(text: Any) -> str:
@@ -282,7 +372,8 @@ def cause_text(h: HostResult) -> str:
     if rc is not None:
         head = f"{rc.type}: {first_line(rc.message)}" if rc.type else first_line(rc.message)
         return head + (f" at {rc.frame.short()}" if rc.frame else "")
-    return first_line(h.message) if h.message else ""
+    # (a message, unlike an exception's, says where and what to do: kept whole up to a paragraph)
+    return first_line(h.message, 600) if h.message else ""
 
 
 def markdown(rep: FleetReport) -> str:

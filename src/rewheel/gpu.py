@@ -1,10 +1,13 @@
 """GPUs, seen through `nvidia-smi`'s machine-readable CSV: how many are visible, and which
 processes still hold GPU memory.
 
-This module owns two checks of the run cycle: preflight's "are `smoke.gpus` GPUs visible?"
-and, after the service was stopped, "has every process let go of its GPU memory?" (a
+This module owns two checks of the run cycle: preflight's "are `smoke.gpus` GPUs visible, and
+free?" and, after the service was stopped, "has every process let go of its GPU memory?" (a
 model-init smoke test started while the old server's workers still hold 88 GiB per GPU
-fails with out-of-memory, which would be blamed on the new build).
+fails with out-of-memory, which would be blamed on the new build). "Free" at preflight: no
+process that the run's stop would not end holds memory on a visible GPU (the wait after the
+stop would time out on it, with the service already down), and, with `smoke.gpu_free_mib`,
+that much memory is free on each GPU the smoke test uses once the service has stopped.
 
 Only `--query-gpu=...` / `--query-compute-apps=...` with `--format=csv,noheader,nounits` is
 parsed, never the human table.
@@ -198,6 +201,107 @@ def require_gpus(n: int, *, env: Mapping[str, str] | None = None) -> list[Gpu]:
             hint="lower smoke.gpus (and the smoke command's tensor-parallel size), or make "
                  "the GPUs visible (`nvidia-smi -L`)")
     return visible
+
+
+@dataclass
+class GpuSurvey:
+    """What preflight saw on the GPUs a run would use, each holder sorted by who frees it."""
+
+    visible: list[Gpu]
+    used: list[Gpu]  # the first `smoke.gpus` visible GPUs: CUDA devices 0..n-1 of the smoke test
+    service: list[GpuProcess] = field(default_factory=list)   # the running service's: its stop frees them
+    unknown: list[GpuProcess] = field(default_factory=list)   # not in this pid namespace while a service runs
+    foreign: list[GpuProcess] = field(default_factory=list)   # what no step of the run stops
+    service_running: bool = False
+
+    def free_mib(self, g: Gpu) -> int | None:
+        """Memory free on `g` once the service has stopped; None where nvidia-smi says [N/A]."""
+        if g.memory_total_mib is None or g.memory_used_mib is None:
+            return None
+        freed = sum(p.used_memory_mib or 0 for p in self.service if p.gpu_uuid == g.uuid)
+        return max(0, g.memory_total_mib - g.memory_used_mib + freed)
+
+    def describe(self) -> str:
+        def one(g: Gpu) -> str:
+            mem = (f"{g.memory_used_mib} of {g.memory_total_mib} MiB used"
+                   if g.memory_total_mib is not None else "memory [N/A]")
+            held = [f"{who} pid {p.pid} {p.used_memory_mib if p.used_memory_mib is not None else '?'} MiB"
+                    for who, ps in (("service", self.service), ("unattributed", self.unknown))
+                    for p in ps if p.gpu_uuid == g.uuid]
+            return f"{g.index}: {g.name} ({mem}" + (f"; {', '.join(held)}" if held else "") + ")"
+
+        return f"{len(self.visible)} GPU(s): " + "; ".join(one(g) for g in self.visible)
+
+
+def survey_gpus(visible: list[Gpu], apps: list[GpuProcess], n: int, *,
+                service_pids: Collection[int] | None,
+                in_namespace: Callable[[int], bool]) -> GpuSurvey:
+    """Sort the processes holding memory on the visible GPUs (`visible_gpus`: those rewheel
+    waits on after the stop) by what frees them. `service_pids`: None when no service runs (nothing the run stops
+    can free a GPU), else the running service's known processes (empty: not known). A holder
+    that is not in this pid namespace (`in_namespace` false: another container's, a name
+    nvidia-smi shows as [Not Found]) cannot be told from the service's while one runs."""
+    survey = GpuSurvey(visible=list(visible), used=list(visible[:n]),
+                       service_running=service_pids is not None)
+    wanted = {g.uuid for g in visible}
+    for p in apps:
+        if p.gpu_uuid not in wanted:
+            continue
+        if service_pids is None:
+            survey.foreign.append(p)
+        elif p.pid in service_pids:
+            survey.service.append(p)
+        elif not service_pids or not in_namespace(p.pid):
+            survey.unknown.append(p)
+        else:
+            survey.foreign.append(p)
+    return survey
+
+
+def survey_refusal(survey: GpuSurvey, *, need_free_mib: int, has_service: bool) -> PreflightError | None:
+    """Why the smoke test could not have its GPUs: a process the run would not stop holds one
+    (the smoke test would share it, and the wait after the stop would time out on it), or
+    less than `smoke.gpu_free_mib` is free on a GPU the smoke test uses. None when neither."""
+    if survey.foreign:
+        pids = sorted({p.pid for p in survey.foreign})
+        why = ("it is not part of the running service" if survey.service_running
+               else "the service is not running: its stop frees nothing" if has_service
+               else "the recipe has no [service] whose stop would free it")
+        return PreflightError(
+            "a GPU the smoke test would use is held by another process: "
+            + "; ".join(p.describe() for p in survey.foreign) + f" ({why})",
+            hint=f"end it (`kill {' '.join(map(str, pids))}`), or make only free GPUs visible "
+                 "with CUDA_VISIBLE_DEVICES; nothing was changed")
+    if need_free_mib > 0:
+        short = [(g, free) for g in survey.used
+                 if (free := survey.free_mib(g)) is not None and free < need_free_mib]
+        if short:
+            said = "; ".join(f"GPU {g.index} ({g.name}) has {free} MiB free ({g.memory_used_mib} of "
+                             f"{g.memory_total_mib} MiB used)" for g, free in short)
+            return PreflightError(
+                f"smoke.gpu_free_mib = {need_free_mib} needs {need_free_mib} MiB free on each GPU the "
+                f"smoke test uses, but {said}",
+                hint="free memory on the GPU (`nvidia-smi` shows what holds it), lower "
+                     "smoke.gpu_free_mib, or choose other GPUs with CUDA_VISIBLE_DEVICES; nothing was changed")
+    return None
+
+
+def check_gpus(n: int, *, need_free_mib: int = 0, service_pids: Collection[int] | None = None,
+               has_service: bool = False, env: Mapping[str, str] | None = None) -> GpuSurvey:
+    """Preflight for `smoke.gpus = n`: `n` GPUs visible (`require_gpus`), none of the visible
+    ones held by a process the run would not stop, and `need_free_mib` free on each of the
+    first `n` once the service has stopped. Raises PreflightError; returns what it saw."""
+    visible = require_gpus(n, env=env)
+    try:
+        apps = compute_apps(visible)
+    except NvidiaSmiUnavailable as exc:
+        raise NvidiaSmiUnavailable(f"smoke.gpus = {n}: {exc.message}", hint=exc.hint) from None
+    survey = survey_gpus(visible, apps, n, service_pids=service_pids,
+                         in_namespace=lambda pid: proc.proc_stat(pid) is not None)
+    refused = survey_refusal(survey, need_free_mib=need_free_mib, has_service=has_service)
+    if refused is not None:
+        raise refused
+    return survey
 
 
 def wait_gpus_released(timeout_s: float, *, poll_s: float = 1.0,

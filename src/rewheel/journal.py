@@ -223,8 +223,8 @@ class EnvLock:
         running = _describe(pids) if pids else "unknown processes (not visible to this user)"
         return LockHeld(f"the rewheel process that held this environment ({what}) is gone, but "
                         f"processes it started still run and hold its lock: {running}",
-                        hint="`rewheel resume TARGET` (or `rewheel rollback TARGET`) stops them and "
-                             "finishes or undoes the interrupted run; or wait until they end")
+                        hint="`rewheel resume TARGET` stops them and finishes or undoes the interrupted run "
+                             "(a rollback to one of its snapshots stops them too); or wait until they end")
 
     # -- enter / exit -----------------------------------------------------------------
     def __enter__(self) -> EnvLock:
@@ -551,8 +551,9 @@ def interrupted_error(j: RunJournal, target: str) -> InterruptedRun:
     return InterruptedRun(
         f"{j.kind} {j.id} on {target} was interrupted (last step: {j.last_step or 'start'})"
         + (f"; its journal has {len(j.damaged)} damaged line(s), skipped" if j.damaged else ""),
-        hint=f"`rewheel resume {target}` finishes or undoes it; `rewheel rollback {target}` "
-             f"restores its pre-upgrade snapshot {j.snapshot_id or ''}".rstrip())
+        hint=f"`rewheel resume {target}` finishes or undoes it"
+             + (f"; `rewheel rollback {target}` restores its pre-upgrade snapshot {j.snapshot_id}"
+                if j.snapshot_id else ""))
 
 
 def refuse_if_interrupted(env_dir: Path, target: str) -> None:

@@ -56,7 +56,7 @@ from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import CommandNotFound
 from rewheel.package_folders import BYTECODE, PackageFolders
 from rewheel.paths import fsync_dir, write_all
-from rewheel.snapshot import Manifest, SnapshotDamaged, Store
+from rewheel.snapshot import ManifestDamaged, Manifest, SnapshotDamaged, Store
 from rewheel.snapshot.store import aliased_files
 from rewheel.snapshot.tree import provably_pristine
 from rewheel.texts import as_text, count_lines, is_install_artifact, unified_diff
@@ -433,7 +433,7 @@ class _SnapshotSource:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._index: list[tuple[Path, dict[str, tuple[int, str, str | None]]]] | None = None
+        self._index: list[dict[str, tuple[str, str | None]]] | None = None  # path -> (stored file, sha256)
 
     def _load(self, wanted: set[str]) -> None:
         self._index = []
@@ -442,24 +442,27 @@ class _SnapshotSource:
                 man = Manifest.load(meta)
             except SnapshotDamaged:
                 continue
-            found: dict[str, tuple[int, str, str | None]] = {}
+            found: dict[str, tuple[str, str | None]] = {}
             for e in man.entries:
                 if e[2] == "f":
                     full = os.path.join(man.roots[e[0]].path, e[1])
                     if full in wanted:
-                        found[full] = (e[0], e[1], e[6])
+                        try:
+                            found[full] = (man.stored_path(meta, e), e[6])
+                        except ManifestDamaged:
+                            continue
             if found:
-                self._index.append((meta.path, found))
+                self._index.append(found)
 
     def pristine(self, abs_path: str, sha256: str, wanted: set[str]) -> bytes | None:
         if self._index is None:
             self._load(wanted)
         assert self._index is not None
-        for snap_path, found in self._index:
+        for found in self._index:
             hit = found.get(abs_path)
-            if hit is None or hit[2] != sha256:
+            if hit is None or hit[1] != sha256:
                 continue
-            data = _read_small(snap_path / "tree" / str(hit[0]) / hit[1])
+            data = _read_small(hit[0])
             if data is not None and _sha256(data) == sha256:
                 return data
         return None
@@ -997,9 +1000,12 @@ def flag_snapshot_sharing(result: PatchScan, store: Store) -> None:
                 i = f.index.get(name) if f is not None else None
                 if f is None or i is None or f.stored[i] != "L":
                     continue
+                stored = man.stored_at(m, ri, path[len(base):])
                 try:
-                    sst = os.lstat(f"{m.path}/tree/{ri}/{path[len(base):]}")
+                    sst = os.lstat(stored) if stored is not None else None
                 except OSError:
+                    continue
+                if sst is None:
                     continue
                 if (sst.st_dev, sst.st_ino) == (st.st_dev, st.st_ino) and m.id not in p.shares_snapshot_inode:
                     p.shares_snapshot_inode.append(m.id)

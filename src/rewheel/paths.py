@@ -133,6 +133,23 @@ def env_dir(home: Path, prefix: Path) -> Path:
     return d
 
 
+def known_environments(home: Path) -> list[tuple[Path, Path]]:
+    """(state folder, prefix) of every environment the home keeps state for, by folder name:
+    the prefix its env.json names (a folder without a readable one is left out)."""
+    out: list[tuple[Path, Path]] = []
+    envs = home / "envs"
+    if not envs.is_dir():
+        return out
+    for d in sorted(envs.iterdir()):
+        try:
+            prefix = json.loads((d / "env.json").read_text(encoding="utf-8"))["prefix"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(prefix, str) and prefix:
+            out.append((d, Path(prefix)))
+    return out
+
+
 def write_all(fd: int, data: bytes) -> None:
     """Write all of `data`: `os.write` may write less than asked (a signal, a full pipe, a
     quota, some filesystems at large sizes) and says how much in its return value."""

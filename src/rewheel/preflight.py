@@ -109,6 +109,7 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
 
     result = CheckResult(recipe)
     env_box: dict[str, Environment] = {}
+    service_box: dict[str, Any] = {}  # the service's status, for the GPU check: who holds what
 
     def interpreter() -> str:
         env = Environment.inspect(recipe.python)
@@ -178,6 +179,7 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
             mgr = service.make_manager(svc, state, python=recipe.python)
             mgr.check()
             st = mgr.status()
+            service_box["status"] = st
             # A service started outside rewheel, with no `[service] stop`: `run` could not
             # stop it (ServiceSteps.check_stoppable refuses it again at the stop).
             stoppable = getattr(mgr, "check_stoppable", None)
@@ -190,8 +192,15 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
     smoke = recipe.smoke
     if gpus and smoke is not None and smoke.gpus > 0:
         def gpu_check() -> str:
-            found = gpu.require_gpus(smoke.gpus)
-            return f"{len(found)} GPU(s): {', '.join(sorted({g.name for g in found}))}"
+            # A running service's processes are freed by its stop; any other holder is refused
+            # here, before the service is stopped, not by the wait after the stop.
+            # (None: nothing the run stops runs; empty: a service whose processes are unknown)
+            st = service_box.get("status")
+            pids: set[int] | None = None
+            if recipe.service is not None and (st is None or st.up):
+                pids = ({*st.pids, st.main_pid} - {0}) if st is not None else set()
+            return gpu.check_gpus(smoke.gpus, need_free_mib=smoke.gpu_free_mib, service_pids=pids,
+                                  has_service=recipe.service is not None).describe()
 
         _run_check(result, "gpus", gpu_check)
 

@@ -15,12 +15,15 @@ The steps, each one JUnit test case:
   promote      (`--promote`, only when everything passed) the lock, copied atomically to
                `lockfiles/pylock.<recipe>.toml` so `rewheel run RECIPE --lock` installs exactly it
 
-No service and no live environment is touched. Exit codes: 0 qualified; 1 the nightly failed
+Every qualification's verdict is kept in its run folder as `verdict.json` (what `--json`
+prints, and when it started), so that `rewheel board` shows the nightlies over time
+(`verdicts` reads them back). No service and no live environment is touched. Exit codes: 0 qualified; 1 the nightly failed
 (resolve, install or smoke); 2 usage or setup problems (recipe, interpreter, no smoke test).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -69,6 +72,11 @@ class CiStep:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "status": self.status,
                 "seconds": round(self.seconds, 3), "message": self.message}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CiStep:
+        return cls(str(doc.get("name") or "?"), str(doc.get("status") or "skipped"),
+                   _number(doc.get("seconds")), str(doc.get("message") or ""))
 
 
 @dataclass
@@ -128,6 +136,71 @@ class CiReport:
                 "promoted": self.promoted, "steps": [s.to_json() for s in self.steps],
                 "logs": self.logs, "run_dir": self.run_dir, "junit": self.junit,
                 "summary": self.summary, "base": self.base, "exit_code": self.exit_code}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CiReport:
+        """A kept verdict (`to_json`, with `recipe_name` and `started`: see `save_verdict`) read
+        back; a field of the wrong type keeps its default. (The steps' output tails are not kept.)"""
+        from rewheel.diagnose import RootCause
+        from rewheel.diff import PackageChange
+
+        def dicts(key: str) -> list[dict[str, Any]]:
+            return [d for d in doc.get(key) or [] if isinstance(d, dict)] if isinstance(doc.get(key), list) else []
+
+        def text(key: str) -> str | None:
+            return str(doc[key]) if isinstance(doc.get(key), str) else None
+
+        rc, failure = doc.get("root_cause"), doc.get("failure")
+        versions: dict[str, Any] = doc["versions"] if isinstance(doc.get("versions"), dict) else {}
+        logs: dict[str, Any] = doc["logs"] if isinstance(doc.get("logs"), dict) else {}
+        return cls(status=str(doc.get("status") or "failed"), recipe=text("recipe") or "",
+                   recipe_name=text("recipe_name") or "", package=text("package") or "",
+                   python_version=text("python_version"),
+                   versions={str(k): str(v) for k, v in versions.items()},
+                   lock=text("lock"), baseline=text("baseline"),
+                   changes=[PackageChange(str(c.get("name")), c.get("old"), c.get("new"), str(c.get("change")),
+                                          dev_distance=c.get("dev_distance"), old_sha=c.get("old_sha"),
+                                          new_sha=c.get("new_sha"), compare_url=c.get("compare_url"))
+                            for c in dicts("changes")],
+                   root_cause=RootCause.from_json(rc) if isinstance(rc, dict) else None,
+                   failure=CiFailure(str(failure.get("step")), str(failure.get("message") or ""))
+                   if isinstance(failure, dict) else None,
+                   promoted=text("promoted"), steps=[CiStep.from_json(st) for st in dicts("steps")],
+                   logs={str(k): str(v) for k, v in logs.items()},
+                   run_dir=text("run_dir"), started=_number(doc.get("started")), junit=text("junit"),
+                   summary=text("summary"), base=doc.get("base") if isinstance(doc.get("base"), dict) else None)
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+VERDICT = "verdict.json"  # in a qualification's run folder
+
+
+def save_verdict(rep: CiReport) -> None:
+    """Keep the verdict in its run folder (the state, not the CI job's files): written once
+    the qualification has ended, atomically, so a board never reads half of one."""
+    if rep.run_dir:
+        doc = {**rep.to_json(), "recipe_name": rep.recipe_name, "started": rep.started}
+        atomic_write(Path(rep.run_dir) / VERDICT, json.dumps(doc, indent=1, default=str))
+
+
+def verdicts(home: Path | None = None) -> list[CiReport]:
+    """Every kept verdict under the state home (`<home>/ci/<recipe>/<run>/verdict.json`),
+    oldest first; one that cannot be read is left out (a board shows what it can)."""
+    from rewheel.snapshot.store import read_regular
+
+    root = (home or state_home()) / "ci"
+    out: list[CiReport] = []
+    for path in sorted(root.glob(f"*/*/{VERDICT}")):
+        try:
+            doc = json.loads(read_regular(path))
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        if isinstance(doc, dict):
+            out.append(CiReport.from_json(doc))
+    return sorted(out, key=lambda r: r.started)
 
 
 class CiSteps(Protocol):
@@ -198,7 +271,7 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
     through (default `UvCiSteps`)."""
     do = steps or UvCiSteps()
     if recipe.smoke is None:
-        raise UsageError(f"{recipe.source}: no [smoke] section; `rewheel ci` qualifies a nightly by "
+        raise UsageError(f"{recipe.source}: no [smoke] section; rewheel ci qualifies a nightly by "
                          "its smoke test", hint="add [smoke] command = [...] to the recipe")
     if recipe.smoke.gpus > 0:
         do.require_gpus(recipe.smoke.gpus)
@@ -250,6 +323,7 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
     for step in pending:
         rep.steps.append(CiStep(step, "skipped", 0.0,
                                 f"not run: {rep.failure.step} failed" if rep.failure else "not run"))
+    save_verdict(rep)
     return rep
 
 

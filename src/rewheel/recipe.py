@@ -78,6 +78,8 @@ class SmokeSpec:
     timeout_s: int = 1200
     gpus: int = 0
     gpu_release_timeout_s: int = 120
+    # MiB each GPU the smoke test uses must have free once the service stopped (0: not checked).
+    gpu_free_mib: int = 0
     # A CPU-only check (argv, `{python}` = the prepared environment's interpreter) run before
     # the service is stopped: a build it fails is rejected and the service never stops.
     precheck: tuple[str, ...] = ()
@@ -148,7 +150,8 @@ _SCHEMA: dict[str, Any] = {
         "staged": ("bool", False),
     },
     "smoke": {"command": ("argv", True), "timeout_s": ("int", False), "gpus": ("int", False),
-              "gpu_release_timeout_s": ("int", False), "precheck": ("argv", False)},
+              "gpu_release_timeout_s": ("int", False), "precheck": ("argv", False),
+              "gpu_free_mib": ("int", False)},
     "patches": {"policy": ("str", False)},
     "cleanup": {"paths": ("strlist", False)},
     "snapshots": {"keep": ("int", False), "store": ("str", False), "exclude": ("strlist", False)},
@@ -405,7 +408,7 @@ def parse_recipe(path: Path, data: dict[str, Any], *, check_interpreter: bool = 
             raise RecipeError(path, "smoke.gpus", f"expected 0 or more, got {sm['gpus']}")
         smoke = SmokeSpec(command=tuple(sm["command"]), timeout_s=sm.get("timeout_s", 1200),
                           gpus=sm.get("gpus", 0), gpu_release_timeout_s=sm.get("gpu_release_timeout_s", 120),
-                          precheck=tuple(sm.get("precheck", ())))
+                          precheck=tuple(sm.get("precheck", ())), gpu_free_mib=sm.get("gpu_free_mib", 0))
 
     policy = data.get("patches", {}).get("policy", "report")
     if policy not in PATCH_POLICIES:

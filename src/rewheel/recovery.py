@@ -33,6 +33,7 @@ import json
 import os
 import secrets
 import stat
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from rewheel.paths import atomic_write, fsync_dir
 from rewheel.snapshot import (Damage, Manifest, ManifestDamaged, SnapshotMeta, VerifyResult, copy_hashed, hash_file,
                               verify_snapshot)
 from rewheel.snapshot.integrity import record_damage
+from rewheel.snapshot.objects import OBJECT_MODE, OBJECT_MTIME_NS
 
 if TYPE_CHECKING:
     from rewheel.patches import Fetcher, UvCache
@@ -96,40 +98,56 @@ class Recovery:
                 "applied": self.applied, "seconds": round(self.seconds, 3)}
 
 
-def _snapshot_owners(env: Environment, snap: SnapshotMeta, man: Manifest) -> dict[str, _Owner]:
-    """Stored path -> the distribution (as the snapshot holds it) whose RECORD lists it.
-    The snapshot's own `.dist-info` folders are read from its tree: after an upgrade the
-    live environment holds other versions."""
-    tree = snap.path / "tree"
+def _snapshot_owners(env: Environment, snap: SnapshotMeta, man: Manifest, scratch: Path
+                     ) -> dict[tuple[int, str], _Owner]:
+    """(root, path) -> the distribution (as the snapshot holds it) whose RECORD lists it.
+    The snapshot's own `.dist-info` folders are read from the store (after an upgrade the live
+    environment holds other versions): from its tree (versions 1 and 2), or from its objects,
+    linked by name into `scratch` (version 3)."""
     real_roots = man.real_roots or [os.path.realpath(r.path) for r in man.roots]
-    owners: dict[str, _Owner] = {}
+    owners: dict[tuple[int, str], _Owner] = {}
     for site in env.site_dirs:
         real_site = os.path.realpath(site)
-        for ri, root in enumerate(real_roots):
-            base = root.rstrip("/") + "/"
-            if real_site == root or real_site.startswith(base):
-                rel = os.path.relpath(real_site, root)
-                stored_site = tree / str(ri) / rel if rel != "." else tree / str(ri)
-                break
-        else:
+        where = next(((i, "" if real_site == root else real_site[len(root.rstrip("/")) + 1:])
+                      for i, root in enumerate(real_roots)
+                      if real_site == root or real_site.startswith(root.rstrip("/") + "/")), None)
+        if where is None:
             continue
-        try:
-            names = sorted(os.listdir(stored_site))
-        except OSError:
+        ri, site_rel = where
+        sf = man.folders.get((ri, site_rel))
+        if sf is None:
             continue
-        for n in names:
-            if not n.endswith(".dist-info"):
-                continue
+        for n in sorted(n for n, k in zip(sf.names, sf.types, strict=False) if k == "d" and n.endswith(".dist-info")):
+            if man.uses_objects:
+                stored_site = scratch / f"{ri}-{len(owners)}"
+                _link_stored_folder(snap, man, ri, f"{site_rel}/{n}" if site_rel else n, stored_site / n)
+            else:
+                stored_site = snap.path / "tree" / str(ri) / site_rel if site_rel else snap.path / "tree" / str(ri)
             d = read_distribution(stored_site / n, stored_site)
             if d is None:
                 continue
-            site_base = str(stored_site).rstrip("/") + "/"
+            _ = d.record  # read now: the scratch folder goes when the recovery is done
             for e in d.record:
-                if e.path.startswith(site_base):
-                    owners.setdefault(e.path, _Owner(d, e.path[len(site_base):], e.hash))
-                else:  # scripts and data outside site-packages (`../../bin/x`): not in the wheel as is
-                    owners.setdefault(e.path, _Owner(d, os.path.relpath(e.path, stored_site), e.hash))
+                in_site = os.path.relpath(e.path, stored_site)  # `../../bin/x` for a script
+                rel = os.path.normpath(os.path.join(site_rel, in_site)) if site_rel else os.path.normpath(in_site)
+                owners.setdefault((ri, rel), _Owner(d, in_site, e.hash))
     return owners
+
+
+def _link_stored_folder(snap: SnapshotMeta, man: Manifest, ri: int, rel: str, dst: Path) -> None:
+    """Symlinks in `dst` to the stored bytes of the files of manifest folder `rel`, so that a
+    reader of folders (`read_distribution`) reads a version 3 snapshot's `.dist-info`."""
+    f = man.folders.get((ri, rel))
+    dst.mkdir(parents=True, exist_ok=True)
+    if f is None:
+        return
+    for i, (name, kind) in enumerate(zip(f.names, f.types, strict=False)):
+        if kind != "f" or "/" in name or name in (".", ".."):
+            continue
+        try:
+            os.symlink(man.stored_path(snap, f.entry(ri, rel, i)), dst / name)
+        except (ManifestDamaged, OSError):
+            continue
 
 
 def _same_inode(a: os.stat_result | None, path: str) -> bool:
@@ -172,8 +190,11 @@ def recover_snapshot(env: Environment, snap: SnapshotMeta, *, check: VerifyResul
         rec.seconds = time.perf_counter() - t0
         return rec
     man = Manifest.load(snap, validate=False)
-    owners = _snapshot_owners(env, snap, man)
-    tree = f"{snap.path}/tree"
+    scratch = tempfile.TemporaryDirectory(prefix="rewheel-recover-")
+    try:
+        owners = _snapshot_owners(env, snap, man, Path(scratch.name))
+    finally:
+        scratch.cleanup()
     cache_box: list[UvCache | None] = []
     fetch_box: list[Fetcher | None] = []
 
@@ -196,10 +217,11 @@ def recover_snapshot(env: Environment, snap: SnapshotMeta, *, check: VerifyResul
         i = f.index.get(name) if f is not None else None
         try:
             want = f.sha(i) if f is not None and i is not None else None
+            stored_path = (d.stored_at or man.stored_path(snap, f.entry(d.root, folder, i))
+                           if f is not None and i is not None else "")
         except ManifestDamaged:
-            want = None
-        stored_path = f"{tree}/{d.root}/{d.path}"
-        owner = owners.get(stored_path)
+            want, stored_path = None, ""
+        owner = owners.get((d.root, d.path))
         info = {"distribution": owner.dist.name if owner else None,
                 "version": owner.dist.version_text if owner else None}
         if f is None or i is None or want is None or d.problem == "bad name":
@@ -249,9 +271,11 @@ def recover_snapshot(env: Environment, snap: SnapshotMeta, *, check: VerifyResul
         elif owner.site_rel.startswith(".."):
             whys.append("installed outside site-packages (a script): its wheel holds other bytes")
         if found is not None:
+            private = man.uses_objects and f.stored[i] != "L"  # an object of its own: its marks, not the file's
             rec.recovered.append(RecoveredFile(
                 live, found[0], found[1], info["distribution"], info["version"], stored_path, want,
-                f.modes[i], f.mtimes[i], (d.root, folder, i)))
+                OBJECT_MODE if private else f.modes[i], OBJECT_MTIME_NS if private else f.mtimes[i],
+                (d.root, folder, i)))
         else:
             rec.unrecoverable.append({"path": live, **info, "needed": _needed(live, d, sst),
                                       "why": "; ".join(whys)})
@@ -326,7 +350,10 @@ def apply(rec: Recovery, snap: SnapshotMeta) -> None:
             f.inos[i] = os.lstat(r.stored).st_ino
     for d in folders:
         fsync_dir(Path(d))
-    atomic_write(snap.path / "manifest.json", json.dumps(man.to_json(), separators=(",", ":")))
+    if man.uses_objects:
+        man.save(snap.path)
+    else:
+        atomic_write(snap.path / "manifest.json", json.dumps(man.to_json(), separators=(",", ":")))
     rec.applied = True
     record_damage(snap.path, max(0, len(rec.check.damaged) - len(rec.recovered)))
 
@@ -346,7 +373,7 @@ def refusal(rec: Recovery, snap: SnapshotMeta, cli_ref: str) -> SnapshotDamaged:
         f"place through the hard link it shares with the environment), and neither the environment, uv's cache "
         f"nor the index holds their bytes: {shown}",
         hint=f"nothing was stopped or changed. What would bring them back: {bring}; then run the rollback again. "
-             f"Or restore another snapshot: `rewheel verify {cli_ref} SNAPSHOT` says which are whole")
+             f"Or restore another snapshot: `rewheel verify {cli_ref}` says which are whole")
 
 
 def recover_before_restore(env: Environment, snap: SnapshotMeta, *, cli_ref: str,
@@ -362,9 +389,9 @@ def recover_before_restore(env: Environment, snap: SnapshotMeta, *, cli_ref: str
         return None
     # A manifest tampered with (a name that climbs, a folder outside the prefix) is refused
     # as the restore refuses it, naming the entry: no bytes are looked for on its behalf.
-    from rewheel.snapshot.restore import _check_tree
+    from rewheel.snapshot.restore_checks import check_tree
 
-    _check_tree(snap, Manifest.load(snap, validate=False))
+    check_tree(snap, Manifest.load(snap, validate=False))
     if any(d.problem == "bad name" for d in check.damaged):
         return None
     fx_made: list[Any] = []

@@ -45,6 +45,28 @@ def escape(text: object) -> str:
     return _escape_markup(clean(text))
 
 
+# The command line as typed (after `rewheel`), set once by the CLI: a hint that retries it with a
+# flag changed is this line, pasteable as it is. None (a caller without one): the plain form.
+ARGV: list[str] | None = None
+
+
+def typed_line(fallback: str, *, add: str = "", drop: str = "") -> str:
+    """`rewheel` and the command line as typed, `drop` left out and `add` appended; `fallback`
+    (the command without the person's other flags) where no command line is known."""
+    import shlex
+
+    if ARGV is None:
+        return fallback
+    return shlex.join(["rewheel", *(a for a in ARGV if a != drop), *([add] if add and add not in ARGV else [])])
+
+
+def _arg(text: str) -> str:
+    """A word of a command line, quoted for the shell where it must be."""
+    import shlex
+
+    return shlex.quote(text)
+
+
 def print_error(console: Console, exc: RewheelError) -> None:
     if getattr(exc, "is_note", False):  # a choice the person made (answered "no"): no red
         console.print(clean(exc.message, lines=False), markup=False, highlight=False)
@@ -107,20 +129,34 @@ def _run_versions(summary: dict, names: list[str], limit: int = 2) -> str:
     return ", ".join(f"{n} {before.get(n, '-')} → {after.get(n, '-')}" for n in changed[:limit])
 
 
+def snapshot_cost(r) -> str:  # snapshot.SnapshotResult
+    """What a snapshot stored, in words: `57,737 files (8.0 GiB): 57,000 unchanged since the
+    last snapshot; 700 new contents copied (12.0 MiB), 37 already in the store; 1,184 large
+    binaries shared by hard links (6.9 GiB)`."""
+    m = r.meta
+    unchanged = m.extra.get("files_unchanged", 0)
+    parts = [f"{m.files:,} files ({human_bytes(m.bytes_total)})"]
+    said = []
+    if unchanged:
+        said.append(f"{unchanged:,} unchanged since the last snapshot")
+    said.append(f"{r.files_copied:,} new content(s) stored ({human_bytes(m.bytes_copied)} of extra disk)")
+    if m.extra.get("files_reused"):
+        said.append(f"{m.extra['files_reused']:,} already in the store")
+    if r.files_linked:
+        said.append(f"{r.files_linked:,} large binaries shared with the environment by hard links "
+                    f"({human_bytes(m.bytes_linked)})")
+    return parts[0] + ": " + "; ".join(said)
+
+
 def render_snapshot(console: Console, result) -> None:  # results.SnapshotCommandResult
     r = result.result
     m = r.meta
     console.print(f"[bold green]snapshot {escape(m.id)}[/] taken of {escape(m.prefix)}"
                   + (f" — label {escape(repr(m.label))}" if m.label else ""))
-    console.print(f"  {m.files:,} files, {human_bytes(m.bytes_total)} in all; "
-                  f"{r.files_linked:,} shared by {m.link_mode} ({human_bytes(m.bytes_linked)}), "
-                  f"{r.files_copied:,} copied ({human_bytes(m.bytes_copied)} of extra disk) "
-                  f"in {r.seconds:.2f}s")
-    if m.extra.get("files_reused"):
-        console.print(f"  {m.extra['files_reused']:,} unlisted file(s) unchanged since the previous snapshot: "
-                      f"shared with its copy ({human_bytes(m.extra['bytes_reused'])} not copied again)")
-    if "copy" in m.link_mode and r.files_linked == 0:
-        console.print("  [yellow]the store is on another filesystem: unchanged files were copied, not linked[/]")
+    console.print(f"  {snapshot_cost(r)} in {r.seconds:.2f}s")
+    if m.extra.get("links_refused"):
+        console.print("  [yellow]the store is on another filesystem than the environment: its binaries were "
+                      "copied, not linked (put the store on the environment's filesystem to share them)[/]")
     console.print(f"  stored at {escape(str(m.path))}")
     for nested in m.extra.get("nested_skipped", []):
         console.print(f"  [yellow]left out {escape(nested)}: another environment inside this one "
@@ -260,6 +296,22 @@ def render_plan(console: Console, rep, *, verbose: bool = False) -> None:  # res
             console.print(f"  GPUs: {escape(check.detail)}")
 
 
+# What named the failing process where its own lines do not (diagnose.processes.RankSource)
+_NAMED_BY = {"text": "its error's text", "nearby": "the record just before it", "ray-task": "Ray's task error",
+             "actor": "the dead actor's error", "raylet": "raylet's report of the dead worker",
+             "field": "the logger's field after it", "launcher": "the launcher's summary",
+             "same-error": "the same error printed again by it"}
+
+
+def _named_by(rc) -> str:  # diagnose.RootCause
+    """" (named by the launcher's summary, log line 57)", or "" where its own lines name it."""
+    words = _NAMED_BY.get(rc.rank_source or "")
+    if not words:
+        return ""
+    line = rc.evidence[0].log_line if rc.evidence else None
+    return f" (named by {words}" + (f", log line {line})" if line else ")")
+
+
 def render_root_cause(console: Console, rc, base: tuple[object, str] | None = None) -> None:  # diagnose.RootCause | None
     if not rc:
         console.print("  root cause: none found in the logs")
@@ -268,7 +320,7 @@ def render_root_cause(console: Console, rc, base: tuple[object, str] | None = No
     console.print(f"  [bold red]root cause{kind}:[/] {escape(str(rc.type))}: {escape(rc.message)}")
     if rc.rank:
         console.print(f"    in process {escape(rc.rank)}" +
-                      (f" ({rc.count} occurrences)" if rc.count > 1 else ""))
+                      (f" ({rc.count} occurrences)" if rc.count > 1 else "") + escape(_named_by(rc)))
     fr = rc.frame
     if fr and fr.file:
         from rewheel.diagnose import short_path
@@ -310,13 +362,13 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
     served = rep.service_before == "active"
     render_prepared(console, rep.prepared, here, served=served)
     if rep.status == RunStatus.PREPARED:
-        console.print(f"[{colour}]prepared{': the service kept serving' if served else ''}; `rewheel run {escape(rep.recipe)} --prepared` "
+        swap = typed_line(f"rewheel run {_arg(rep.recipe)} --prepared", add="--prepared", drop="--prepare-only")
+        console.print(f"[{colour}]prepared{': the service kept serving' if served else ''}; `{escape(swap)}` "
                       "swaps it in[/]")
         return
     if rep.snapshot:
         s = rep.snapshot  # snapshot.SnapshotResult
-        console.print(f"  snapshot {s.meta.id}: {s.meta.files:,} files, {s.files_linked:,} shared by "
-                      f"{s.meta.link_mode}, {human_bytes(s.meta.bytes_copied)} copied")
+        console.print(f"  snapshot {s.meta.id}: {snapshot_cost(s)}")
     if rep.cleanup:
         console.print(f"  cleanup: {len(rep.cleanup)} path(s) moved into the snapshot "
                       f"({human_bytes(sum(c.get('bytes', 0) for c in rep.cleanup))})")
@@ -331,7 +383,9 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
         for f in rep.files[:15]:
             console.print(f"    {f.change:<9} {escape(f.path)} (+{f.added_lines or 0} -{f.removed_lines or 0})")
         if len(rep.files) > 15:
-            console.print(f"    … and {len(rep.files) - 15} more (`rewheel diff` lists them all)")
+            kept = rep.revert.failed_snapshot_id if rep.revert else None
+            console.print(f"    … and {len(rep.files) - 15} more (`rewheel diff {escape(_arg(rep.recipe))} "
+                          f"{rep.snapshot_id}{' ' + kept if kept else ''}` lists them all)")
     if rep.patches:
         console.print(f"[bold]local patches[/] ({len(rep.patches)}) — the reinstall replaced these files; "
                       f"saved as .patch files in {escape(show_path(console, rep.run_dir, here))}")
@@ -352,7 +406,7 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
                           f"written, {r.deleted:,} removed, {r.verified:,} verified")
         if rv.failed_snapshot_id:
             console.print(f"  the failed build is kept as snapshot {rv.failed_snapshot_id}: "
-                          f"`rewheel diff {escape(rep.recipe)} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
+                          f"`rewheel diff {escape(_arg(rep.recipe))} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
         if rv.service:
             console.print(f"  service healthy again: {escape(rv.service.detail)}")
         if rv.error:
@@ -458,7 +512,8 @@ def render_why(console: Console, diag) -> None:  # diagnose.Diagnosis
             console.print(f"    {escape(extra)}")
     if rc.rank:
         console.print(f"  process: [bold]{escape(rc.rank)}[/]"
-                      + (f" on {escape(str(rc.node))}" if getattr(rc, "node", None) else ""))
+                      + (f" on {escape(str(rc.node))}" if getattr(rc, "node", None) else "")
+                      + f"[dim]{escape(_named_by(rc))}[/]")
     if rc.frame:
         fr = rc.frame
         console.print(f"  at: [cyan]{escape(short_path(fr.file))}:{fr.line}[/]"
@@ -597,16 +652,23 @@ def render_diff(console: Console, result, *, stat_only: bool = False, verbose: b
     console.print(f" {len(result.files)} file(s), [green]+{added}[/] [red]-{removed}[/]")
     if stat_only:
         return
-    for f in result.files:
-        if f.diff:
-            print_diff(console, f.diff)
+    shown = [f.diff for f in result.files if f.diff]
+    if shown and result.patch_base:
+        # The patch's header (before its first `---`: git apply and patch skip it): the one
+        # folder every path below is relative to.
+        import shlex
+
+        _plain(console, f"# patch: paths relative to {result.patch_base}; apply there: "
+                        f"cd {shlex.quote(result.patch_base)} && git apply FILE")
+    for diff in shown:
+        print_diff(console, diff)
     h = result.stats
     if h.get("hashed_files"):
         console.print(f"[dim]{h['hashed_files']} file(s) hashed ({human_bytes(h['hashed_bytes'])}); "
                       f"the rest known from the manifest and RECORDs[/]")
 
 
-def render_patches(console: Console, scan) -> None:  # patches.PatchScan
+def render_patches(console: Console, scan, *, target: str = "TARGET") -> None:  # patches.PatchScan
     st = scan.stats
     if not scan.patches:
         console.print(f"[bold green]no local patches[/] in {escape(scan.prefix)} "
@@ -639,13 +701,13 @@ def render_patches(console: Console, scan) -> None:  # patches.PatchScan
                           f"place, changed the snapshot's copy too")
     for d in scan.damaged_snapshots:
         console.print(f"[yellow]snapshot {escape(d['id'])}: {d['files']} stored file(s) were changed after the "
-                      f"snapshot (edited in place); `rewheel verify` names them, a rollback recovers their bytes "
+                      f"snapshot (edited in place); `rewheel verify {escape(target)}` names them, a rollback recovers their bytes "
                       f"first or refuses (exit 3)[/]")
     hazard = sorted({p.distribution for p in scan.patches if p.shares_uv_cache_inode})
     if hazard:
         console.print(f"[bold red]warning:[/] patched in place into files uv hard-linked from its cache "
                       f"({escape(', '.join(hazard))}): uv's cached copies carry the patch too, and a "
-                      f"reinstall would link the patched bytes back. `rewheel run` cleans these from "
+                      f"reinstall would link the patched bytes back. A rewheel run cleans these from "
                       f"uv's cache first; by hand: `uv cache clean {' '.join(hazard)}`")
     if scan.missing:
         console.print(f"[yellow]{len(scan.missing)} file(s) listed in a RECORD are missing:[/] "
@@ -715,7 +777,7 @@ def render_fleet(console: Console, rep) -> None:  # fleet.FleetReport
     colour = "bold green" if rep.exit_code == 0 else "bold red"
     console.print(f"[{colour}]fleet[/]: {len(rep.hosts)} host(s): {escape(counts)}")
     styles = {"upgraded": "green", "reverted": "yellow", "rejected": "yellow", "failed": "bold red",
-              "error": "red", "not-reached": "dim"}
+              "error": "red", "unreachable": "red", "not-reached": "dim"}
     if is_plain(console):
         for h in rep.hosts:
             down = fleet.downtime_text(h)
@@ -731,6 +793,21 @@ def render_fleet(console: Console, rep) -> None:  # fleet.FleetReport
         console.print("root causes:")
         for g in rep.causes:
             _plain(console, f"  {len(g.hosts)} host(s) ({', '.join(g.hosts)}): {g.text()}")
+
+
+def render_board(console: Console, res) -> None:  # board.BoardResult
+    """`rewheel board`: where the site is, what it holds, how large its largest page is."""
+    def say(text: str) -> None:  # wrapped between words on a terminal, never in a pipe
+        console.print(clean(text, lines=False), markup=False, highlight=False)
+
+    say(f"board: {res.index}")
+    say(f"  {res.pages:,} page(s), {human_bytes(res.bytes)}; the largest: {res.largest[0]} "
+        f"({human_bytes(res.largest[1])})")
+    say(f"  written in {res.seconds:.1f}s: {res.environments} environment(s), {res.runs:,} run(s), "
+        f"{res.nightlies} qualification(s), {res.bisections} bisection(s)"
+        + (f", {res.fleet_hosts} fleet host(s)" if res.fleet_hosts else ""))
+    if res.removed:
+        say(f"  removed {len(res.removed)} page(s) the last board had and this one has not")
 
 
 # ---- layout: tables that never cut a version, hash or id ----
@@ -844,8 +921,11 @@ def _table_or_stack(console: Console, title: str, columns: tuple[str, ...], rows
 
 
 # ---- verify (rewheel.snapshot.integrity) ----
-STRAYS_HINT = ("`rewheel resume TARGET` finishes an interrupted run (and removes them); with no run to "
-               "resume, delete them: nothing else uses them")
+def strays_hint(target: str) -> str:
+    """What to do about files a killed rewheel left in the environment (`target`: the CLI's
+    reference, quoted for the shell)."""
+    return (f"`rewheel resume {target}` finishes an interrupted run (and removes them); with no run to "
+            "resume, delete them: nothing else uses them")
 
 
 def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
@@ -864,10 +944,20 @@ def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
         console.print(f"[bold red]snapshot {escape(r.snapshot_id)}: {len(r.damaged)} of {r.files_checked:,} "
                       f"stored files damaged[/] ({how})")
         for d in r.damaged[:20]:
-            why = {"changed": "changed after the snapshot (size or mtime)",
-                   "sha256 differs": "bytes differ from the recorded sha256"}.get(d.problem, d.problem)
+            found = ""
+            if d.problem == "changed" and d.found_size is not None:
+                what = []
+                if d.found_size != d.size:
+                    what.append(f"size {d.found_size:,} where {d.size:,} was stored")
+                if d.found_mtime_ns is not None and d.size == d.found_size:
+                    what.append("its mtime moved")
+                found = f" ({', '.join(what)})" if what else ""
+            why = {"changed": "changed after the snapshot" + found,
+                   "sha256 differs": "its bytes differ from the recorded sha256 (its size and mtime do not)"
+                   }.get(d.problem, d.problem)
             shared = " — a hard link shared with the environment: edited in place?" if d.shared else ""
-            console.print(f"  {escape(r.display(d))}: {escape(why)}{shared}")
+            stored = f"the stored copy {d.stored_at}" if d.stored_at else "its stored copy"
+            console.print(f"  {escape(r.display(d))}: {escape(stored)}: {escape(why)}{shared}")
         if len(r.damaged) > 20:
             console.print(f"  … and {len(r.damaged) - 20} more (`--json` lists them all)")
     if res.strays:
@@ -875,7 +965,7 @@ def render_verify(console: Console, res) -> None:  # snapshot.StoreVerify
                       "(a restore's staging folder, an unshare's or a patch's copy): not the environment's own")
         for p in res.strays:
             console.print(f"  {escape(p)}")
-        console.print(STRAYS_HINT)
+        console.print(escape(strays_hint(res.target)))
     if any(not r.ok for r in res.results):
         console.print("a rollback to a damaged snapshot recovers the files' bytes from the environment, uv's "
                       "cache or the recipe's index before it stops anything, and refuses (exit 3) when none "
@@ -887,8 +977,8 @@ def render_rollback_more(console: Console, result) -> None:  # results.RollbackR
     service that did not come back failed."""
     if result.undo_snapshot_id:
         console.print(f"  the state it replaced is snapshot {escape(result.undo_snapshot_id)}: "
-                      f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}` "
-                      "undoes this rollback")
+                      f"`rewheel rollback {escape(result.target or 'TARGET')} {escape(result.undo_snapshot_id)}"
+                      f"{' --force' if result.undo_needs_force else ''}` undoes this rollback")
     elif result.undo_snapshot_error == UNDO_SKIPPED:
         console.print("  the state it replaced was not snapshotted (--no-undo): this rollback cannot be undone")
     elif result.undo_snapshot_error:
@@ -924,7 +1014,8 @@ def render_history_marks(console: Console, hist) -> None:  # results.History
     if pinned:
         console.print(f"pinned (never pruned): {escape(', '.join(pinned))}")
     if failed:
-        console.print(f"failed builds (restored only with `rollback --force`): {escape(', '.join(failed))}")
+        console.print(f"failed builds (restored only with --force: `rewheel rollback {escape(hist.target)} "
+                      f"{escape(failed[0])} --force`): {escape(', '.join(failed))}")
 
 
 def running_text(doc: dict) -> str:
@@ -951,8 +1042,8 @@ def render_status(console: Console, st) -> None:  # status.Status
     if st.interrupted:
         r = st.interrupted
         console.print(f"[bold red]interrupted {escape(r['kind'])} {escape(r['id'])}[/] (last step: "
-                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume {escape(st.target)}` or "
-                      f"`rewheel rollback {escape(st.target)}` first")
+                      f"{escape(r.get('last_step') or 'start')}): `rewheel resume {escape(st.target)}`"
+                      + (f" or `rewheel rollback {escape(st.target)}`" if st.snapshots else "") + " first")
     shown = ", ".join(f"{n} {v or 'not installed'}" for n, v in st.key_packages.items())
     console.print(f"  versions: {escape(shown) or 'no key packages installed'}")
     if st.equals is not None:
@@ -972,7 +1063,8 @@ def render_status(console: Console, st) -> None:  # status.Status
         for c in st.differs_from_newest[:10]:
             console.print(f"    {escape(c.name)} {escape(c.old or '-')} → {escape(c.new or '-')} ({c.change})")
         if len(st.differs_from_newest) > 10:
-            console.print(f"    … and {len(st.differs_from_newest) - 10} more (`rewheel diff` shows all)")
+            console.print(f"    … and {len(st.differs_from_newest) - 10} more (`rewheel diff {escape(st.target)} {n.id}` "
+                          "shows all)")
     else:
         console.print(f"  no snapshots yet (`rewheel snapshot {escape(st.target)}` takes one)")
     if st.last_run:
@@ -992,7 +1084,7 @@ def render_status(console: Console, st) -> None:  # status.Status
     if st.strays:
         console.print(f"  [bold red]{len(st.strays)} file(s) a killed rewheel left inside the environment[/]: "
                       f"{escape(', '.join(st.strays[:5]))}" + (" …" if len(st.strays) > 5 else ""))
-        console.print(f"  {STRAYS_HINT}")
+        console.print(f"  {escape(strays_hint(st.target))}")
 
 
 def render_ci_base(console: Console, rep) -> None:  # qualify.CiReport

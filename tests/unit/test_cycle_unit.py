@@ -225,9 +225,10 @@ def test_rollback_restarts_the_service(world: tuple[World, commands.Target]) -> 
     res = commands.rollback(t)
     assert version(t) == "1.0.0" and res.service is not None and res.service.ok
     assert w.manager.calls == ["stop", "start"]
-    # The state it replaces is kept first, while the service serves; in the window one stat
-    # walk proves it is still current.
-    assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "restore", "start"]
+    # The restore is compared and staged, and the state it replaces kept, while the service
+    # serves; in the window one stat walk proves it is still current, and the restore commits.
+    assert [s.name for s in res.steps] == ["restore-prepare", "snapshot", "stop", "snapshot-check", "restore",
+                                           "start"]
     assert res.downtime is not None and set(res.downtime.parts) == {"stop", "snapshot", "restore", "start", "ready"}
 
 

@@ -11,13 +11,13 @@ records the judgement calls (which rank, which frame counts) in its `notes`; `fr
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rewheel import diagnose
+from support_truth import score
 
 REAL = Path(__file__).resolve().parents[2].parent / "shared" / "real-logs"
 TRUTH = REAL / "truth.json"
@@ -30,35 +30,6 @@ def _cases() -> list[dict[str, Any]]:
 
 
 CASES = _cases()
-
-
-def _basename(path: str) -> str:
-    return re.split(r"[\\/]", path)[-1]
-
-
-def score(rc: dict[str, Any] | None, truth: dict[str, Any]) -> list[str]:
-    """What is wrong with `rc` against `truth` (empty: fully right)."""
-    if rc is None:
-        return ["no root cause"]
-    wrong: list[str] = []
-    type_ = rc["type"] or ""
-    if type_.rsplit(".", 1)[-1] != truth["type"].rsplit(".", 1)[-1]:
-        wrong.append(f"type {type_!r} != {truth['type']!r}")
-    if truth["message_contains"] not in (rc["message"] or ""):
-        wrong.append(f"message {rc['message'][:200]!r} lacks {truth['message_contains']!r}")
-    if truth.get("rank") is None:
-        if rc["rank"] is not None:
-            wrong.append(f"rank {rc['rank']!r} where the log names none")
-    else:
-        wants = [truth["rank"], *truth.get("any_rank", [])]
-        if not rc["rank"] or not any(w in rc["rank"] for w in wants):
-            wrong.append(f"rank {rc['rank']!r} not one of {wants!r}")
-    frame = rc["frame"] or {}
-    got = (_basename(frame.get("file") or ""), frame.get("function"))
-    accepted = [(truth["frame_file"], truth["frame_function"]), *map(tuple, truth.get("frame_alt", []))]
-    if got not in accepted:
-        wrong.append(f"frame {got!r} not one of {accepted!r}")
-    return wrong
 
 
 @pytest.mark.skipif(not CASES, reason="no ../shared/real-logs next to the repository")

@@ -136,7 +136,7 @@ def test_a_rollback_that_changes_nothing_takes_no_snapshot(world: Pair) -> None:
     n = len(t.store.list())
     res = commands.rollback(t, snap.id)
     assert res.undo_snapshot_id is None and len(t.store.list()) == n
-    assert [s.name for s in res.steps] == ["restore", "health"]  # a no-op restore, no stop
+    assert [s.name for s in res.steps] == ["restore-prepare", "restore", "health"]  # a no-op restore, no stop
 
 
 def test_rollback_prunes_to_keep_and_says_what_it_removed(world: Pair) -> None:
@@ -285,7 +285,7 @@ def test_an_undo_snapshot_gone_stale_at_the_stop_is_taken_again_in_the_window(wo
     w.manager.calls.clear()
     res = commands.rollback(t)
     assert res.exit_code == 0 and version(t) == "1.0.0" and not cache.exists()
-    assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "snapshot", "restore", "start"]
+    assert [s.name for s in res.steps] == ["restore-prepare", "snapshot", "stop", "snapshot-check", "snapshot", "restore", "start"]
     assert res.downtime is not None and res.downtime.parts["snapshot"] > 0
     j = journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id)
     stale = next(n.undo_snapshot_stale for n in j.all(Note) if n.undo_snapshot_stale)
@@ -300,7 +300,7 @@ def test_an_undo_snapshot_still_current_costs_one_walk_in_the_window(world: Pair
     w, t = world
     assert commands.run(t).status == "upgraded"
     res = commands.rollback(t)
-    assert [s.name for s in res.steps] == ["snapshot", "stop", "snapshot-check", "restore", "start"]
+    assert [s.name for s in res.steps] == ["restore-prepare", "snapshot", "stop", "snapshot-check", "restore", "start"]
     j = journal.RunJournal.load(t.store.env_dir / "runs" / res.run_id)
     snap_step = next(s for s in j.all(Step) if s.name == "snapshot")
     stop_at = next(i for i, r in enumerate(j.records) if isinstance(r, Step) and r.name == "stop")
@@ -310,4 +310,4 @@ def test_an_undo_snapshot_still_current_costs_one_walk_in_the_window(world: Pair
     # A service that was not running: nothing to serve, no downtime, the snapshot in place.
     w.manager.up = False
     res = commands.rollback(t, res.undo_snapshot_id)
-    assert res.downtime is None and [s.name for s in res.steps][:1] == ["stop"]
+    assert res.downtime is None and [s.name for s in res.steps][:2] == ["restore-prepare", "stop"]

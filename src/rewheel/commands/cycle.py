@@ -16,7 +16,7 @@ from rewheel.commands.cycle_staging import Staging
 from rewheel.commands.results import (DOWNTIME_PARTS, DiagnosisRecord, Downtime, Failure, RunPlan, RunReport,
                                       StepRecord)
 from rewheel.commands.service_steps import ServiceSteps, cause_text, service_root_cause
-from rewheel.commands.snapshots import env_matches, protected_snapshots, pruned_text
+from rewheel.commands.snapshots import protected_snapshots, pruned_text, still_the_snapshot
 from rewheel.commands.target import Say, Target
 from rewheel.errors import SnapshotError
 from rewheel.journal import RunJournal
@@ -111,7 +111,7 @@ class Cycle(Staging, Reverting):
             from rewheel.errors import RecipeError
 
             raise RecipeError(self.t.recipe.source, "install.packages",
-                              "missing: `rewheel run` needs the packages to upgrade (or --lock FILE)",
+                              "missing: a run needs the packages to upgrade (or --lock FILE)",
                               hint='add [install] with packages = ["vllm"]')
         # A swap of a prepared build needs no index: it installs from uv's cache.
         checks = (self.host.checks(self.t.recipe, client=self.host.client, indexes=False) if self.prepared
@@ -237,7 +237,7 @@ class Cycle(Staging, Reverting):
         again, in the window, and the first one removed. Cleanup paths move only now."""
         assert self.snap is not None
         with _Step(self, Step(name=StepName.SNAPSHOT_CHECK, snapshot_id=self.snap.id)):
-            same = env_matches(self.t, self.snap)
+            same = still_the_snapshot(self.t, self.snap)
         if not same:
             stale = self.snap
             self.say(f"the environment changed while the service served: snapshot {stale.id} is taken again")

@@ -99,6 +99,8 @@ class RollbackResult:
     # it could not be taken: `undo_snapshot_error` says why); restoring it rolls forward.
     undo_snapshot_id: str | None = None
     undo_snapshot_error: str | None = None
+    # The undo snapshot holds a failed build (the rollback replaced one): restored only with --force.
+    undo_needs_force: bool = False
     pruned: list[str] = field(default_factory=list)
     # SERVICE_FAILED: the files are the snapshot's, verified, but the service did not come
     # back healthy (exit 3); `root_cause` is read from its log.

@@ -12,7 +12,8 @@ from rewheel.commands.service_steps import cause_text, service_root_cause
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
 from rewheel.errors import RestoreError, RewheelError, ServiceError, out_of_space
 from rewheel.journal import EnvLock
-from rewheel.snapshot import Progress
+from rewheel.snapshot import Progress, scope_of
+from rewheel.snapshot.restore_checks import remove_stale_staging
 from rewheel.records import Finish, Installed, Note, Step
 from rewheel.statuses import Finished, ResumeStatus, RunStatus, StepName, kept_status
 
@@ -54,8 +55,10 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
         served = any(s.name == StepName.SNAPSHOT and s.served for s in j.all(Step))
         if cyc.snap is None or (served and "stop" not in steps_seen):
             # Interrupted before the snapshot existed, or a staged run's snapshot taken while
-            # the service served and before its stop: the environment was not touched.
+            # the service served and before its stop: the environment was not touched — but
+            # for what a rollback killed after preparing its restore had staged beside it.
             j.append(Step(name=StepName.ABORT, resumed=True))
+            remove_stale_staging(scope_of(t.env))
             svc = cyc.svc
             try:
                 if svc is not None and cyc.was_active and not svc.was_active():

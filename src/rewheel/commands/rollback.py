@@ -14,12 +14,13 @@ from rewheel import journal
 from rewheel.commands.results import Downtime, RollbackResult, StepRecord, json_value
 from rewheel.commands.service_steps import ServiceSteps, cause_text
 from rewheel.commands.transaction import ServiceBack, Transaction, recover_stored_bytes
-from rewheel.commands.snapshots import (env_matches, protected_snapshots, pruned_text, reverted_snapshots,
+from rewheel.commands.snapshots import (protected_snapshots, still_the_snapshot, pruned_text, reverted_snapshots,
                                         upgrades_in_place)
 from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
-from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, out_of_space
+from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, as_typed, out_of_space
 from rewheel.journal import EnvLock, RunJournal
-from rewheel.snapshot import (Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
+from rewheel.snapshot import (PreparedRestore, Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
+from rewheel.snapshot import privatize
 from rewheel.records import Finish, Note, Started, Step
 from rewheel.statuses import UNDO_SKIPPED, Finished, RollbackStatus, StepName
 
@@ -48,8 +49,8 @@ def refuse_failed_build(snap: SnapshotMeta, force: bool, cli_ref: str) -> None:
     raise SnapshotError(
         f"snapshot {snap.id} ({what}) is a failed build: restoring it puts back a build that "
         "failed its checks",
-        hint=f"to restore it anyway (to debug it), add --force: `rewheel rollback {cli_ref} {snap.id} "
-             f"--force`; without a SNAPSHOT, rollback picks the snapshot taken before the last "
+        hint=f"to restore it anyway (to debug it), add --force: `{as_typed(add='--force')}`; without a "
+             f"SNAPSHOT, rollback picks the snapshot taken before the last "
              f"upgrade still in place (`rewheel history {cli_ref}` lists them); nothing was changed")
 
 
@@ -148,88 +149,112 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                           package=lambda: t.env.import_name(t.recipe.install.names),
                           checked=t.recipe.service is not None, recovery=recovery)
         was_up = up_now = unchanged = stopped = suspect = False
+        prepared: PreparedRestore | None = None
         try:
-            st = svc.status() if svc else None
             try:
-                # Whether a restore would change any byte: a running service is then left
-                # alone, and no undo snapshot is taken. A walk of the environment: skipped when
-                # neither question is asked (no service, `--no-undo`): the restore's own scan
-                # finds an unchanged environment just as well.
-                unchanged = env_matches(t, snap) if svc or undo else False
-            except (SnapshotDamaged, SnapshotError):
-                if svc:
-                    raise
-                # Nothing to stop: the restore's own checks refuse it below, with their
-                # precise message, before any file changes (and before an undo snapshot).
-                suspect = True
-            if svc and not unchanged:
-                svc.check_stoppable(st)
-        except BaseException:
-            j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
-            raise
-        undo_id = undo_error = None
-        served_undo = False
-        down_t0: float | None = None
-        if svc is not None and st is not None:
-            up_now = st.up
-            # Up now, or up before the run that stopped it and left it so.
-            was_up = up_now or noted_active(left_down)
-            j.append(Note(service_was_active=was_up, service_judged_by=st.judged_by,
-                          environment_unchanged=unchanged))
-            if unchanged:
-                say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
-            else:
-                if undo and up_now:
-                    # The undo snapshot while the service still serves: out of the downtime,
-                    # proven still current by one stat walk once it is stopped (below).
-                    undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
-                                                                   say=say, progress=progress, served=True)
-                    served_undo = undo_id is not None
-                stopped = True
-                down_t0 = time.monotonic() if up_now else None
+                st = svc.status() if svc else None
                 try:
-                    svc.stop()
-                except Exception as exc:
-                    # Nothing was changed: put the service back as it was (as a run does) and
-                    # finish, so that no stale record blocks the next command with exit 4.
-                    try:
-                        if was_up and not svc.was_active():
-                            svc.start_and_verify()
-                    except Exception as again:  # noqa: BLE001 - the stop's failure is reported
-                        j.append(Note(restart_after_abort_failed=str(again)))
-                    finally:
-                        if undo_id is not None:
-                            _forget_quietly(t.store, undo_id)  # nothing was replaced: nothing to undo
-                        j.append(Finish(status=Finished.FAILED, snapshot_id=snap.id,
-                                        error=getattr(exc, "message", None) or str(exc)))
-                    raise
-        if not undo and not unchanged:
-            undo_error = UNDO_SKIPPED
-            j.append(Note(undo_snapshot_error=undo_error))
-        elif served_undo:
-            assert undo_id is not None
-            undo_id, undo_error = _check_undo_snapshot(t, j, snap, undo_id, steps, failed_build=replaces_failed,
-                                                       say=say, progress=progress)
-        elif not unchanged and not suspect and undo_id is None and undo_error is None:
-            undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
-                                                           say=say, progress=progress)
-        say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
-        t0 = time.monotonic()
-        try:
-            # What the restore moved out (a failed build's new folders) is deleted once the
-            # service is back up: the environment is restored and synced already. Without a
-            # service, both lanes delete their own at once, inside the restore.
-            res = txn.restore(defer_removal=svc is not None)
-        except (SnapshotError, SnapshotDamaged):
-            # Refused before anything changed (wrong environment, damaged store): this
-            # rollback is over — leaving it unfinished would block every later command with
-            # exit 4 — and the service it stopped goes back up.
-            try:
-                if svc and stopped and was_up:
-                    svc.start_and_verify()
-            finally:
+                    # The restore compared, checked and staged now, while a service still
+                    # serves: its downtime then holds only the commit. The comparison also says
+                    # whether a restore would change any byte (a running service is then left
+                    # alone, and no undo snapshot is taken).
+                    t_prep = time.monotonic()
+                    prepared = txn.prepare()
+                    unchanged = not prepared.changes
+                    steps.append(StepRecord.since("restore-prepare", True, t_prep))
+                except (SnapshotDamaged, SnapshotError):
+                    if svc:
+                        raise
+                    # Nothing to stop: the restore's own checks refuse it below, with their
+                    # precise message, before any file changes (and before an undo snapshot).
+                    suspect = True
+                if svc and not unchanged:
+                    svc.check_stoppable(st)
+            except Exception:
+                # Refused before anything changed. (A kill or Ctrl-C leaves the journal open,
+                # as one in the middle of staging always did: the next command finishes it.)
                 j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
+                raise
+            undo_id = undo_error = None
+            served_undo = False
+            down_t0: float | None = None
+            if svc is not None and st is not None:
+                up_now = st.up
+                # Up now, or up before the run that stopped it and left it so.
+                was_up = up_now or noted_active(left_down)
+                j.append(Note(service_was_active=was_up, service_judged_by=st.judged_by,
+                              environment_unchanged=unchanged))
+                if unchanged:
+                    say(f"{t.env.prefix} already matches snapshot {snap.id}: the service is not stopped")
+                else:
+                    if undo and up_now:
+                        # The undo snapshot while the service still serves: out of the downtime,
+                        # proven still current by one stat walk once it is stopped (below).
+                        undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps,
+                                                                       failed_build=replaces_failed,
+                                                                       say=say, progress=progress, served=True)
+                        served_undo = undo_id is not None
+                    stopped = True
+                    down_t0 = time.monotonic() if up_now else None
+                    try:
+                        svc.stop()
+                    except Exception as exc:
+                        # Nothing was changed: put the service back as it was (as a run does) and
+                        # finish, so that no stale record blocks the next command with exit 4.
+                        try:
+                            if was_up and not svc.was_active():
+                                svc.start_and_verify()
+                        except Exception as again:  # noqa: BLE001 - the stop's failure is reported
+                            j.append(Note(restart_after_abort_failed=str(again)))
+                        finally:
+                            if undo_id is not None:
+                                _forget_quietly(t.store, undo_id)  # nothing was replaced: nothing to undo
+                            j.append(Finish(status=Finished.FAILED, snapshot_id=snap.id,
+                                            error=getattr(exc, "message", None) or str(exc)))
+                        raise
+            if not undo and not unchanged:
+                undo_error = UNDO_SKIPPED
+                j.append(Note(undo_snapshot_error=undo_error))
+            elif served_undo:
+                assert undo_id is not None
+                checked_id, undo_error = _check_undo_snapshot(t, j, snap, undo_id, steps,
+                                                              failed_build=replaces_failed, say=say,
+                                                              progress=progress)
+                if checked_id != undo_id and prepared is not None:
+                    # The environment changed while the service stopped: what was compared
+                    # before no longer holds. Compared again by the restore itself.
+                    prepared.discard()
+                    prepared = None
+                undo_id = checked_id
+            elif not unchanged and not suspect and undo_id is None and undo_error is None:
+                undo_id, undo_error = _snapshot_replaced_state(t, j, snap, steps, failed_build=replaces_failed,
+                                                               say=say, progress=progress)
+            say(f"restoring snapshot {snap.id} ({snap.label or snap.status}) into {t.env.prefix}")
+            t0 = time.monotonic()
+            try:
+                # What the restore moved out (a failed build's new folders) is deleted once the
+                # service is back up (the environment is restored and synced already), by the
+                # process that then settles what the undo snapshot took over (`privatize`).
+                committing, prepared = prepared, None
+                res = txn.restore(defer_removal=True, prepared=committing)
+            except (SnapshotError, SnapshotDamaged):
+                # Refused before anything changed (wrong environment, damaged store): this
+                # rollback is over — leaving it unfinished would block every later command with
+                # exit 4 — and the service it stopped goes back up.
+                try:
+                    if svc and stopped and was_up:
+                        svc.start_and_verify()
+                finally:
+                    j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
+                raise
+        except Exception:
+            # The undo snapshot's taken-over files are still the environment's: made the store's
+            # own now. (A kill leaves them to the next snapshot or restore, which does it first.)
+            _settle_quietly(t)
             raise
+        finally:
+            if prepared is not None:  # given up before its commit (an error, a signal)
+                prepared.discard()
         txn.move_back(res)
         steps.append(StepRecord.since("restore", True, t0))
         back = txn.service_back(res, was_up=was_up, up_now=up_now, stopped=stopped)
@@ -244,6 +269,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
         superseded = close_superseded(t.store.env_dir, j, skip={interrupted.id} if interrupted else set())
         result = RollbackResult(snap, res, j.id, back.health, interrupted.id if interrupted else None, steps,
                                 lk.stopped, undo_snapshot_id=undo_id, undo_snapshot_error=undo_error,
+                                undo_needs_force=bool(undo_id) and replaces_failed,
                                 superseded_runs=superseded, target=t.cli_ref, recovered=txn.recovery,
                                 downtime=_rollback_downtime(down_t0, steps, svc))
         if back.error is not None:
@@ -313,6 +339,13 @@ def _rollback_downtime(down_t0: float | None, steps: list[StepRecord], svc: Serv
     return Downtime(max(0.0, end - down_t0), parts, ongoing)
 
 
+def _settle_quietly(t: Target) -> None:
+    try:
+        privatize.settle(t.store.env_dir)
+    except Exception:  # noqa: BLE001 - the rollback's own error is what is reported; settled next time
+        pass
+
+
 def _forget_quietly(store: Store, snapshot_id: str) -> None:
     try:
         store.delete(snapshot_id)
@@ -329,7 +362,7 @@ def _check_undo_snapshot(t: Target, j: RunJournal, target: SnapshotMeta, undo_id
     t0 = time.monotonic()
     j.append(Step(name=StepName.SNAPSHOT_CHECK, purpose="undo", snapshot_id=undo_id))
     try:
-        same = env_matches(t, t.store.get(undo_id))
+        same = still_the_snapshot(t, t.store.get(undo_id))
     except (SnapshotDamaged, SnapshotError):
         same = False
     steps.append(StepRecord.since("snapshot-check", True, t0))
@@ -353,8 +386,10 @@ def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, ste
     t0 = time.monotonic()
     j.append(Step(name=StepName.SNAPSHOT, purpose="undo", served=served))
     try:
+        # Taken over (`privatize`): its files with bytes the store lacks are exactly those the
+        # restore replaces, so they are linked now, not copied, and settled once it is done.
         res = take_snapshot(t.env, t.store, label=f"before rollback {j.id} to {target.id}", status=PRE_ROLLBACK,
-                            run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude)
+                            run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude, take_over=True)
     except Exception as exc:  # noqa: BLE001 - any failure: reported, the restore still goes ahead
         msg = getattr(exc, "message", None) or str(exc)
         j.append(Note(undo_snapshot_error=msg))
@@ -367,7 +402,7 @@ def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, ste
     j.append(Note(undo_snapshot_id=res.meta.id))
     steps.append(StepRecord.since("snapshot", True, t0))
     say(f"snapshot {res.meta.id} holds the state this rollback replaces "
-        f"(`rewheel rollback {t.cli_ref} {res.meta.id}` undoes it)")
+        f"(`rewheel rollback {t.cli_ref} {res.meta.id}{' --force' if failed_build else ''}` undoes it)")
     return res.meta.id, None
 
 
@@ -382,7 +417,8 @@ def _service_failed_after_restore(t: Target, svc: ServiceSteps, result: Rollback
     result.error = (f"restored snapshot {result.snapshot.id} into {t.env.prefix} (verified), but "
                     f"{svc.manager.describe()} did not come back healthy: {msg}"
                     + (f"; its log says{cause_text(rc)}" if rc else ""))
-    undo = (f"; `rewheel rollback {t.cli_ref} {result.undo_snapshot_id} --yes` puts back the state "
+    force = " --force" if result.undo_needs_force else ""
+    undo = (f"; `rewheel rollback {t.cli_ref} {result.undo_snapshot_id} --yes{force}` puts back the state "
             "this rollback replaced") if result.undo_snapshot_id else ""
     result.hint = (f"the service's log: {diag.source or svc.manager.log_location(0)}; fix the cause, then "
                    f"start the service (or `rewheel rollback {t.cli_ref} --yes` once more){undo}")

@@ -29,13 +29,14 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
     swapped in offline from uv's cache. `prepare_only` stops after the prepare (`prepared`);
     `prepared` swaps in what an earlier `prepare_only` made, refused when it is stale."""
     from rewheel import staging
-    from rewheel.errors import UsageError
+    from rewheel.errors import UsageError, as_typed
 
     refuse_system_interpreter(t)
     if dry_run and (prepare_only or prepared):
         flag = "--prepare-only" if prepare_only else "--prepared"
         raise UsageError(f"--dry-run and {flag} exclude each other: {flag} changes things, --dry-run never does",
-                         hint="`run RECIPE --dry-run` shows the plan; then run with --prepare-only or --prepared")
+                         hint=f"`{as_typed(drop=flag)}` shows the plan; then `{as_typed(drop='--dry-run')}` "
+                              f"{'prepares the upgrade' if prepare_only else 'swaps in what was prepared'}")
     if prepare_only and prepared:
         raise UsageError("--prepare-only and --prepared exclude each other",
                          hint="--prepare-only prepares now; --prepared swaps in what was prepared")

@@ -76,6 +76,17 @@ def upgrades_in_place(store: Store, metas: list[SnapshotMeta]) -> list[SnapshotM
     return [m for m in metas if m.status == "pre-upgrade" and m.id not in reverted]
 
 
+def still_the_snapshot(t: Target, snap: SnapshotMeta) -> bool:
+    """Whether the environment still is the snapshot taken of it a moment ago (while its
+    service served): one stat walk that compares every entry with what the snapshot recorded
+    of it, live inode and ctime included (`capture_walk.unchanged_since`), stopping at the
+    first difference; a snapshot from an older rewheel is compared as `verify` does."""
+    from rewheel.snapshot.capture_walk import unchanged_since
+
+    same = unchanged_since(t.env, t.store, snap)
+    return env_matches(t, snap) if same is None else same
+
+
 def env_matches(t: Target, snap: SnapshotMeta) -> bool:
     """Whether the live environment already is the snapshot (the comparison `verify` makes:
     type, size, mtime, mode, link target of every entry; no extra, none missing), so that a

@@ -36,7 +36,10 @@ class Target:
 
     @property
     def cli_ref(self) -> str:
-        return str(self.recipe.path) if self.recipe.path else f"--python {self.recipe.python}"
+        """The target as a command line names it, quoted for the shell (hints are pasted)."""
+        import shlex
+
+        return shlex.quote(str(self.recipe.path)) if self.recipe.path else f"--python {shlex.quote(str(self.recipe.python))}"
 
 
 def open_target(recipe: Recipe, host: Host | None = None) -> Target:

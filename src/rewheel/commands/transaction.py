@@ -24,7 +24,8 @@ from rewheel.commands.snapshots import restore_changed
 from rewheel.commands.target import Say, Target
 from rewheel.errors import ServiceError, SnapshotDamaged
 from rewheel.journal import RunJournal
-from rewheel.snapshot import Progress, RestoreResult, SnapshotMeta, discard_displaced, restore_snapshot, unstash_cleanup
+from rewheel.snapshot import (PreparedRestore, Progress, RestoreResult, SnapshotMeta, discard_displaced,
+                              prepare_restore, restore_snapshot, unstash_cleanup)
 from rewheel.records import Note, Step
 from rewheel.statuses import StepName
 
@@ -71,10 +72,19 @@ class Transaction:
         self.recovery = recover_stored_bytes(self.t, self.snap, self.say)
         return self.recovery
 
-    def restore(self, *, defer_removal: bool) -> RestoreResult:
-        """Journal the restore, then run it. `defer_removal`: what it moves out (a failed
-        build's new folders) is deleted by `service_back`, once the service is back up."""
+    def prepare(self) -> PreparedRestore:
+        """The restore compared, checked and staged, nothing in the environment changed (see
+        `prepare_restore`): before a service is stopped, so that its downtime holds only the
+        commit. Raises what refuses the snapshot (another environment's, a damaged store)."""
+        return prepare_restore(self.t.env, self.snap, progress=self.progress)
+
+    def restore(self, *, defer_removal: bool, prepared: PreparedRestore | None = None) -> RestoreResult:
+        """Journal the restore, then run it (commit `prepared`, when the caller prepared it and
+        the environment is still what it compared). `defer_removal`: what it moves out (a
+        failed build's new folders) is deleted by `service_back`, once the service is back up."""
         self.j.append(Step(name=StepName.RESTORE, snapshot_id=self.snap.id))
+        if prepared is not None:
+            return prepared.commit(defer_removal=defer_removal)
         try:
             return restore_snapshot(self.t.env, self.snap, progress=self.progress, defer_removal=defer_removal)
         except SnapshotDamaged:
@@ -119,7 +129,9 @@ class Transaction:
                 out.error = exc
                 out.root_cause, out.diagnosis = service_root_cause(svc, self.package())
         finally:
-            discard_displaced(res, self.t.store.home)  # the store's trash: deleted once this has exited
+            # The store's trash: deleted once this has exited, and then what an undo snapshot
+            # took over settled (`privatize`), by the same detached process.
+            discard_displaced(res, self.t.store.home, settle=self.t.store.env_dir)
         return out
 
 

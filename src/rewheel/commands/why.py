@@ -6,37 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rewheel.environment import Environment
+from rewheel.environment import inspect_prefix
 from rewheel.errors import SnapshotError
 from rewheel.journal import RunJournal
-from rewheel.paths import state_home
+from rewheel.paths import known_environments, state_home
 from rewheel.snapshot import SnapshotMeta, Store
 from rewheel.records import FailedSnapshot, Started
-
-
-def _env_dirs(home: Path) -> list[tuple[Path, Path]]:
-    """(env_dir, prefix) of every environment rewheel keeps state for."""
-    import json
-
-    out: list[tuple[Path, Path]] = []
-    envs = home / "envs"
-    if not envs.is_dir():
-        return out
-    for d in sorted(envs.iterdir()):
-        try:
-            prefix = json.loads((d / "env.json").read_text(encoding="utf-8"))["prefix"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        out.append((d, Path(prefix)))
-    return out
-
-
-def _interpreter(prefix: Path) -> Environment:
-    for rel in ("bin/python", "bin/python3", "python.exe", "Scripts/python.exe"):
-        if (prefix / rel).exists():
-            return Environment.inspect(prefix / rel)
-    raise SnapshotError(f"no Python interpreter in {prefix}: cannot compare a snapshot with it",
-                        hint="the environment was removed or moved; `rewheel diff TARGET A B` compares two snapshots")
 
 
 def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None = None,
@@ -53,7 +28,7 @@ def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None =
     root = getattr(diag, "root", None)
     home = home or state_home()
     found: list[tuple[Store, SnapshotMeta, SnapshotMeta | None, Path | None, Path]] = []
-    for env_dir, prefix in _env_dirs(home):
+    for env_dir, prefix in known_environments(home):
         if run_id is not None:
             rdir = env_dir / "runs" / run_id
             if not (rdir / "journal.jsonl").is_file():
@@ -75,7 +50,7 @@ def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None =
                 continue
     what = f"run {run_id}" if run_id is not None else f"snapshot {snapshot!r}"
     if not found:
-        envs = [f"`rewheel history --python {p}/bin/python`" for _, p in _env_dirs(home)][:3]
+        envs = [f"`rewheel history --python {p}/bin/python`" for _, p in known_environments(home)][:3]
         raise UsageError(f"no {what} in {home}",
                          hint=" or ".join(envs) + " lists the runs and snapshots" if envs
                          else "rewheel has recorded no run or snapshot here yet")
@@ -86,7 +61,7 @@ def suspects_for(diag: Any, *, run_id: str | None = None, snapshot: str | None =
     if root is None or not root.frames:
         return
     store, old, new, run_dir, prefix = found[0]
-    env = _interpreter(prefix)
+    env = inspect_prefix(prefix)
     d = diffmod.diff_trees(env, old, new, skip={str(store.home)})
     patches: list[suspectsmod.SavedPatch] = []
     patch_files: list[str] = []

@@ -11,8 +11,9 @@ line, several processes' tracebacks interleaved, chained exceptions, truncated l
 names the root exception, the failing rank, the deepest frame inside the upgraded package,
 where in the log it starts, how often it repeats, and the secondary errors it caused. It
 reads logs as people collect and paste them too: collector wrappers, damaged pastes, other
-runtimes' shapes (sglang, Ray, IPython, pytest, torchrun, TGI), and a wrapper nobody listed
-is learnt from the log itself.
+runtimes' shapes (sglang, Ray, IPython, pytest, torchrun, TGI, Rich), and a wrapper nobody
+listed is learnt from the log itself; the failing process is named also where only a launcher
+names it.
 
 The package, by what each module recognises (each imports only those above it):
 
@@ -24,10 +25,18 @@ The package, by what each module recognises (each imports only those above it):
                   from the log; colours, `\r` progress bars, tracebacks in escaped strings
 - `ranking`     — crashes (restarts) and occurrences, cascades, the scoring of `Type: message`
                   lines, and the choice of the root among everything found
+- `processes`   — where a log names the failing process (prefixes, a launcher's summary, a dead
+                  actor's fields, raylet, a logger's field, the same error elsewhere) and which
+                  naming the answer takes (`rank_source`, `evidence`)
+- `tblines`     — what each line of a traceback is (frames, exception lines, chain markers,
+                  group margins, the records that end a message)
+- `boxes`       — tracebacks drawn in a box by Rich, as the plain lines they stand for
+- `boxwrap`     — Rich's line wrap in a box, undone: whether a box line goes on with the one
+                  before, and with or without a space
 - `tracebacks`  — Python tracebacks in every shape: chains, exception groups, a traceback
                   begun mid-line, tracebacks inside an exception's message (Ray Serve,
-                  DataLoader), ranks interleaved line by line, Ray's remote frames, IPython,
-                  pytest, lost indentation
+                  DataLoader, torch.multiprocessing.spawn), ranks interleaved line by line, Ray's
+                  remote frames, IPython, pytest, lost indentation, CANN's foreign block
 - `errorlines`  — crashes without a (complete) traceback: C++'s terminate and `what()`,
                   faulthandler dumps, torchrun's summary, strong error lines (OOM, NCCL, CUDA,
                   signals) and the floor: the best `Type: message` line, its process from the
@@ -57,7 +66,7 @@ Design:
 
 from rewheel.diagnose.limits import MAX_MESSAGE_CHARS
 from rewheel.diagnose.readers import analyse_file, analyse_journal, analyse_lines, analyse_stream
-from rewheel.diagnose.results import Diagnosis, Frame, RootCause, Secondary, first_line, short_path
+from rewheel.diagnose.results import Diagnosis, Evidence, Frame, RootCause, Secondary, first_line, short_path
 
-__all__ = ["MAX_MESSAGE_CHARS", "Diagnosis", "Frame", "RootCause", "Secondary", "analyse_file",
+__all__ = ["MAX_MESSAGE_CHARS", "Diagnosis", "Evidence", "Frame", "RootCause", "Secondary", "analyse_file",
            "analyse_journal", "analyse_lines", "analyse_stream", "first_line", "short_path"]

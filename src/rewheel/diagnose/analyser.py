@@ -9,18 +9,20 @@ import re
 from collections import deque
 from collections.abc import Callable
 
-from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_LINES, MAX_TWINS, TB_HEAD
+from rewheel.diagnose.boxes import BOX_START, Boxes
+from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_LINES, MAX_SAID, MAX_TWINS, TB_HEAD
 from rewheel.diagnose.errorlines import ELASTIC_RE, ELASTIC_TB_RE, ErrorLineReader
+from rewheel.diagnose.processes import ProcessNamer, RankSource, Said, evidence
 from rewheel.diagnose.ranking import Ranking, Occ
 from rewheel.diagnose.results import Diagnosis, Frame, RootCause
-from rewheel.diagnose.tracebacks import (
-    FRAME_RE, IPY_HEAD_RE, PYTEST_DEF_RE, PYTEST_E_RE, PYTEST_SHORT_RE, TracebackReader, Stream, ungroup)
+from rewheel.diagnose.tblines import FRAME_RE, IPY_HEAD_RE, PYTEST_DEF_RE, PYTEST_E_RE, PYTEST_SHORT_RE, ungroup
+from rewheel.diagnose.tracebacks import TracebackReader, Stream
 from rewheel.diagnose.wrappers import (
     ESCAPED_TB, KNOWN_INNER_RE, MAX_WRAPPER_CHARS, escaped_traceback, wrapper_pattern, clean, journal_message,
     journal_pid, read_prefixes)
 
 
-class Analyser(TracebackReader, ErrorLineReader, Ranking):
+class Analyser(TracebackReader, ErrorLineReader, ProcessNamer, Ranking):
     """Push-based: feed() lines, finish() for the Diagnosis. Positions (`pos`) are opaque
     ints that grow with the input — line numbers, or byte offsets resolved at the end."""
 
@@ -62,27 +64,43 @@ class Analyser(TracebackReader, ErrorLineReader, Ranking):
         self.lead: tuple[str, int | None, str | None, int] | None = None
         self.learned: re.Pattern[str] | None = None   # an unknown wrapper seen on every line
         self.cut_frame: tuple[Stream, int] | None = None  # a stream whose frame line a wrap cut, and when
+        self.boxes = Boxes()                            # tracebacks drawn in a box (Rich)
+        self.tail = 0                                   # lines still to read after a traceback ended
+        self.said: deque[Said] = deque(maxlen=MAX_SAID)     # launchers' statements (see processes)
+        self.raylets: deque[Said] = deque(maxlen=MAX_SAID)  # raylet's lines about dead workers
+        self.elastic_root = False                       # torchrun's table: in its "Root Cause" entry
+        self.elastic_said: Said | None = None           # ... and what its entry said so far
+        self.ignored_tick = -2                          # when Python's "Exception ignored ..." was read
+        self.cut_tick = -1000                           # when a traceback cut before its exception line ended
 
     @property
     def busy(self) -> bool:
-        """Whether the next line matters whatever it says: a traceback is open, or a C++ report
-        awaits its what() or the rest of a line a terminal copy cut."""
-        return bool(self.streams) or self.terminate is not None or self.wrapped is not None
+        """Whether the next line matters whatever it says: a traceback is open or just ended
+        (a launcher's summary may follow), a C++ report awaits its what() or the rest of a line
+        a terminal copy cut, or a record ending with ":" awaits its traceback."""
+        return bool(self.streams) or self.tail > 0 or self.terminate is not None or self.wrapped is not None \
+            or self.lead is not None
 
     def feed(self, raw: str, pos: int, *, jpid: int | None = None, ident: str | None = None,
              early: bool = False, node: str | None = None, _escaped: bool = False,
              nxt: int | None = None, _relearn: bool = False) -> None:
         """One line at `pos`; `nxt` is where the next line starts (to know two lines adjacent)."""
         self.tick += 1
+        if not _escaped and self.tail > 0:
+            self.tail -= 1
         if jpid is None and raw.startswith('{"') and ('"MESSAGE"' in raw or '"log":' in raw):
             # (before any cleaning: colour codes inside are JSON escapes, not yet characters)
             self._feed_json(raw.rstrip(), pos, early, nxt)
             return
         line = clean(raw)
+        args = (jpid, ident, node)
         if ESCAPED_TB in line and not _escaped:
-            # a traceback inside one escaped string (a JSON log field, a repr): its lines
+            # a traceback inside an escaped string (a JSON log field, a repr, a list of strings):
+            # its lines, each behind the prefixes of the line that held it
+            p = read_prefixes(line, jpid=jpid, ident=ident, node=node, learned=self.learned)
+            prefix = line[: len(line) - len(p.line)] if ESCAPED_TB in p.line else ""
             for part in escaped_traceback(line).split("\n")[:MAX_MESSAGE_LINES * 50]:
-                self.feed(part, pos, jpid=jpid, ident=ident, early=early, node=node, _escaped=True)
+                self.feed(prefix + part, pos, jpid=jpid, ident=ident, early=early, node=node, _escaped=True)
             return
         bare = self.bare
         if bare is not None and bare.lead is not None and bare.lead.match(line):
@@ -90,6 +108,9 @@ class Analyser(TracebackReader, ErrorLineReader, Ranking):
             # else: a wrapper on every line ("120:" of `grep -n`, "gpu-node-3: "), learnt
             self._learn_lead(bare)
         p = read_prefixes(line, jpid=jpid, ident=ident, node=node, learned=self.learned)
+        if p.line[:1] in BOX_START or (p.line[:1] == " " and p.line.lstrip(" ")[:1] in BOX_START):
+            if self._unbox(line, p.line, pos, args, early, nxt):
+                return
         line, jpid, ident, node, label, pid = p.line, p.jpid, p.ident, p.node, p.label, p.pid
         level, header, prefix_label = p.level, p.header, p.prefix_label
         key = (jpid, label, pid, level is not None, node)
@@ -135,17 +156,24 @@ class Analyser(TracebackReader, ErrorLineReader, Ranking):
                 self._expire()
                 return
             st = None
+        lead, self.lead = self.lead, None
+        if lead is not None and lead[3] == pos and not line.strip() and nxt is not None:
+            # (a paste with a blank line after every line: the traceback is on the next line but one)
+            self.lead = (*lead[:3], nxt)
+            return
         if label is not None and level not in ("INFO", "DEBUG"):
             self.recent = (label, pid, node, self.tick, jpid)
             if header and line.endswith(":") and nxt is not None:
                 self.lead = (label, pid, node, nxt)
         if line.startswith(TB_HEAD):
-            lead = self.lead
+            source = None
             if label is None and lead is not None and lead[3] == pos:
                 # "[... TP1] Exception in ModelTpServer:" and, on the next line, the traceback
                 # without a prefix: the record before it names its process
-                label, pid = lead[0], lead[1]
-            self._open(key, label, pid, jpid, ident, level, pos, node)
+                label, pid, source = lead[0], lead[1], RankSource.NEARBY
+            st = self._open(key, label, pid, jpid, ident, level, pos, node)
+            st.rank_source = source or st.rank_source
+            st.ignored = self.ignored_tick == self.tick - 1
             self._expire()
             return
         if TB_HEAD in line:
@@ -170,10 +198,11 @@ class Analyser(TracebackReader, ErrorLineReader, Ranking):
                 # ...", " at Traceback ...": the rest follows without the record's prefix and
                 # indented by however much the first frame line says.
                 e = self.elastic
+                source = None
                 if label is None and e.get("rank") and ELASTIC_TB_RE.match(before):
                     # torchrun's summary named the child whose traceback this is
                     label, pid = e["rank"], int(pid_text) if (pid_text := e.get("pid")) else pid
-                    node = e.get("host") or node
+                    node, source = e.get("host") or node, RankSource.LAUNCHER
                     self.elastic = {}
                 bkey = (jpid, None, None, False, node)
                 old = self.streams.get(bkey)
@@ -182,11 +211,13 @@ class Analyser(TracebackReader, ErrorLineReader, Ranking):
                     # another rank's record began the same way at the same time (sglang's TP
                     # ranks): their tracebacks interleave line by line; read as one
                     old.twins += 1
+                    old.merged = True
                     old.last_tick = self.tick
                     return
                 if old is not None:
                     self._finish_stream(old, truncated_end=old.state == "frames")
                 st = self._open(bkey, label, pid, jpid, ident, level, pos, node)
+                st.rank_source = source or st.rank_source
                 st.indent = None
                 st.opened_by = (prefix_label, pid)
                 if 0 < len(before) <= MAX_WRAPPER_CHARS:
@@ -216,15 +247,57 @@ class Analyser(TracebackReader, ErrorLineReader, Ranking):
                 self.pytest_frames.append(Frame(m.group("file"), int(m.group("line")), m.group("func")))
         if self.streams:
             self._expire()
-        if line[:2] == "  " and " : " in line:
+        if line[:2] == "  " and ": " in line:
             el = ELASTIC_RE.match(line)
             if el:
                 # torchrun's summary: its fields name the failed child (also for a traceback
                 # in its `traceback :` field, so read on the fast path too)
                 self._elastic_field(el.group("key"), el.group("value").strip(), pos, jpid, ident, node)
                 return
+        self._other_line(line, pos)
         if self.error_lines:
             self._error_line(line, pos, level, label, pid, jpid, ident, node)
+
+    def _unbox(self, line: str, body: str, pos: int, args: tuple[int | None, str | None, str | None],
+               early: bool, nxt: int | None) -> bool:
+        """A line of a traceback drawn in a box (Rich): read as the plain lines it stands for,
+        behind the same prefixes. False: not a box traceback's line."""
+        p = read_prefixes(line, jpid=args[0], ident=args[1], node=args[2], learned=self.learned)
+        key = (p.jpid, p.label, p.pid, p.level is not None, p.node)
+        indent = len(body) - len(body.lstrip(" "))
+        plain = self.boxes.translate(key, body[indent:], pos)
+        if plain is None:
+            return False
+        prefix = line[: len(line) - len(body)]
+        for text, at in plain:
+            self.feed(prefix + text, at, jpid=args[0], ident=args[1], early=early, node=args[2],
+                      _escaped=True, nxt=nxt)
+        st = self.streams.get(key)
+        if st is not None:
+            st.last_tick = self.tick
+            if indent:
+                # a box drawn in a logger's message column (rich's RichHandler): the exception
+                # line after it is indented as much
+                st.indent = indent
+        return True
+
+    def _other_line(self, line: str, pos: int) -> None:
+        """A line outside any traceback that says something about the one before or after it:
+        Python's "Exception ignored in: ...", torchrun's table sections, a launcher's summary of
+        a failed child, raylet's report of a dead worker."""
+        c = line[:1]
+        if not c and self.ignored_tick == self.tick - 1:
+            self.ignored_tick = self.tick   # (a paste with a blank line after every line)
+        elif c == "E" and line.startswith("Exception ignored "):
+            self.ignored_tick = self.tick
+        elif c == "R" and line.startswith("Root Cause"):
+            self.elastic_root = True
+        elif c == "F" and line.startswith("Failures:"):
+            self.elastic_root = False
+        elif "Worker PID: " in line:
+            self._raylet_line(line, pos)
+        elif self.tail > 0 or self.streams:
+            self._launcher_line(line, pos)
 
     def _learn_lead(self, st: Stream) -> bool:
         """The text before `st`'s mid-line traceback as a wrapper on every line, if nothing of
@@ -267,13 +340,22 @@ class Analyser(TracebackReader, ErrorLineReader, Ranking):
         if root is None:
             return Diagnosis(None, source, lines, self.tracebacks)
         occ, epoch_list = root
-        positions = [occ.pos] + [o.pos for o in epoch_list] + [c[2] for c in occ.chained]
+        said = self._name_process(occ, epoch_list)
+        positions = [occ.pos] + [o.pos for o in epoch_list] + [c[2] for c in occ.chained] + [s.pos for s in said]
         mapping = resolve(positions) if resolve else {p: p for p in positions}
         secondary = self._secondaries(occ, epoch_list, mapping)
         procs = self.sig_procs.get(occ.sig, set())
         epochs = self.sig_epochs.get(occ.sig, set())
-        rc = RootCause(type=occ.type, message=occ.message, rank=occ.rank, frame=occ.frame,
-                       log_line=mapping.get(occ.pos), kind=occ.kind, count=max(1, len(procs)),
-                       restarts=max(1, len(epochs)), secondary=secondary, pid=occ.pid, node=occ.node,
-                       frames=occ.frames)
+        rank, pid, node = occ.rank, occ.pid, occ.node
+        count = max(1, len(procs))
+        if said:
+            named = said[0]
+            rank, pid, node = named.rank, named.pid if named.pid is not None else pid, named.node or node
+            if named.source == RankSource.SAME_ERROR and count > 1:
+                count -= 1      # its unnamed copy was the named process's, not another one's
+        rc = RootCause(type=occ.type, message=occ.message, rank=rank, frame=occ.frame,
+                       log_line=mapping.get(occ.pos), kind=occ.kind, count=count,
+                       restarts=max(1, len(epochs)), secondary=secondary, pid=pid, node=node,
+                       frames=occ.frames, rank_source=str(said[0].source) if said else None,
+                       evidence=evidence(said, mapping))
         return Diagnosis(rc, source, lines, self.tracebacks)

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from rewheel.diagnose.limits import MAX_FRAMES_KEPT, MAX_MESSAGE_CHARS
 from rewheel.diagnose.ranking import (
     LINE_CASCADE, LINE_ERROR, LINE_EXC, LINE_STRONG, EXC_LINE_RE, is_cascade, norm_sig, Occ, exc_line_score)
+from rewheel.diagnose.processes import Said
 from rewheel.diagnose.results import Frame
-from rewheel.diagnose.tracebacks import in_package
+from rewheel.diagnose.tblines import PROSE_TYPE_RE, in_package
 
 # faulthandler's dump after "Fatal Python error: ...": a thread header, then its frames
 # innermost first ("  File "x.py", line 12 in f")
@@ -34,6 +35,7 @@ ELASTIC_RE = re.compile(r"\s+(?P<key>host|rank|exitcode|traceback)\s*: (?P<value
 ELASTIC_TB_RE = re.compile(r"\s+traceback\s*: $")
 ELASTIC_RANK_RE = re.compile(r"(\d+)")
 ELASTIC_PID_RE = re.compile(r"\(pid: (\d+)\)")
+ROOT_CAUSE_WEIGHT = 3           # its "Root Cause (first observed failure)" entry: the surest launcher word
 # Error lines (no traceback). Scores: 3 strong evidence, 2 an error, 1 a cascade symptom.
 STRONG_LINE_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"killed by the OOM killer|oom-kill|Out of memory: Killed process", re.I), "out of memory (OOM killer)"),
@@ -56,7 +58,17 @@ CASCADE_LINE_RE = re.compile(
     r"|WorkerProc hit an exception|EngineCore failed to start|Engine core initialization failed"
     r"|EngineCore encountered|Main process exited|Failed with result|Start request repeated too quickly"
     r"|Failed to start|Scheduled restart job|: FAILED during |ChildFailedError", re.I)
-EXC_IN_LINE_RE = re.compile(r"(?<![\w.:])(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>\S.*)")
+# (after any letter but an ASCII one: a sentence in another script may run into the type,
+# "报错信息是AssertionError: ..."; never a C++ type's tail, "c10::DistBackendError")
+EXC_IN_LINE_RE = re.compile(r"(?<![A-Za-z0-9_.])(?<!::)(?P<type>[A-Za-z_][\w.]*(?:Error|Exception)): (?P<msg>\S.*)")
+# where an error quoted in prose ends: a full-width stop or comma, a closing corner bracket,
+# or the quote that opened it ("`ValueError: ...` and then")
+PROSE_END_RE = re.compile(r"[，。；！？」』]")
+CLOSING_QUOTE = {"`": "`", "\"": "\"", "“": "”", "「": "」", "『": "』", "«": "»", "„": "“"}
+CUT_PROSE_LINES = 12            # lines after a cut traceback where a sentence may name its error
+PROSE_SCORE = -5                # ... below every `Type: message` line
+# an exception's name alone on its line, without a message (`AssertionError`)
+BARE_EXC_RE = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Failure|Fault)")
 # a rank named in an error's own text: "[Rank 2] Watchdog caught ...", "[PG 0 Rank 1] ..."
 # (Lightning: "[rank: 1]"; lmdeploy: "rank[0] failed with error: ...")
 RANK_TEXT_RE = re.compile(r"[\[ ][Rr]ank:? ?(?P<rank>\d+)\]|\b[Rr]ank\[(?P<rank2>\d+)\]")
@@ -103,9 +115,15 @@ class ErrorLineReader:
     fault_thread: str | None
     fault_frames: dict[str | None, list[Frame]]
     recent: tuple[str, int | None, str | None, int, int | None] | None
+    elastic_root: bool
+    cut_tick: int
+    elastic_said: Said | None
+    _tell: Callable[[str, int | None, str | None, int, int], Said | None]
 
     def _error_line(self, line: str, pos: int, level: str | None, label: str | None,
                     pid: int | None, jpid: int | None, ident: str | None, node: str | None = None) -> None:
+        if not line.strip():
+            return      # (a paste with a blank line after every line: what awaits goes on waiting)
         wrapped, self.wrapped = self.wrapped, None
         if wrapped is not None and line[:1].isalnum() and line[:1].islower():
             # the what() line was cut mid-word by a terminal copy ("... caught colle" /
@@ -124,9 +142,10 @@ class ErrorLineReader:
                 self.terminate = None
                 msg = w.group("msg").strip()[:MAX_MESSAGE_CHARS]
                 ttype = ttype or _cxx_type(msg) or "std::terminate"
-                label, pid, node = self._near_process(msg, label, pid, node, jpid)
+                label, pid, node, source = self._near_process(msg, label, pid, node, jpid)
                 occ = Occ("error-line", LINE_EXC, ttype, msg, norm_sig(ttype, msg), label, tpos, None,
-                           [], False, pid if pid is not None else jpid, node, score=exc_line_score(ttype, msg))
+                           [], False, pid if pid is not None else jpid, node, score=exc_line_score(ttype, msg),
+                           rank_source=source)
                 self._register(occ, jpid, ident, label, pid)
                 if len(line) >= WRAP_WIDTH and line[-1:].isalnum():
                     self.wrapped = occ
@@ -158,6 +177,26 @@ class ErrorLineReader:
         exc_start = EXC_LINE_RE.match(text)
         # a type in the middle of a line ("... failed: RuntimeError: CUDA error ..."): weaker
         exc_at_start = exc_start or EXC_IN_LINE_RE.search(text)
+        bare = exc_at_start is None and category is None and BARE_EXC_RE.fullmatch(text) is not None \
+            and not is_cascade(text, "")
+        if bare:
+            # the name alone, as Python prints an exception without a message: the floor's
+            # candidate too (a teardown error after it is not the cause)
+            label, pid, node, source = self._near_process(text, label, pid, node, jpid)
+            occ = Occ("error-line", LINE_EXC, text, "", norm_sig(text, ""), label, pos, None, [], False,
+                       pid if pid is not None else jpid, node, score=exc_line_score(text, ""), rank_source=source)
+            self._register(occ, jpid, ident, label, pid)
+            return
+        if category is None and exc_at_start is None and self.tick - self.cut_tick <= CUT_PROSE_LINES \
+                and (prose := PROSE_TYPE_RE.search(text)) is not None:
+            # a sentence just after a traceback cut before its exception line, naming the
+            # error without its message ("运行后报 ValueError 错误"): the floor's weakest candidate
+            label, pid, node, source = self._near_process(text, label, pid, node, jpid)
+            occ = Occ("error-line", LINE_EXC, prose.group("type"), text[:MAX_MESSAGE_CHARS],
+                       norm_sig(prose.group("type"), text), label, pos, None, [], False,
+                       pid if pid is not None else jpid, node, score=PROSE_SCORE, rank_source=source)
+            self._register(occ, jpid, ident, label, pid)
+            return
         if category is None:
             if cascade:
                 category = LINE_CASCADE
@@ -169,6 +208,14 @@ class ErrorLineReader:
             return
         m = exc_at_start
         score = 0
+        if m and m is not exc_start:
+            # an error quoted in prose ends where the prose goes on
+            stops = [e.start() for e in [PROSE_END_RE.search(text, m.start("msg"))] if e is not None]
+            quote = CLOSING_QUOTE.get(text[m.start() - 1: m.start()])
+            if quote is not None and (q := text.find(quote, m.start("msg"))) >= 0:
+                stops.append(q)
+            if stops:
+                text = text[: min(stops)].rstrip()
         if m:
             type_ = m.group("type")
             if category == LINE_ERROR and is_cascade(type_, m.group("msg")):
@@ -181,29 +228,30 @@ class ErrorLineReader:
                 score = exc_line_score(type_, m.group("msg"), at_start=m is exc_start)
         elif type_ is None:
             type_ = "error"
+        source = "prefix" if label else None
         if category != LINE_CASCADE:
-            label, pid, node = self._near_process(text, label, pid, node, jpid)
+            label, pid, node, source = self._near_process(text, label, pid, node, jpid)
         occ = Occ("error-line", category, type_, text[:MAX_MESSAGE_CHARS], norm_sig(type_, text),
                    label, pos, None, [], category == LINE_CASCADE, pid if pid is not None else jpid, node,
-                   score=score)
+                   score=score, rank_source=source)
         self._register(occ, jpid, ident, label, pid)
         if text.startswith("Fatal Python error"):
             self.fault, self.fault_thread, self.fault_frames = occ, None, {}
 
     def _near_process(self, text: str, label: str | None, pid: int | None, node: str | None,
-                      jpid: int | None = None) -> tuple[str | None, int | None, str | None]:
-        """The process of an error line without a prefix: a rank its text names, else the
-        prefix of a line just before it (an NCCL abort's `[rank0]:` records, then C++'s
-        unprefixed `terminate called ...`)."""
+                      jpid: int | None = None) -> tuple[str | None, int | None, str | None, str | None]:
+        """The process of an error line without a prefix, and what named it: a rank its text
+        names, else the prefix of a line just before it (an NCCL abort's `[rank0]:` records,
+        then C++'s unprefixed `terminate called ...`)."""
         if label is not None:
-            return label, pid, node
+            return label, pid, node, "prefix"
         m = RANK_TEXT_RE.search(text[:2000])
         if m:
-            return f"rank{m.group('rank') or m.group('rank2')}", pid, node
+            return f"rank{m.group('rank') or m.group('rank2')}", pid, node, "text"
         near = self.recent
         if near is not None and self.tick - near[3] <= NEAR_TICKS and near[4] == jpid:
-            return near[0], near[1] if pid is None else pid, node or near[2]
-        return label, pid, node
+            return near[0], near[1] if pid is None else pid, node or near[2], "nearby"
+        return label, pid, node, None
 
     def _fault_dump(self, line: str) -> bool:
         """faulthandler's dump after a fatal error: the first frame of the current thread (else
@@ -239,10 +287,15 @@ class ErrorLineReader:
             self.elastic = {"host": value}
         elif key == "rank":
             m = ELASTIC_RANK_RE.match(value)
-            self.elastic["rank"] = f"rank{m.group(1)}" if m else value
+            self.elastic["rank"] = rank = f"rank{m.group(1)}" if m else value
+            # the table's entry names the failed child for an unprefixed traceback before it
+            self.elastic_said = self._tell(rank, None, self.elastic.get("host") or node, pos,
+                                           ROOT_CAUSE_WEIGHT if self.elastic_root else 1)
         elif key == "exitcode":
             m = ELASTIC_PID_RE.search(value)
             self.elastic["pid"] = m.group(1) if m else None
+            if m and self.elastic_said is not None:
+                self.elastic_said.pid = int(m.group(1))
         elif key == "traceback" and "received by PID" in value and self.error_lines:
             e, self.elastic = self.elastic, {}
             label = e.get("rank")

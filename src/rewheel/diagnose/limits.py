@@ -17,6 +17,10 @@ MAX_SECONDARY = 20
 IDLE_CLOSE_LINES = 1000         # an in-flight traceback untouched this long is closed
 CONTEXT_LINES = 8               # lines before a traceback the fast path reads too (they may name it)
 EARLY_LINES = 1000              # a traceback cut off at the log's start is recognised here
+TAIL_LINES = 40                 # lines after a traceback both readers read (a launcher's summary)
+LAUNCHER_TRACEBACKS = 2         # a launcher's summary names a failure at most this many tracebacks back
+MAX_EVIDENCE = 8                # places naming the failing process, reported
+MAX_SAID = 256                  # launchers' statements and raylet's lines kept while reading
 CHUNK = 1 << 20
 MAX_LINE_BYTES = 1 << 20        # longer "lines" are cut (journald's own LineMax is 48 KiB)
 

@@ -28,6 +28,8 @@ CASCADE_MESSAGE_RE = re.compile(
     # lmdeploy's main process after a rank's failure ("rank[0] failed with error: ..." before it)
     r"|^Rank\[\d+\] failed\.?$", re.I)
 LOOKUP_TYPES = {"KeyError", "StopIteration", "IndexError"}
+# a launcher's report that its child failed (torchrun, accelerate's simple launcher)
+LAUNCHER_TYPES = {"ChildFailedError", "CalledProcessError"}
 EXC_LINE_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Fault)): (?P<msg>.+)")
 
 
@@ -48,6 +50,9 @@ class Occ:
     frames: list[Frame] = field(default_factory=list)
     score: int = 0                    # error lines: how clean a `Type: message` line it is
     span: tuple[int, int] = (0, 0)    # tracebacks: the ticks it was read between
+    rank_source: str | None = None    # what named `rank` (see processes.RankSource)
+    tracebacks: int = 0               # tracebacks closed when it was found (see processes)
+    merged: bool = False              # several processes' tracebacks read as one: names none of them
 
 
 # Categories, in order of preference for the root.
@@ -104,6 +109,7 @@ class Ranking:
     lists: dict[int, list[Occ]]
     sig_procs: dict[tuple, set]
     sig_epochs: dict[tuple, set]
+    tracebacks: int
 
     def _epoch_for(self, jpid: int | None, ident: str | None, label: str | None,
                    pid: int | None, terminal: bool) -> int:
@@ -154,9 +160,11 @@ class Ranking:
 
     def _register(self, occ: Occ, jpid: int | None, ident: str | None, label: str | None,
                   pid: int | None) -> None:
-        terminal = occ.kind == "traceback" and (
+        # (a launcher's own traceback about its child is the same crash, never the next start's)
+        terminal = occ.kind == "traceback" and (occ.type or "").rsplit(".", 1)[-1] not in LAUNCHER_TYPES and (
             label is None or label == "APIServer" or label.startswith("EngineCore"))
         epoch = self._epoch_for(jpid, ident, label, pid, terminal)
+        occ.tracebacks = self.tracebacks
         proc_key = (epoch, jpid, label, pid)
         procs = self.sig_procs.get(occ.sig)
         if procs is None:
@@ -222,6 +230,8 @@ class Ranking:
         for o in sorted(epoch_list, key=lambda o: o.pos):
             if o.sig in seen or (only_tracebacks and o.kind != "traceback"):
                 continue
+            if o.type is None and o.frame is not None and o.frame is root.frame:
+                continue    # the traceback whose frames the root took (its exception line was cut off)
             if o.category in (TB_WARN,) and o.pos < root.pos:
                 continue
             seen.add(o.sig)

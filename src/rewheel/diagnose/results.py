@@ -46,6 +46,26 @@ class Secondary:
 
 
 @dataclass
+class Evidence:
+    """One place the log names the failing process (see `diagnose.processes`): how it named
+    it (`source`: prefix, text, nearby, ray-task, actor, raylet, field, launcher, same-error),
+    and the name, pid and node it gave."""
+    source: str
+    rank: str | None
+    pid: int | None
+    node: str | None
+    log_line: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "rank": self.rank, "pid": self.pid, "node": self.node,
+                "log_line": self.log_line}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Evidence:
+        return cls(doc.get("source") or "", doc.get("rank"), doc.get("pid"), doc.get("node"), doc.get("log_line"))
+
+
+@dataclass
 class RootCause:
     type: str | None
     message: str
@@ -65,6 +85,10 @@ class RootCause:
     frames: list[Frame] = field(default_factory=list, repr=False, compare=False)
     # Which changes of an upgrade the crash points at (`rewheel.suspects`), when known.
     suspects: list[Any] = field(default_factory=list)
+    # What named the failing process (`rank_source`: the source of `evidence[0]`), and every
+    # place the log names it, the one taken first; empty where nothing names it.
+    rank_source: str | None = None
+    evidence: list[Evidence] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "message": self.message, "rank": self.rank,
@@ -72,7 +96,8 @@ class RootCause:
                 "kind": self.kind, "count": self.count, "restarts": self.restarts,
                 "secondary": [s.to_json() for s in self.secondary],
                 "pid": self.pid, "node": self.node,
-                "suspects": [s.to_json() if hasattr(s, "to_json") else s for s in self.suspects]}
+                "suspects": [s.to_json() if hasattr(s, "to_json") else s for s in self.suspects],
+                "rank_source": self.rank_source, "evidence": [e.to_json() for e in self.evidence]}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> RootCause:
@@ -85,7 +110,9 @@ class RootCause:
                    doc.get("kind", "traceback"), doc.get("count", 1), doc.get("restarts", 1),
                    [Secondary.from_json(s) for s in doc.get("secondary") or [] if isinstance(s, dict)],
                    pid=doc.get("pid"), node=doc.get("node"),
-                   suspects=[_suspect_from_json(s) for s in doc.get("suspects") or [] if isinstance(s, dict)])
+                   suspects=[_suspect_from_json(s) for s in doc.get("suspects") or [] if isinstance(s, dict)],
+                   rank_source=doc.get("rank_source"),
+                   evidence=[Evidence.from_json(e) for e in doc.get("evidence") or [] if isinstance(e, dict)])
 
 
 def _suspect_from_json(doc: dict[str, Any]) -> Any:  # suspects.Suspect

@@ -4,7 +4,8 @@ exceptions, exception groups, a traceback begun mid-line after a record's text, 
 inside an exception's message (Ray Serve's `RuntimeError: Traceback ...`, DataLoader's
 `Original Traceback`, a quoted `_RemoteTraceback`), tracebacks of several ranks interleaved
 line by line into one, Ray's remote frames after `RayTaskError(X)`, IPython's and pytest's
-forms, and logs cut off at either end."""
+forms, a foreign block imitating the header after a message (CANN's `TraceBack`), a structured
+logger's rank field after it, and logs cut off at either end. What each line is: `tblines`."""
 
 from __future__ import annotations
 
@@ -15,72 +16,16 @@ from dataclasses import dataclass, field
 
 from rewheel.diagnose.limits import (
     MAX_CHAIN, MAX_FRAMES_KEPT, MAX_MESSAGE_CHARS, MAX_MESSAGE_LINES, MAX_SOURCE_RUN, MAX_STREAMS, MAX_TWINS,
-    IDLE_CLOSE_LINES, TB_HEAD)
+    IDLE_CLOSE_LINES, TAIL_LINES, TB_HEAD)
+from rewheel.diagnose.processes import launcher_statement
 from rewheel.diagnose.ranking import (
     TB_CASCADE, TB_ERROR, TB_WARN, LOOKUP_TYPES, is_cascade, norm_sig, Occ, exc_line_score)
 from rewheel.diagnose.results import Frame
-
-# A frame line; pastes that lost the quotes ("File /x.py, line 5, in f") are frames too.
-# (Pastes that lost their indentation have them at column 0: read there only inside a traceback.)
-FRAME_RE = re.compile(r'\s*File (?:"(?P<file>[^"]+)"|(?P<bare>[^\s",][^",]*)), line (?P<line>\d+)(?:, in (?P<func>.+))?$')
-# Statements that can be a frame's source line but look like a bare exception name
-NOT_EXCEPTIONS = {"return", "pass", "break", "continue", "raise", "yield", "else", "try", "finally"}
-WRAPPED_FRAME_MIN = 60          # a frame line this long that does not parse was cut by a wrap
-NESTED_TB_RE = re.compile(r'(?:Original |Remote )?Traceback \(most recent call last\):?\s*$')
-# Ray's wrapper of a remote task's exception; the remote frames and exception follow it.
-RAY_WRAP_RE = re.compile(
-    r"(?:ray\.exceptions\.)?Ray(?:Task|Actor)Error(?:\((?P<inner>[\w.]+)\))?: ray::(?P<call>\S*?)"
-    r" \(pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]+))?")
-# IPython / Jupyter tracebacks.
-IPY_HEAD_RE = re.compile(r"(?P<type>[A-Za-z_][\w.]*)\s{2,}$")
-IPY_FRAME_RE = re.compile(
-    r"(?:\[(?P<f1>[^\]]+)\]\([^)]*\)|File (?P<f2>\S.*?):(?P<l2>\d+),|(?P<f3>(?:/|~|[A-Za-z]:\\|<ipython-input)\S*)"
-    r"|Input In \[\d+\],)"
-    r" in (?P<func>[^(]+)\(|Cell In ?\[\d+\], line (?P<l4>\d+)")
-IPY_SKIP_RE = re.compile(r"\d+ frames?$|\[\.\.\. skipping|\.\.\.$")
-IPY_ARROW_RE = re.compile(r"-*> ?(?P<line>\d+) ?(?P<src>.*)$")
-# pytest: the exception's `E   ` lines and the `path.py:LINE: Type` location after them.
-PYTEST_E_RE = re.compile(r"E(?: {3,}|\t)(?P<text>.*)$")
-PYTEST_LOC_RE = re.compile(r"(?P<file>[^\s:][^:]*\.py):(?P<line>\d+): (?P<what>.*)$")
-PYTEST_DEF_RE = re.compile(r"\s*(?:async )?def (?P<name>\w+)\(")
-# pytest --tb=short: `path.py:LINE: in func` before each frame's source line
-PYTEST_SHORT_RE = re.compile(r"(?P<file>[^\s:][^:]*\.py):(?P<line>\d+): in (?P<func>[\w<>.]+)$")
-# Functions of a shutdown or clean-up path: a traceback through them after a failure is its
-# consequence, not its cause.
-SHUTDOWN_FUNCS = {"shutdown", "_shutdown", "__del__", "cleanup", "_cleanup", "close_all", "atexit_handler",
-                  "_exit_function", "destroy_process_group", "destroy_model_parallel",
-                  "destroy_distributed_environment", "_python_exit", "terminate"}
-# a line that no exception's line starts like: a word, then a space ("Error executing job ...")
-NOT_AN_EXC_LINE_RE = re.compile(r"[A-Za-z_][\w.]* ")
-EXC_RE = re.compile(r"(?P<type>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?::(?: (?P<msg>.*))?)?$")
-CHAIN_CONTEXT = "During handling of the above exception, another exception occurred:"
-CHAIN_CAUSE = "The above exception was the direct cause of the following exception:"
-# Lines that start a new record, so they end an exception message instead of continuing it.
-RECORD_START_RE = re.compile(
-    # a structured logger's record without its timestamp (tracing: " INFO target: ...")
-    r"(?: ?(?:TRACE|DEBUG|INFO|WARN|ERROR) [\w:.\-]+: "
-    r"|Process [\w\-]+:$|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):\s|\[[WEIF]\d{4} |\[rank\d+\]:\["
-    r"|[WEIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\]"
-    r"|\S+\.py:\d+: \w*Warning|\s*warnings\.warn\(|\d{4}-\d\d-\d\d[ T]\d\d:\d\d|\[\d{4}-\d\d-\d\d"
-    r"|Exception ignored in|Fatal Python error|Current thread 0x|Thread 0x|\S+ \[\d+\] NCCL "
-    # rewheel's own annotations in the logs it keeps (smoke.log: "[rewheel] smoke failed: ...")
-    r"|\[rewheel\] "
-    # torchrun's failure summary, drawn between rules
-    r"|={20,}$"
-    # the smoke runner's own status lines after the error it reports ("vllm_init: FAILED ...")
-    r"|\w+: (?:FAILED\b|timings |OK: )"
-    # systemd's own lines about the unit, when journald prefixes were stripped (`-o cat`)
-    r"|[\w@.\-]+\.service: |(?:Started|Stopped|Starting|Stopping|Failed to start) [\w@.\-]+\.service)")
-SPAN_FIELD_RE = re.compile(r"\s+(?:rank|shard)=(?P<rank>\d+)$")
-IGNORABLE_IN_TB_RE = re.compile(r"(?:INFO|WARNING|DEBUG):\s|\S+:\s+\d+%\|")
-# Python 3.11+ exception groups (asyncio.TaskGroup): the group's traceback is drawn inside
-# `| ` margins, `+ Exception Group Traceback` opens it, `+-+---- 1 ----` / `+---- 2 ----`
-# separate the sub-exceptions and `+------` closes the group.
-EG_START_RE = re.compile(r"\s*\+ Exception Group Traceback \(most recent call last\):?\s*$")
-EG_MARGIN_RE = re.compile(r"\s*\|(?: |$)")
-EG_SEP_RE = re.compile(r"\s*\+(?:-\+)?-+ (?:\d+|\.\.\.) -+\s*$")
-EG_END_RE = re.compile(r"\s*\+-{8,}\s*$")
-GROUP_TYPES = {"ExceptionGroup", "BaseExceptionGroup"}
+from rewheel.diagnose.tblines import (
+    CHAIN_CAUSE, CHAIN_CONTEXT, EXC_RE, FOREIGN_TB_RE, FRAME_RE, GROUP_TYPES, IGNORABLE_IN_TB_RE, IPY_ARROW_RE,
+    IPY_FRAME_RE, IPY_SKIP_RE, NESTED_TB_RE, NOT_AN_EXC_LINE_RE, PYTEST_E_RE, PYTEST_LOC_RE, RAY_WRAP_RE,
+    RECORD_START_RE, SHUTDOWN_FUNCS, SPAN_FIELD_RE, SPAWN_CHILD_RE, PROSE_TYPE_RE, WRAPPED_FRAME_MIN,
+    decoration, exception_line, func_name, in_package, ray_actor)
 
 
 @dataclass
@@ -110,7 +55,7 @@ class Stream:
     jpid: int | None
     ident: str | None
     level: str | None
-    state: str = "frames"             # frames | msg | after | chain | group
+    state: str = "frames"             # frames | msg | after | chain | group | skip
     chain: list[_Exc] = field(default_factory=list)
     cur: _Exc | None = None
     pending: Frame | None = None      # frame awaiting its source line
@@ -129,6 +74,17 @@ class Stream:
     opened: int = 0                   # the tick it began at
     partial: str | None = None        # a frame line cut by a hard wrap, awaiting its rest
     lead: re.Pattern[str] | None = None  # a mid-line traceback: the text before it, as a pattern
+    rank_source: str | None = None    # what named `label` (see processes.RankSource)
+    ignored: bool = False             # Python's "Exception ignored in: ..." before it: never the cause
+    merged: bool = False              # several processes' tracebacks read as one (twins)
+    lines: int = 0                    # lines of its frames read, and blank ones among them: a paste
+    blanks: int = 0                   # with a blank line after every line has as many of each
+    msg_blank: bool = False           # ... and there one blank line inside its message goes on with it
+    spawned: str | None = None        # torch.multiprocessing.spawn: the child whose traceback follows
+
+    @property
+    def blank_paste(self) -> bool:
+        return self.blanks >= 2 and self.blanks >= self.lines - self.blanks - 1
 
 
 class TracebackReader:
@@ -145,6 +101,8 @@ class TracebackReader:
     pytest_frames: deque[Frame]
     learned: re.Pattern[str] | None
     cut_frame: tuple[Stream, int] | None
+    tail: int
+    cut_tick: int
 
     def _open(self, key: tuple, label: str | None, pid: int | None, jpid: int | None,
               ident: str | None, level: str | None, pos: int, node: str | None = None) -> Stream:
@@ -152,7 +110,8 @@ class TracebackReader:
             oldest = min(self.streams.values(), key=lambda s: s.last_tick)
             self._close(oldest, truncated_end=oldest.state == "frames")
             del self.streams[oldest.key]
-        st = Stream(key, label, pid, jpid, ident, level, last_tick=self.tick, node=node, opened=self.tick)
+        st = Stream(key, label, pid, jpid, ident, level, last_tick=self.tick, node=node, opened=self.tick,
+                    rank_source="prefix" if label else None)
         st.cur = _Exc(None, [], pos)
         self.streams[key] = st
         return st
@@ -174,7 +133,7 @@ class TracebackReader:
             if exc.wrapper and header == st.msg_header:
                 # Ray: carets under the wrapper line, then the remote process's frames
                 text = line.strip()
-                if not text or _decoration(text):
+                if not text or decoration(text):
                     return True
                 if FRAME_RE.match(line):
                     st.cur = _Exc(exc.type, [], exc.pos)
@@ -193,6 +152,12 @@ class TracebackReader:
                 return True
             if line.startswith("Traceback (most recent call last)"):
                 return self._next_traceback(st, pos)
+            if self._spawned(st, line):
+                return True
+            if not line.strip() and st.blank_paste and not st.msg_blank:
+                st.msg_blank = True
+                return True
+            st.msg_blank = False
             if not line.strip().strip("\"'"):
                 # (a remote traceback quoted in the message ends with its closing quotes)
                 st.state = "after"
@@ -201,16 +166,16 @@ class TracebackReader:
                 st.chained_marker = True
                 st.state = "chain"
                 return True
-            span = SPAN_FIELD_RE.match(line)
-            if span:
-                # a structured logger's fields after the message (TGI's " rank=0"): the process
-                st.label = st.label or f"rank={span.group('rank')}"
-                st.state = "after"
+            if self._span_field(st, line):
                 return True
-            if RECORD_START_RE.match(line) or FRAME_RE.match(line):
+            if FOREIGN_TB_RE.match(line):
+                st.state = "skip"
+                return True
+            if RECORD_START_RE.match(line) or FRAME_RE.match(line) or launcher_statement(line):
+                # (a launcher's word on its child is its own record, not the child's message)
                 self._finish_stream(st)
                 return False
-            if st.twins and _exception_line(line):
+            if st.twins and exception_line(line):
                 # the interleaved twin's exception line: the cleaner of the two is kept
                 st.twins -= 1
                 m = EXC_RE.match(line)
@@ -234,15 +199,30 @@ class TracebackReader:
             if line.startswith("Traceback (most recent call last)"):
                 return True
             return self._frames(st, line, pos)
+        if st.state == "skip":
+            if not line.strip() or line[:1] in (" ", "\t"):
+                return True
+            self._finish_stream(st)
+            return False
         if st.state in ("after", "chain"):
             if not line.strip():
                 return True
+            if st.state == "after":
+                # (a paste with a blank line after every line: the rank field, DataLoader's
+                # "Original Traceback", after a blank line)
+                if self._span_field(st, line):
+                    return True
+                if not line.startswith("Traceback") and NESTED_TB_RE.match(line.strip()):
+                    self._nest(st, pos)
+                    return True
             if line in (CHAIN_CONTEXT, CHAIN_CAUSE):
                 st.chained_marker = True
                 st.state = "chain"
                 return True
             if line.startswith("Traceback (most recent call last)"):
                 return self._next_traceback(st, pos)
+            if st.state == "after" and self._spawned(st, line):
+                return True
             self._finish_stream(st)
             return False
         return False
@@ -250,6 +230,9 @@ class TracebackReader:
     def _frames(self, st: Stream, line: str, pos: int) -> bool:
         exc = st.cur
         assert exc is not None
+        st.lines += 1
+        if not line.strip():
+            st.blanks += 1
         if st.ipython and self._ipython_frame(st, exc, line):
             return True
         if st.pytest:
@@ -271,11 +254,11 @@ class TracebackReader:
                     st.indent = max(0, len(line) - len(line.lstrip(" ")) - 2)
                     line = line[st.indent:]
                 fr = Frame(m.group("file") or m.group("bare").strip(), int(m.group("line")),
-                           _func(m.group("func")))
+                           func_name(m.group("func")))
                 self._add_frame(st, exc, fr)
                 return True
             text = line.strip()
-            if st.pending is not None and text and not _decoration(text):
+            if st.pending is not None and text and not decoration(text):
                 st.pending.source = text[:500]
                 st.pending = None
             return True
@@ -287,6 +270,7 @@ class TracebackReader:
                 # writing to one terminal without prefixes): read as one, its repeated frames
                 # once (see _add_frame) and the cleaner exception line of the two.
                 st.twins += 1
+                st.merged = True
                 return True
             # A traceback restarted before this one ended: keep what we had, start anew.
             self._finish_stream(st, truncated_end=True)
@@ -299,28 +283,28 @@ class TracebackReader:
             m = FRAME_RE.match(line)
             if m:
                 self._add_frame(st, exc, Frame(m.group("file") or m.group("bare").strip(), int(m.group("line")),
-                                               _func(m.group("func"))))
+                                               func_name(m.group("func"))))
                 return True
         text = line.strip()
-        if _decoration(text):
+        if decoration(text):
             return True
-        if (st.pending is not None or 0 < st.source_run < MAX_SOURCE_RUN) and not _exception_line(line):
+        if (st.pending is not None or 0 < st.source_run < MAX_SOURCE_RUN) and not exception_line(line):
             # ... and so are their source lines (a statement may span several)
             if st.pending is not None:
                 st.pending.source = text[:500]
                 st.pending = None
             st.source_run += 1
             return True
-        ray = RAY_WRAP_RE.match(line) if "Ray" in line[:40] else None
+        ray = RAY_WRAP_RE.match(line) if "ray::" in line else None
         m = EXC_RE.match(line)
         if ray:
             # Ray's wrapper of a remote failure: unwrap to the remote exception; its frames
             # and its own exception line follow, in the remote process (pid, node ip).
-            exc.type = ray.group("inner") or exc.type or "RayTaskError"
+            exc.type = ray.group("inner") or ray.group("died") or exc.type or "RayTaskError"
             exc.wrapper = True
-            st.remote = (_ray_actor(ray.group("call")), int(ray.group("pid")), ray.group("ip"))
+            st.remote = (ray_actor(ray.group("call")), int(ray.group("pid")), ray.group("ip"))
             msg = line[line.index(": ") + 2:] if ": " in line else ""
-        elif m and _exception_line(line):
+        elif m and exception_line(line):
             exc.type = m.group("type")
             msg = m.group("msg") or ""
             exc.wrapper = False
@@ -329,9 +313,9 @@ class TracebackReader:
             # off and other output goes on
             self._finish_stream(st, truncated_end=True)
             return False
-        elif exc.frames and not st.chain and NOT_AN_EXC_LINE_RE.match(line):
+        elif exc.frames and not st.chain and (NOT_AN_EXC_LINE_RE.match(line) or PROSE_TYPE_RE.search(line)):
             # a sentence where the exception line should be: the traceback was cut off there
-            # (its process died, or another writer's output goes on)
+            # (its process died, or another writer's output goes on, or a person tells the error)
             self._finish_stream(st, truncated_end=True)
             return False
         else:
@@ -346,6 +330,25 @@ class TracebackReader:
             # "RuntimeError: Traceback (most recent call last):": the message is the traceback
             # of the failure it wraps, which follows
             self._nest(st, pos)
+        return True
+
+    def _spawned(self, st: Stream, line: str) -> bool:
+        """torch.multiprocessing.spawn's "-- Process 2 terminated with the following error:":
+        the exception's message is that child's traceback (read next, as the cause)."""
+        m = SPAWN_CHILD_RE.match(line) if line[:3] == "-- " else None
+        if m is None:
+            return False
+        st.spawned = f"rank{m.group('rank')}"
+        return True
+
+    def _span_field(self, st: Stream, line: str) -> bool:
+        """A structured logger's field after the message (TGI's " rank=0"): the process."""
+        span = SPAN_FIELD_RE.match(line)
+        if span is None:
+            return False
+        if not st.label:
+            st.label, st.rank_source = f"rank={span.group('rank')}", "field"
+        st.state = "after"
         return True
 
     def _nest(self, st: Stream, pos: int) -> None:
@@ -393,7 +396,7 @@ class TracebackReader:
             return False
         file = m.group("f1") or m.group("f2") or m.group("f3") or text.split(",", 1)[0]
         num = m.group("l2") or m.group("l4")
-        self._add_frame(st, exc, Frame(file, int(num) if num else 0, _func(m.group("func"))))
+        self._add_frame(st, exc, Frame(file, int(num) if num else 0, func_name(m.group("func"))))
         return True
 
     def _pytest_msg(self, st: Stream, line: str, pos: int) -> bool:
@@ -432,6 +435,12 @@ class TracebackReader:
         return False
 
     def _next_traceback(self, st: Stream, pos: int) -> bool:
+        if st.spawned is not None:
+            if not st.label:
+                st.label, st.rank_source = st.spawned, "launcher"
+            st.spawned = None
+            self._nest(st, pos)
+            return True
         if st.chained_marker and st.cur is not None and len(st.chain) < MAX_CHAIN:
             st.chain.append(st.cur)
             st.cur = _Exc(None, [], pos)
@@ -447,7 +456,7 @@ class TracebackReader:
     def _reopen(self, st: Stream, pos: int) -> None:
         """A new traceback in the place of `st` (same key, identity and form)."""
         new = self._open(st.key, st.label, st.pid, st.jpid, st.ident, st.level, pos, st.node)
-        new.indent, new.ipython = st.indent, st.ipython
+        new.indent, new.ipython, new.rank_source = st.indent, st.ipython, st.rank_source
         if self.bare is st:
             self.bare = new
 
@@ -476,8 +485,11 @@ class TracebackReader:
         if not chain:
             return
         self.tracebacks += 1
+        self.tail = TAIL_LINES
         pick = _pick_from_chain(chain)
         exc = chain[pick]
+        if exc.type is None:
+            self.cut_tick = self.tick      # a sentence after it may tell its error (errorlines)
         frame = exc.last_pkg_frame or exc.last_frame
         if frame is None:
             for other in reversed(chain):
@@ -487,7 +499,7 @@ class TracebackReader:
         message = exc.message
         # An error raised on the way down (an executor's shutdown, a destructor) after
         # another failure is that failure's consequence.
-        cascade = is_cascade(exc.type, message) or exc.shutdown
+        cascade = is_cascade(exc.type, message) or exc.shutdown or st.ignored
         if cascade:
             category = TB_CASCADE
         elif st.level in ("WARNING", "WARN", "INFO", "DEBUG"):
@@ -496,69 +508,16 @@ class TracebackReader:
             category = TB_ERROR
         others = [(e.type, e.message, e.pos) for i, e in enumerate(chain) if i != pick]
         rank, pid, node = st.label, st.pid if st.pid is not None else st.jpid, st.node
+        source = st.rank_source if rank else None
         if st.remote is not None:
             rank = f"{st.remote[0]} pid={st.remote[1]}"
-            pid, node = st.remote[1], st.remote[2] or node
+            pid, node, source = st.remote[1], st.remote[2] or node, "ray-task"
         frames = list(reversed(exc.frame_list)) or next(
             (list(reversed(e.frame_list)) for e in reversed(chain) if e.frame_list), [])
         occ = Occ("traceback", category, exc.type, message, norm_sig(exc.type, message),
-                   rank, chain[0].pos, frame, others, cascade, pid, node, frames, span=(st.opened, self.tick))
+                   rank, chain[0].pos, frame, others, cascade, pid, node, frames, span=(st.opened, self.tick),
+                   rank_source=source, merged=st.merged)
         self._register(occ, st.jpid, st.ident, st.label, st.pid)
-
-
-def _decoration(text: str) -> bool:
-    """Python 3.11+ caret/tilde markers and 3.13's elided-lines marker: not source."""
-    return (not text.strip("^~ ")) or (text.startswith("...<") and text.endswith(">...")) \
-        or text.startswith("[Previous line repeated")
-
-
-def ungroup(line: str) -> tuple[str, str | None]:
-    """An exception-group line as a plain traceback line: margins stripped, the group's
-    header as a traceback header; separators come back as "sep", the closing rule as "end"."""
-    while True:
-        m = EG_MARGIN_RE.match(line)
-        if not m:
-            break
-        line = line[m.end():]
-    if EG_START_RE.match(line):
-        return "Traceback (most recent call last):", None
-    if EG_SEP_RE.match(line):
-        return line, "sep"
-    if EG_END_RE.match(line):
-        return line, "end"
-    return line, None
-
-
-def _exception_line(line: str) -> bool:
-    """Whether an unindented line inside a traceback is its exception line rather than a
-    frame's source line that lost its indentation: `Type: message`, `pkg.Type`, `Type`."""
-    m = EXC_RE.match(line)
-    if not m:
-        return bool(RAY_WRAP_RE.match(line))
-    t = m.group("type")
-    return t not in NOT_EXCEPTIONS and (":" in line or "." in t or t[:1].isupper())
-
-
-def _func(name: str | None) -> str | None:
-    """A frame's function: `PreTrainedModel.to` (IPython, 3.11 qualified names) -> `to`."""
-    if not name:
-        return None
-    name = name.strip()
-    if name.startswith("<"):
-        return name
-    return name.rsplit(".", 1)[-1] or name
-
-
-def _ray_actor(call: str) -> str:
-    """The actor (or task) of Ray's `ray::NAME` call: `_Inner.train()` -> `_Inner`,
-    `ServeReplica:app:Model.handle_request()` -> `ServeReplica:app:Model`, `MapBatches(f)()`
-    -> `MapBatches(f)`, `IDLE` -> `IDLE`."""
-    if call.endswith("()"):
-        call = call[:-2]
-        head, dot, method = call.rpartition(".")
-        if dot and head and method.isidentifier():
-            call = head
-    return call or "ray"
 
 
 def _pick_from_chain(chain: list[_Exc]) -> int:
@@ -576,9 +535,3 @@ def _pick_from_chain(chain: list[_Exc]) -> int:
             continue
         return i
     return len(chain) - 1
-
-
-def in_package(path: str, package: str | None) -> bool:
-    if not package:
-        return False
-    return f"/{package}/" in path.replace("\\", "/")

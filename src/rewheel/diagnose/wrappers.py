@@ -52,10 +52,19 @@ WRAPPER_RE = re.compile(
     r"|(?P<task>\d{1,5}):(?: |$)"
     # a log quoted in a reply (markdown / e-mail): "> ", "> > "
     r"|(?P<quote>(?:> ?)+)")
+# grep -n's line number ("88410:" on a match, "88411-" on a context line), after the file's
+# path with -r ("logs/w-3.log:8812:", "logs/w-3.log-8813-"): taken off where a wrapper or
+# prefix we know follows it
+# (one lazy run, bounded: linear in the line's first word)
+GREP_N_RE = re.compile(r"(?:[^\s:]{1,400}?[:-])?\d{1,10}[:-](?=\S)")
 PROC_RE = re.compile(r"\((?:(?P<label>[A-Za-z][^()]*?) )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[^,)\s]*)[^)]*)?\) ?")
 # Ray's de-duplication of lines printed by many workers
 RAY_REPEAT_RE = re.compile(r"\s*\[repeated \d+x across cluster\]$")
 RANK_RE = re.compile(r"\[rank(?P<rank>\d+)\]: ?")
+# mpirun --tag-output (Horovod, DeepSpeed over MPI): "[1,3]<stderr>:" (the job and the rank)
+MPI_TAG_RE = re.compile(r"\[\d+,(?P<rank>\d+)\]<std(?:out|err|diag)>: ?")
+# torchrun's --tee / --redirects: "[default3]:" (the role and the local rank) before every line
+TEE_RE = re.compile(r"\[(?!rank\d)(?P<role>[A-Za-z_]+\d+)\]:")
 # sglang's logger header: [2025-07-28 15:07:00 DP0 TP1] (ranks absent in the main process)
 SGLANG_RE = re.compile(r"\[(?:\d{4}-\d\d-\d\d )?\d\d:\d\d:\d\d(?:\.\d+)?(?P<ranks>(?: (?:DP|TP|PP|EP|CP)\d+)*)\] ")
 HEADER_RE = re.compile(
@@ -71,6 +80,8 @@ KNOWN_INNER_RE = re.compile(r"\((?:[A-Za-z][^()]*? )?pid=\d+|\[rank\d+\]:"
                             r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) +\d\d-\d\d \d\d:\d\d:\d\d")
 MAX_WRAPPER_CHARS = 80
 ESCAPED_TB = TB_HEAD + ":\\n"     # the same, inside an escaped string: its newlines are "\n"
+NEXT_STRING_RE = re.compile(r"\s*,\s*(['\"])")   # the next string of a list repr
+MAX_LIST_STRINGS = 400
 # A tqdm bar that another writer's line was glued to ("...| 5/10 [00:01<00:01, 3.2it/s]ERROR ...").
 TQDM_TAIL_RE = re.compile(r".*?\d+%(?:\|[^|]*\|| Completed \|)[^\[\]]*\[[^\]]*\]")
 
@@ -139,7 +150,7 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
                 learned = None
                 continue
         c = line[:1]
-        if not (c.isalnum() or c in "<[>"):
+        if not (c.isalnum() or c in "<[>./"):
             break
         if jpid is None:
             m = JOURNAL_RE.match(line)
@@ -151,7 +162,11 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
                 continue
         m = WRAPPER_RE.match(line)
         if not m:
-            break
+            g = GREP_N_RE.match(line)
+            if g is None or not _known_after(line[g.end():], jpid):
+                break
+            line = line[g.end():]
+            continue
         if m.group("task") is not None:
             task = task or m.group("task")
         elif m.group("quote") is not None:
@@ -163,8 +178,11 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
         line = line[m.end():]
     label: str | None = None
     pid: int | None = None
-    for _ in range(2):
-        if line.startswith("("):
+    tee: str | None = None
+    rank_tag: str | None = None
+    for _ in range(6):
+        c = line[:1]
+        if c == "(":
             m = PROC_RE.match(line)
             if m:
                 # SkyPilot over Ray: "(worker1, rank=1, pid=N, ip=A)": the label without its comma
@@ -174,18 +192,30 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
                 node = m.group("ip") or node
                 line = line[m.end():]
                 continue
+        elif c == "[" and line.startswith("[rank"):
+            # torch's `[rankN]:`, repeated when a launcher prefixes it again; a process label
+            # around it (Ray, SkyPilot) names the node's process, the tag the torch rank
+            m = RANK_RE.match(line)
+            if m:
+                rank_tag = f"rank{m.group('rank')}"
+                line = line[m.end():]
+                continue
+        elif c == "[" and line[1:2].isdigit() and "]<std" in line[:20]:
+            m = MPI_TAG_RE.match(line)
+            if m:
+                rank_tag = f"rank{m.group('rank')}"
+                line = line[m.end():]
+                continue
+        elif c == "[" and line[1:2].isalpha():
+            m = TEE_RE.match(line)
+            if m:
+                tee = m.group("role")
+                line = line[m.end():]
+                continue
         break
-    rank_tag: str | None = None
-    while line.startswith("[rank"):
-        # torch's `[rankN]:`, repeated when a launcher prefixes it again; a process label
-        # around it (Ray, SkyPilot) names the node's process, the tag the torch rank
-        m = RANK_RE.match(line)
-        if not m:
-            break
-        rank_tag = f"rank{m.group('rank')}"
-        line = line[m.end():]
-    if rank_tag is not None:
-        label = _join_label(label, rank_tag)
+    if rank_tag is not None or tee is not None:
+        # (torch's own rank tag, where there is one, says more than torchrun's local one)
+        label = _join_label(label, rank_tag or tee)
     level: str | None = None
     header = ""
     prefix_label = label
@@ -206,6 +236,14 @@ def read_prefixes(line: str, *, jpid: int | None, ident: str | None, node: str |
     return Prefixes(line, jpid, ident, node, label, pid, level, header, prefix_label)
 
 
+def _known_after(rest: str, jpid: int | None) -> bool:
+    """Whether what follows a number is a wrapper or prefix we know (then the number is grep's)."""
+    if rest[:1] in "[(" or (jpid is None and JOURNAL_RE.match(rest) is not None):
+        return True
+    m = WRAPPER_RE.match(rest)
+    return m is not None and m.group("task") is None
+
+
 def _after_carriage(line: str) -> str:
     """What a terminal shows of a line with `\r` progress bars: the text after the last
     carriage return, without a progress bar that a logger line was written straight after."""
@@ -220,23 +258,42 @@ def _after_carriage(line: str) -> str:
 
 
 def escaped_traceback(line: str) -> str:
-    """The traceback held in one escaped string of `line` (a JSON field, a repr), unescaped:
-    from its start to the string's closing quote (the rest of the line is not its)."""
+    """The traceback held in an escaped string of `line` (a JSON field, a repr), unescaped:
+    from its start to the string's closing quote (the rest of the line is not its); in a list
+    of strings (`traceback.format_exception`'s, printed: `['Traceback ...\\n', '  File ...']`),
+    the strings that follow it too."""
     start = line.index(ESCAPED_TB)
     quote = line[start - 1] if start and line[start - 1] in "\"'" else None
-    end = len(line)
-    if quote:
-        i = start
-        while True:
-            i = line.find(quote, i)
-            if i < 0:
-                break
-            if line[i - 1] != "\\":
-                end = i
-                break
-            i += 1
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "r": ""}.get(m.group(1), m.group(1)),
-                  line[start:end])
+    if quote is None:
+        return _unescape(line[start:])
+    parts: list[str] = []
+    i = start
+    in_list = line[: start - 1].rstrip().endswith("[")
+    while len(parts) < MAX_LIST_STRINGS:
+        end = _closing_quote(line, i, quote)
+        parts.append(line[i:end])
+        m = NEXT_STRING_RE.match(line, end + 1) if in_list and end < len(line) else None
+        if m is None:
+            break
+        quote, i = m.group(1), m.end()
+    return _unescape("".join(parts))
+
+
+def _closing_quote(line: str, i: int, quote: str) -> int:
+    """Where the string literal whose text starts at `i` ends (its closing quote; the line's
+    end if it has none)."""
+    while True:
+        i = line.find(quote, i)
+        if i < 0:
+            return len(line)
+        backslashes = len(line[:i]) - len(line[:i].rstrip("\\"))
+        if backslashes % 2 == 0:
+            return i
+        i += 1
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t", "r": ""}.get(m.group(1), m.group(1)), text)
 
 
 def _rank_name(label: str, pid: str, ip: str | None) -> str:

@@ -43,8 +43,9 @@ from rewheel.snapshot.cleanup import (SYSTEM_FOLDERS, check_cleanup_entries, cle
                                       cleanup_refusal, pending_cleanup, stash_cleanup, unstash_cleanup)
 from rewheel.snapshot.lanes import LANES_MIN_FILES, restore_lanes_setting
 from rewheel.snapshot.manifest import MANIFEST_VERSION, Entry, Folder, Manifest, ManifestDamaged, match_roots
-from rewheel.snapshot.restore import (RestoreResult, discard_displaced, remove_displaced, restore_snapshot,
-                                      share_folders, verify)
+from rewheel.snapshot.restore import (PreparedRestore, RestoreResult, discard_displaced, prepare_restore,
+                                      remove_displaced, restore_snapshot, verify)
+from rewheel.snapshot.restore_checks import share_folders
 from rewheel.snapshot.store import ALIASES, SnapshotMeta, Store
 from rewheel.snapshot.integrity import (Damage, StoreVerify, VerifyResult, damaged_files, verify_snapshot,
                                         verify_store)
@@ -53,10 +54,10 @@ from rewheel.snapshot.tree import (STAGING_PREFIX, Progress, Root, exclusion, ha
 
 __all__ = [
     "ALIASES", "LANES_MIN_FILES", "MANIFEST_VERSION", "STAGING_PREFIX", "SYSTEM_FOLDERS", "Entry", "Folder", "Manifest",
-    "ManifestDamaged", "Progress", "RestoreError", "RestoreResult", "Root", "SnapshotDamaged", "SnapshotError",
+    "ManifestDamaged", "PreparedRestore", "Progress", "RestoreError", "RestoreResult", "Root", "SnapshotDamaged", "SnapshotError",
     "SnapshotMeta", "SnapshotResult", "Store", "check_cleanup_entries", "cleanup_glob_refusal", "cleanup_matches", "cleanup_refusal", "copy_hashed",
     "discard_displaced", "estimate_snapshot", "exclusion", "hand_editable", "hash_file", "kind_of", "match_roots", "nested_prefix",
-    "pending_cleanup", "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting",
+    "pending_cleanup", "prepare_restore", "provably_pristine", "record_index", "remove_displaced", "restore_lanes_setting",
     "restore_snapshot", "scope_of", "share_folders", "stash_cleanup", "take_snapshot", "unstash_cleanup", "verify", "walk",
     "Damage", "StoreVerify", "VerifyResult", "damaged_files", "verify_snapshot", "verify_store",
 ]

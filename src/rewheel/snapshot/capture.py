@@ -1,8 +1,16 @@
-"""Taking a snapshot: walk the environment, share what RECORD proves, copy the rest.
+"""Taking a snapshot: walk the environment, name each file's object, store what is new.
 
-Owns: `take_snapshot` and `estimate_snapshot`, the linker (hard link, reflink or copy into
-the store), hashed and sparse copies (`copy_hashed`), and reuse of an unchanged copy from
-the previous snapshot (`_PreviousCopies`).
+Owns: `take_snapshot` and `estimate_snapshot` (the walk they make is `capture_walk`, what
+a changed file becomes is `ingest`), how many processes take one (`capture_lanes`), what a
+failed snapshot tells a person, and the file copies other modules share (`copy_hashed`,
+`copy_plain`, `clone_file`).
+
+What a snapshot costs is what changed since the last one. A live file whose inode, size,
+mtime, ctime and mode are those the newest snapshot recorded is the same file, unchanged —
+an edit in place changes the ctime even when it puts the mtime back — so its object is that
+snapshot's, found without reading, linking or copying anything (git's index works so). Only
+the other files are looked at: their sha256 comes from RECORD (or an earlier restore's proof,
+or their bytes), and a content already in the store is not stored again.
 """
 
 from __future__ import annotations
@@ -10,95 +18,45 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
-import json
+import gc
 import os
 import secrets
 import shutil
-import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from rewheel.environment import Distribution, Environment
-from rewheel.errors import SnapshotDamaged, SnapshotError, UsageError
-from rewheel.paths import atomic_write, fsync_dir
-from rewheel.snapshot.manifest import Folder, Manifest, ManifestDamaged
-from rewheel.snapshot.store import SnapshotMeta, Store, aliased_files
-from rewheel.snapshot.tree import (CHUNK, Progress, Root, TIE_HASH_MAX, excluded_distribution_file, exclusion,
-                                   hand_editable, hash_file, kind_of, provably_pristine, proven_sha, record_index, safe_rel, scope_of,
-                                   shared_paths, walk)
+from rewheel.errors import SnapshotError, UsageError
+from rewheel.paths import fsync_dir
+from rewheel.snapshot import privatize
+from rewheel.snapshot.capture_walk import CaptureWalk
+from rewheel.snapshot.ingest import Dists
+from rewheel.snapshot.manifest import Manifest
+from rewheel.snapshot.objects import Objects, copy_fd, copy_fd_hashed
+from rewheel.snapshot.store import SnapshotMeta, Store
+from rewheel.snapshot.tree import Progress, excluded_distribution_file
 
 _FICLONE = 0x40049409
 
 
 # --------------------------------------------------------------------------------------
-# Taking a snapshot
+# File copies (also used by the restore and the recovery)
 # --------------------------------------------------------------------------------------
-class _Linker:
-    """Share a file's contents with the store: a reflink where the filesystem offers one
-    (XFS, btrfs, bcachefs), else a hard link, else a copy.
-
-    A reflink is a copy-on-write clone: an edit later written in place into the live file
-    cannot reach the snapshot's copy, as it does through a hard link (one inode). Whether
-    clones work between the environment and the store is probed once, on the first shared
-    file (one ioctl that fails at once on ext4): where they do, the whole snapshot is
-    reflinked; where not, nothing per file is added to the hard-link path."""
-
-    def __init__(self) -> None:
-        self.can_link = True
-        self.prefer_reflink: bool | None = None  # None: not probed yet
-        self.modes: set[str] = set()
-
-    def share(self, src: str, dst: str) -> str:
-        if self.prefer_reflink is None:
-            self.prefer_reflink = clone_file(src, dst)
-            if self.prefer_reflink:
-                self.modes.add("reflink")
-                return "reflink"
-        elif self.prefer_reflink:
-            if clone_file(src, dst):
-                self.modes.add("reflink")
-                return "reflink"
-            # A clone refused further down (another filesystem mounted inside the prefix):
-            # share this one as the filesystem allows.
-        if self.can_link:
-            try:
-                os.link(src, dst)
-                self.modes.add("hardlink")
-                return "link"
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
-                    raise
-                self.can_link = exc.errno == errno.EMLINK
-        shutil.copyfile(src, dst)
-        self.modes.add("copy")
-        return "copy"
-
-    def private(self, src: str, dst: str, st: os.stat_result) -> str:
-        """A copy of its own for a file a person may edit (`hand_editable`): a reflink where
-        the filesystem has them (the store gets its own inode at no disk cost), else a copy
-        of the bytes, with the source's mtime. Never a hard link."""
-        if self.prefer_reflink is None:
-            self.prefer_reflink = clone_file(src, dst)
-            cloned = self.prefer_reflink
-        else:
-            cloned = self.prefer_reflink and clone_file(src, dst)
-        if cloned:
-            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-            self.modes.add("reflink")
-            return "reflink"
-        copy_plain(src, dst, st)
-        self.modes.add("copy")
-        return "copy"
-
-
 def clone_file(src: str, dst: str) -> bool:
     """Make dst a copy-on-write clone of src (FICLONE); False where the filesystem has
     none, or src and dst are on different ones (dst is then left absent)."""
     try:
-        with open(src, "rb") as s, open(dst, "wb") as d:
-            fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
+        fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.ioctl(fo, _FICLONE, fi)
+            finally:
+                os.close(fo)
+        finally:
+            os.close(fi)
         return True
     except OSError:
         with contextlib.suppress(FileNotFoundError):
@@ -107,26 +65,13 @@ def clone_file(src: str, dst: str) -> bool:
 
 
 def copy_plain(src: str, dst: str, st: os.stat_result) -> None:
-    """Copy src (whose lstat is `st`) to a new file dst in the kernel (copy_file_range: no
-    byte passes through this process; where the filesystem shares extents, it may share
-    them), and give dst src's mtime. For a file whose sha256 is already known (RECORD)."""
+    """Copy src (whose lstat is `st`) to a new file dst in the kernel where it can, and give
+    dst src's mtime. For a file whose sha256 is already known (RECORD)."""
     fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
     try:
         fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            try:
-                while os.copy_file_range(fi, fo, max(st.st_size, CHUNK)):
-                    pass
-            except OSError as exc:  # no in-kernel copy between these two (an older kernel, EXDEV)
-                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
-                    raise
-                os.lseek(fi, 0, os.SEEK_SET)
-                os.ftruncate(fo, 0)
-                os.lseek(fo, 0, os.SEEK_SET)
-                while chunk := os.read(fi, CHUNK):
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(fo, view):]
+            copy_fd(fi, fo, st.st_size)
             os.utime(fo, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(fo)
@@ -134,60 +79,24 @@ def copy_plain(src: str, dst: str, st: os.stat_result) -> None:
         os.close(fi)
 
 
-_ZEROS = bytes(CHUNK)
-
-
 def copy_hashed(src: str, dst: str) -> tuple[str, int]:
     """Copy src to dst, returning (sha256 hex, size) of the bytes copied, in one pass. A
-    sparse file stays sparse: its holes are hashed as the zeros they read as, not written."""
-    h = hashlib.sha256()
-    n = 0
-    with open(src, "rb") as s, open(dst, "wb") as d:
-        st = os.fstat(s.fileno())
-        if st.st_blocks * 512 < st.st_size and hasattr(os, "SEEK_DATA"):
-            return _copy_sparse(s, d, st.st_size)
-        while True:
-            chunk = s.read(CHUNK)
-            if not chunk:
-                break
-            h.update(chunk)
-            d.write(chunk)
-            n += len(chunk)
-    return h.hexdigest(), n
-
-
-def _copy_sparse(s: Any, d: Any, size: int) -> tuple[str, int]:
-    """Copy the data extents of a sparse file (SEEK_DATA / SEEK_HOLE) and leave the holes."""
-    h = hashlib.sha256()
-    fd_in = s.fileno()
-    pos = 0
-    while pos < size:
+    sparse file stays sparse: its holes are hashed as the zeros they read as, not written.
+    (Plain descriptors, not Python's buffered files: no terminal check per file opened.)"""
+    fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            data = os.lseek(fd_in, pos, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno != errno.ENXIO:  # ENXIO: no data after pos, only a hole to the end
-                raise
-            data = size
-        for _ in range(0, data - pos, CHUNK):  # the hole reads as zeros
-            h.update(_ZEROS[:min(CHUNK, data - pos - _)])
-        if data >= size:
-            break
-        hole = os.lseek(fd_in, data, os.SEEK_HOLE)
-        s.seek(data)
-        d.seek(data)
-        left = hole - data
-        while left > 0:
-            chunk = s.read(min(CHUNK, left))
-            if not chunk:
-                break
-            h.update(chunk)
-            d.write(chunk)
-            left -= len(chunk)
-        pos = hole
-    d.truncate(size)
-    return h.hexdigest(), size
+            return copy_fd_hashed(fi, fo)
+        finally:
+            os.close(fo)
+    finally:
+        os.close(fi)
 
 
+# --------------------------------------------------------------------------------------
+# Taking a snapshot
+# --------------------------------------------------------------------------------------
 @dataclass
 class SnapshotResult:
     meta: SnapshotMeta
@@ -203,272 +112,73 @@ class SnapshotResult:
                 "files_copied": self.files_copied, "seconds": round(self.seconds, 3),
                 "label": m.label, "status": m.status, "nested_skipped": m.extra.get("nested_skipped", []),
                 "files_reused": m.extra.get("files_reused", 0), "bytes_reused": m.extra.get("bytes_reused", 0),
+                "files_unchanged": m.extra.get("files_unchanged", 0),
+                "files_taken_over": m.extra.get("files_taken_over", 0),
                 "files_private": m.extra.get("files_private", 0), "bytes_private": m.extra.get("bytes_private", 0)}
 
 
 def estimate_snapshot(env: Environment, store: Store, *, dists: list[Distribution] | None = None,
                       exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """What a snapshot of the environment would cost now, for the plan a person reads
-    before saying yes: the walk `take_snapshot` makes, without linking or copying. Files no
-    RECORD proves are copied, and so are the hand-editable files it proves (`hand_editable`);
-    an unchanged one the previous snapshot holds is shared with it instead. The rest are
-    shared with the environment at no disk cost (on one filesystem)."""
-    dists = dists if dists is not None else env.distributions()
-    records = record_index(dists)
-    _refuse_excluded_distributions(env, records, exclude)
-    roots = scope_of(env)
-    previous = _PreviousCopies(store, roots)
-    files = to_copy = bytes_to_copy = bytes_reused = bytes_total = 0
-    nested: list[str] = []
-    src_base = [r.path.rstrip("/") + "/" for r in roots]
-    for ri, rel, st in walk(roots, records, {str(store.home)}, nested, exclusion(exclude)):
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        files += 1
-        size = st.st_size
-        bytes_total += size
-        rec = records.get(src_base[ri] + rel)
-        # A tie with RECORD's mtime counts as a copy here (a snapshot proves a small one by
-        # its bytes): the estimate errs towards more space, never less.
-        if rec and rec[0] and provably_pristine(size, st.st_mtime_ns, rec[1], rec[2]):
-            if not hand_editable(rel.rpartition("/")[2], size):
-                continue
-            # Hand-editable: copied, unless the previous snapshot holds it unchanged.
-            if previous.holds(ri, rel, st):
-                bytes_reused += size
-                continue
-        elif size >= _REUSE_MIN and previous.holds(ri, rel, st):
-            bytes_reused += size
-            continue
-        to_copy += 1
-        # Sparse files are copied sparse: what they occupy, not their length.
-        bytes_to_copy += min(size, st.st_blocks * 512)
+    before saying yes: the walk `take_snapshot` makes, without storing anything. Files
+    unchanged since the last snapshot cost nothing; of the rest, a content the store already
+    holds costs nothing either, large binaries RECORD proves are hard-linked (no disk), and
+    everything else is copied (its bytes, or what a sparse file occupies)."""
+    lazy = Dists(env, dists)
+    if exclude:
+        _refuse_excluded_distributions(env, lazy.records, exclude)
+    with Objects(store.env_dir, create=False) as objs:
+        w = CaptureWalk(env, store, lazy, exclude, objs if objs.root.is_dir() else None, dry=True)
+        w.run()
+    ing = w.ingest
     free = shutil.disk_usage(store.snapshots_dir).free
-    return {"files": files, "bytes_total": bytes_total, "files_to_copy": to_copy,
-            "bytes_to_copy": bytes_to_copy, "bytes_reused": bytes_reused, "store_free": free,
-            "nested_skipped": nested}
-
-
-_REUSE_MIN = 64 << 10  # smaller copies cost less than looking for them in the previous snapshot
-
-
-class _PreviousCopies:
-    """The newest earlier snapshot of the same roots, for files a snapshot must copy (no
-    RECORD proves them: a model cache, a debug dump written into a package folder): one
-    that is still as that snapshot stored it (same size and mtime, a regular file) is linked
-    to its stored copy instead of copied again. Stored copies are never written after they
-    are made, so snapshots may share them; deleting one snapshot leaves the other's."""
-
-    def __init__(self, store: Store, roots: list[Root]) -> None:
-        self.store, self.roots = store, roots
-        self._prev: tuple[SnapshotMeta, Manifest] | None | bool = False
-
-    def _load(self) -> tuple[SnapshotMeta, Manifest] | None:
-        if self._prev is False:
-            self._prev = None
-            real = [os.path.realpath(r.path) for r in self.roots]
-            for meta in self.store.list():
-                try:
-                    man = Manifest.load(meta, validate=False)
-                except SnapshotDamaged:
-                    continue
-                if (man.real_roots or [os.path.realpath(r.path) for r in man.roots]) == real:
-                    self._prev = (meta, man)
-                break
-        return self._prev if isinstance(self._prev, tuple) else None
-
-    def _find(self, ri: int, rel: str, st: os.stat_result) -> tuple[SnapshotMeta, Folder, int] | None:
-        prev = self._load()
-        if prev is None:
-            return None
-        meta, man = prev
-        folder, _, name = rel.rpartition("/")
-        f = man.folders.get((ri, folder))
-        i = f.index.get(name) if f is not None else None
-        if (f is None or i is None or f.types[i] != "f" or f.stored[i] != "C" or f.sizes[i] != st.st_size
-                or f.mtimes[i] != st.st_mtime_ns or not safe_rel(rel)):
-            return None
-        return meta, f, i
-
-    def holds(self, ri: int, rel: str, st: os.stat_result) -> bool:
-        return self._find(ri, rel, st) is not None
-
-    def share(self, ri: int, rel: str, st: os.stat_result, dst: str, want: str | None = None) -> str | None:
-        """Link dst to the previous snapshot's stored copy of rel; its sha256, or None.
-        `want`: the sha256 the file is known to have (RECORD's), which that copy's must be."""
-        found = self._find(ri, rel, st)
-        if found is None:
-            return None
-        meta, f, i = found
-        try:
-            sha = f.sha(i)
-            stored = f"{meta.path}/tree/{ri}/{rel}"
-            sst = os.lstat(stored)
-            if not (stat.S_ISREG(sst.st_mode) and sst.st_size == st.st_size and sst.st_mtime_ns == st.st_mtime_ns
-                    and isinstance(sha, str) and (want is None or sha == want)):
-                return None
-            os.link(stored, dst)
-        except (OSError, ManifestDamaged):
-            return None
-        return sha
-
-
-class _Aliased:
-    """Files a restore proved to hold a snapshot's bytes under a new inode (`aliases.bin`,
-    see `SameBytes`): after a rollback over a force-reinstall their mtimes are newer than the
-    RECORD put back, so RECORD no longer proves them — but the same inode with the same mtime
-    and size still holds the bytes whose sha256 the restore recorded. Linked, not copied."""
-
-    def __init__(self, store: Store, roots: list[Root]) -> None:
-        self.store, self.roots = store, roots
-        self._by: dict[tuple[int, str], list[Any]] | None = None
-
-    def _load(self) -> dict[tuple[int, str], list[Any]]:
-        by: dict[tuple[int, str], list[Any]] = {}
-        where = sorted(((os.path.realpath(r.path).rstrip("/") + "/", ri) for ri, r in enumerate(self.roots)),
-                       key=lambda w: len(w[0]), reverse=True)  # the innermost root first
-        for path, v in aliased_files(self.store).items():
-            hit = next(((ri, path[len(base):]) for base, ri in where if path.startswith(base)), None)
-            if hit is not None:
-                by[hit] = v
-        return by
-
-    def sha(self, ri: int, rel: str, st: os.stat_result) -> str | None:
-        """The sha256 a restore proved for this very file (inode, mtime, size), else None."""
-        if self._by is None:
-            self._by = self._load()
-        v = self._by.get((ri, rel))
-        if v is None or v[0] != st.st_ino or v[1] != st.st_mtime_ns or v[2] != st.st_size:
-            return None
-        return v[3]
+    return {"files": w.files, "bytes_total": w.bytes_total, "files_to_copy": ing.n_copied,
+            "bytes_to_copy": ing.bytes_copied, "bytes_reused": ing.bytes_reused, "files_unchanged": w.unchanged,
+            "store_free": free, "nested_skipped": w.nested}
 
 
 def take_snapshot(env: Environment, store: Store, *, label: str = "", status: str = "manual",
                   run_id: str | None = None, progress: Progress | None = None,
-                  dists: list[Distribution] | None = None, exclude: tuple[str, ...] = ()) -> SnapshotResult:
+                  dists: list[Distribution] | None = None, exclude: tuple[str, ...] = (),
+                  take_over: bool = False) -> SnapshotResult:
     """Capture the environment's files into a new snapshot in `store`. `exclude`: globs
-    (`[snapshots] exclude`) left out, and left alone by its restore."""
+    (`[snapshots] exclude`) left out, and left alone by its restore. `take_over`: a
+    rollback's undo snapshot, taken just before its restore — files whose bytes the store
+    lacks are linked, not copied, and settled after the restore (`privatize`)."""
     t0 = time.monotonic()
-    dists = dists if dists is not None else env.distributions()
-    records = record_index(dists)
-    _refuse_excluded_distributions(env, records, exclude)
-    shared = shared_paths(dists)
-    roots = scope_of(env)
+    privatize.settle(store.env_dir)  # what an earlier undo snapshot left to settle, first
+    lazy = Dists(env, dists)
+    if exclude:
+        _refuse_excluded_distributions(env, lazy.records, exclude)
     snap_id = secrets.token_hex(4)
     tmp = store.snapshots_dir / f".tmp-{snap_id}"
-    tree = tmp / "tree"
     try:
-        tree.mkdir(parents=True, mode=0o700)
-        for ri in range(len(roots)):
-            (tree / str(ri)).mkdir()
+        tmp.mkdir(mode=0o700)
     except OSError as exc:  # a full disk already
-        shutil.rmtree(tmp, ignore_errors=True)
         raise _snapshot_failed(exc, env, store) from None
-    linker = _Linker()
-    entries: list[list[Any]] = []
-    bytes_total = bytes_copied = bytes_linked = 0
-    n_linked = n_copied = n_reused = bytes_reused = 0
-    n_private = bytes_private = 0  # hand-editable files RECORD proves: copied (or reflinked, or reused)
-    skip = {str(store.home)}
-    nested: list[str] = []
-    previous = _PreviousCopies(store, roots)
-    aliased = _Aliased(store, roots)
-    # Plain concatenation, not os.path.join: this loop runs once per file.
-    src_base = [r.path.rstrip("/") + "/" for r in roots]
-    dst_base = [f"{tree}/{ri}/" for ri in range(len(roots))]
     try:
-        for i, (ri, rel, st) in enumerate(walk(roots, records, skip, nested, exclusion(exclude))):
-            src = src_base[ri] + rel
-            dst = dst_base[ri] + rel
-            kind = kind_of(st.st_mode)
-            mode = stat.S_IMODE(st.st_mode)
-            if kind == "d":
-                # walk yields parents first, so the parent already exists in the tree:
-                # one mkdir per folder, and no per-file makedirs (3 syscalls a file).
-                try:
-                    os.mkdir(dst)
-                except FileExistsError:
-                    pass
-                entries.append([ri, rel, "d", mode, 0, st.st_mtime_ns, None, None, None, None])
-            elif kind == "l":
-                entries.append([ri, rel, "l", mode, 0, 0, None, None, os.readlink(src), None])
-            elif kind == "f":
-                if not roots[ri].whole:  # RECORD-listed files only: no parent entries walked
-                    os.makedirs(os.path.dirname(dst), exist_ok=True)
-                rec = records.get(src)
-                size = st.st_size
-                bytes_total += size
-                if src in shared:  # several owners: any whose RECORD the file matches proves it
-                    sha_shared = proven_sha(src, st, shared[src])
-                    rec = (sha_shared, size, st.st_mtime_ns + 1) if sha_shared else None
-                pristine = bool(rec and rec[0] and provably_pristine(size, st.st_mtime_ns, rec[1], rec[2]))
-                if not pristine:
-                    sha_aliased = aliased.sha(ri, rel, st)
-                    if sha_aliased is not None:
-                        rec, pristine = (sha_aliased, size, st.st_mtime_ns + 1), True
-                if pristine or (
-                        # Written in the same clock tick as RECORD (INSTALLER, REQUESTED,
-                        # uv_cache.json...): not provably older, so prove it by its bytes
-                        # (small files) rather than paying for a copy.
-                        rec and rec[0] and st.st_mtime_ns == rec[2] and size <= TIE_HASH_MAX
-                        and hash_file(src) == rec[0]):
-                    assert rec is not None  # pristine, or proven by its bytes: RECORD's entry
-                    sha = rec[0]
-                    if hand_editable(rel.rpartition("/")[2], size):
-                        # Never one inode with the live file: an edit written in place into it
-                        # must not reach the snapshot. An unchanged copy the previous snapshot
-                        # stored is shared instead (store with store), else a copy of its own.
-                        n_private += 1
-                        bytes_private += size
-                        if previous.share(ri, rel, st, dst, sha) is not None:
-                            how = "copy"
-                        else:
-                            how = linker.private(src, dst, st)
-                            bytes_copied += size if how == "copy" else 0
-                            bytes_linked += size if how == "reflink" else 0
-                            n_copied += how == "copy"
-                    else:
-                        how = linker.share(src, dst)
-                        if how == "link":
-                            bytes_linked += size
-                            n_linked += 1
-                        else:
-                            bytes_copied += size if how == "copy" else 0
-                            bytes_linked += size if how == "reflink" else 0
-                            n_copied += how == "copy"
-                            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-                else:
-                    how = "copy"
-                    sha = previous.share(ri, rel, st, dst) if size >= _REUSE_MIN else None
-                    if sha is not None:
-                        n_reused += 1
-                        bytes_reused += size
-                    else:
-                        sha, size = copy_hashed(src, dst)
-                        bytes_copied += size
-                        n_copied += 1
-                        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-                # A shared file's inode is the stored one: a restore that finds another inode at
-                # that path knows the file was replaced without stat'ing it.
-                entries.append([ri, rel, "f", mode, size, st.st_mtime_ns, sha, how, None,
-                                st.st_ino if how == "link" else None])
-            else:
-                entries.append([ri, rel, "o", mode, 0, 0, None, None, None, None])
-            if progress and i % 500 == 0:
-                progress("snapshot", i, 0)
-        manifest = Manifest.of(roots, entries, [os.path.realpath(r.path) for r in roots], list(exclude)).to_json()
-        atomic_write(tmp / "manifest.json", json.dumps(manifest, separators=(",", ":")))
+        with Objects(store.env_dir) as objs, _gc_paused():
+            w = CaptureWalk(env, store, lazy, exclude, objs, take_over=take_over)
+            w.run(progress, lanes=capture_lanes())
+        roots = w.roots
+        Manifest(roots, w.folders, [os.path.realpath(r.path) for r in roots], list(exclude)).save(
+            tmp, same_as=w.prev.man)
+        versions, distributions = w.distributions()
+        ing = w.ingest
         meta = SnapshotMeta(
             id=snap_id, path=store.snapshots_dir / snap_id, home=store.home, label=label, status=status,
             created=time.time(), prefix=str(env.prefix), python=str(env.python), kind=env.kind,
-            versions={d.name: d.version_text for d in dists},
-            distributions=[d.to_json() for d in dists],
-            files=sum(1 for e in entries if e[2] == "f"), bytes_total=bytes_total,
-            bytes_copied=bytes_copied, bytes_linked=bytes_linked,
-            link_mode="+".join(sorted(linker.modes)) or "none", run_id=run_id,
-            extra={**({"nested_skipped": nested} if nested else {}),
-                   **({"files_reused": n_reused, "bytes_reused": bytes_reused} if n_reused else {}),
-                   **({"files_private": n_private, "bytes_private": bytes_private} if n_private else {})})
+            versions=versions, distributions=distributions,
+            files=w.files, bytes_total=w.bytes_total, bytes_copied=ing.bytes_copied, bytes_linked=w.bytes_linked,
+            link_mode=w.link_mode, run_id=run_id,
+            extra={**({"nested_skipped": w.nested} if w.nested else {}),
+                   **({"files_unchanged": w.unchanged} if w.unchanged else {}),
+                   **({"files_reused": ing.n_reused, "bytes_reused": ing.bytes_reused} if ing.n_reused else {}),
+                   **({"files_private": ing.n_private, "bytes_private": ing.bytes_private} if ing.n_private else {}),
+                   **({"files_taken_over": ing.n_taken, "bytes_taken_over": ing.bytes_taken} if ing.n_taken else {}),
+                   **({"links_refused": True} if not ing.can_link else {})})
+        if ing.taken:
+            privatize.write_record(tmp, ing.taken)
         meta.path = tmp
         meta.save()
         os.rename(tmp, store.snapshots_dir / snap_id)
@@ -479,7 +189,29 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
         if isinstance(exc, OSError):
             raise _snapshot_failed(exc, env, store) from None
         raise
-    return SnapshotResult(meta, time.monotonic() - t0, n_linked, n_copied)
+    return SnapshotResult(meta, time.monotonic() - t0, w.n_linked, ing.n_copied)
+
+
+def capture_lanes() -> int:
+    """How many processes take a snapshot: `REWHEEL_RESTORE_LANES` when set (it means the
+    same for both: 1 keeps rewheel to one CPU), else two where the system allows."""
+    from rewheel.snapshot.lanes import restore_lanes_setting
+
+    forced = restore_lanes_setting()
+    return forced if forced is not None else 2
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Tens of thousands of names, numbers and stat results, none of them in a cycle: the
+    cyclic collector would only walk them again and again."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _refuse_excluded_distributions(env: Environment, records: dict[str, Any], exclude: tuple[str, ...]) -> None:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from rewheel.errors import SnapshotDamaged
 from rewheel.paths import atomic_write
 from rewheel.snapshot.manifest import Manifest, ManifestDamaged
+from rewheel.snapshot.objects import OBJECT_MTIME_NS, object_name, objects_dir
 from rewheel.snapshot.store import SnapshotMeta
 from rewheel.snapshot.tree import CHUNK, safe_rel, scope_of, strays
 
@@ -60,6 +61,7 @@ class Damage:
     # A hard link that other names share (the live environment, uv's cache): an edit written
     # in place through one of them is what changed it.
     shared: bool = False
+    stored_at: str | None = None  # the stored file itself (an object, or a file of the tree)
 
     @property
     def stored_path_rel(self) -> str:
@@ -67,7 +69,8 @@ class Damage:
 
     def to_json(self) -> dict[str, Any]:
         return {"root": self.root, "path": self.path, "problem": self.problem, "stored": self.stored,
-                "size": self.size, "found_size": self.found_size, "shared_inode": self.shared}
+                "size": self.size, "found_size": self.found_size, "shared_inode": self.shared,
+                "stored_path": self.stored_at}
 
 
 @dataclass
@@ -99,10 +102,14 @@ class VerifyResult:
                 "damaged": [{**d.to_json(), "live_path": self.display(d)} for d in self.damaged]}
 
 
-def _hash_at(fd: int, name: str) -> tuple[str, int]:
+def _hash_at(fd: int, name: str, *, close: bool = False) -> tuple[str, int]:
     h = hashlib.sha256()
     n = 0
-    f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    try:
+        f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        if close:
+            os.close(fd)
     try:
         while chunk := os.read(f, CHUNK):
             h.update(chunk)
@@ -189,6 +196,11 @@ def verify_snapshot(snapshot: SnapshotMeta | Path | str, full: bool = False, *,
         return res
     res.snapshot_id = meta.id
     res.root_paths = [r.path for r in man.roots]
+    if man.uses_objects:
+        res.files_checked = _check_objects(res, man, sdir, full, shared_inodes)
+        res.seconds = time.perf_counter() - t0
+        record_damage(sdir, len(res.damaged))
+        return res
     tree = f"{sdir}/tree"
     memo = shared_inodes
     is_reg = stat.S_ISREG
@@ -261,6 +273,75 @@ def verify_snapshot(snapshot: SnapshotMeta | Path | str, full: bool = False, *,
     res.seconds = time.perf_counter() - t0
     record_damage(sdir, len(res.damaged))
     return res
+
+
+def _check_objects(res: VerifyResult, man: Manifest, sdir: Path, full: bool, memo: SharedInodes | None) -> int:
+    """Version 3: every file entry's object, stat'ed (and with `full`, hashed) once however
+    many entries and snapshots name it (`memo`, shared by calls over one store's snapshots)."""
+    root = str(objects_dir(sdir.parent.parent))
+    memo = {} if memo is None else memo
+    add = res.damaged.append
+    checked = 0
+    for (ri, rel), f in man.folders.items():
+        types = f.types
+        if "f" not in types:
+            continue
+        prefix = f"{rel}/" if rel else ""
+        names, stored, sizes, mtimes = f.names, f.stored, f.sizes, f.mtimes
+        try:
+            shas = f.shas()
+        except ManifestDamaged:
+            shas = [None] * len(names)
+        i = types.find("f")
+        while i >= 0:
+            checked += 1
+            how = stored[i]
+            kind = _HOW.get(how, how)
+            name = names[i]
+            try:
+                if type(ri) is not int or (rel and not safe_rel(rel)) or type(name) is not str or "/" in name:
+                    raise ValueError("a name that is not plain")
+                obj = object_name(shas[i], "L" if how == "L" else "C", mtimes[i])
+            except ValueError:
+                add(Damage(ri, f"{prefix}{name}", "bad name", kind, sizes[i], mtimes[i]))
+                i = types.find("f", i + 1)
+                continue
+            want_mtime = mtimes[i] if how == "L" else OBJECT_MTIME_NS
+            key = ("object", obj, sizes[i], want_mtime, full)
+            found = memo.get(key)  # type: ignore[call-overload]
+            if found is None:
+                found = memo[key] = _check_object(f"{root}/{obj}", sizes[i], want_mtime, shas[i], full)  # type: ignore[index]
+            problem, fsize, fmtime, shared = found
+            if full and problem in ("", "sha256 differs"):
+                res.bytes_hashed += sizes[i]  # its object's bytes were read (once, for every name of it)
+            if problem:
+                add(Damage(ri, prefix + name, problem, kind, sizes[i], mtimes[i], fsize, fmtime,
+                           shared=shared and how == "L", stored_at=f"{root}/{obj}"))
+            i = types.find("f", i + 1)
+    return checked
+
+
+def _check_object(path: str, size: int, mtime_ns: int, sha: str, full: bool
+                  ) -> tuple[str, int | None, int | None, bool]:
+    """(problem or "", the size and mtime found, whether other names share its inode)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "missing", None, None, False
+    except OSError:
+        return "unreadable", None, None, False
+    if not stat.S_ISREG(st.st_mode):
+        return "not a file", None, None, False
+    if st.st_size != size or st.st_mtime_ns != mtime_ns:
+        return "changed", st.st_size, st.st_mtime_ns, st.st_nlink > 1
+    if full:
+        try:
+            got, _ = _hash_at(os.open(os.path.dirname(path), _DIR_FLAGS), os.path.basename(path), close=True)
+        except OSError:
+            return "unreadable", st.st_size, st.st_mtime_ns, st.st_nlink > 1
+        if got != sha:
+            return "sha256 differs", st.st_size, st.st_mtime_ns, st.st_nlink > 1
+    return "", st.st_size, st.st_mtime_ns, st.st_nlink > 1
 
 
 def damaged_files(metas: list[SnapshotMeta]) -> dict[str, int]:

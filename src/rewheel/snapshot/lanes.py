@@ -28,6 +28,8 @@ from rewheel.snapshot.tree import Root
 class Lane(Protocol):
     """One lane's share of a restore, as `restore._Restore` does it."""
 
+    @property
+    def touched(self) -> bool: ...
     def commit(self) -> None: ...
     def verify(self) -> list[str]: ...
     def summary(self) -> dict[str, Any]: ...
@@ -104,12 +106,13 @@ class Peer:
             raise RestoreError(f"the restore's second process ended without reporting ({exc or 'no reply'})",
                                hint="run the rollback again; the restore is idempotent") from None
 
-    def staged(self) -> tuple[list[Any], ...]:
-        """Wait until the other lane has staged; what it proved (see `Lane.proofs`)."""
+    def staged(self) -> tuple[tuple[list[Any], ...], bool]:
+        """Wait until the other lane has staged; what it proved (see `Lane.proofs`), and
+        whether its commit would change anything (`Lane.touched`)."""
         msg = self._recv()
         if msg[0] != "staged":
             raise _error_from(msg)
-        return msg[1]
+        return msg[1], bool(msg[2])
 
     def go(self) -> None:
         send_msg(self.wfd, ("go",))
@@ -148,7 +151,7 @@ def _lane_child(env: Environment, snap: SnapshotMeta, live_roots: list[Root], wo
         send_msg(wfd, _error_msg(exc))
         return
     try:
-        send_msg(wfd, ("staged", r.proofs()))  # known before the commit, written meanwhile
+        send_msg(wfd, ("staged", r.proofs(), r.touched))  # known before the commit, written meanwhile
         go = recv_msg(rfd)[0] == "go"
     except (EOFError, OSError, ValueError):  # the first lane stopped (and closed its end) first
         go = False

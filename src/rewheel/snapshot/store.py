@@ -1,7 +1,7 @@
 """The snapshot store: where snapshots live and what describes each.
 
 Owns: `Store` (`<home>/envs/<env>/snapshots/<id>/`: listing, lookup by id or alias,
-deletion, pruning), `SnapshotMeta` (`meta.json`: label, status, versions, distributions,
+deletion, pruning, and the sweep of objects no snapshot names any more), `SnapshotMeta` (`meta.json`: label, status, versions, distributions,
 and the store home it belongs to) and the aliases file beside a snapshot (`ALIASES`: live
 files proven to hold a snapshot's bytes, so a later restore need not prove them again).
 """
@@ -117,12 +117,17 @@ def read_regular(path: Path, limit: int = 1 << 30) -> str:
     """A state file's text, read only when it is a regular file: opened without blocking and
     without following a last symlink, so a FIFO or device put in its place cannot hang or
     feed a command (OSError otherwise)."""
+    return read_regular_bytes(path, limit).decode("utf-8")
+
+
+def read_regular_bytes(path: Path, limit: int = 1 << 30) -> bytes:
+    """`read_regular`'s bytes."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a regular file")
         with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit).decode("utf-8")
+            return f.read(limit)
     finally:
         os.close(fd)
 
@@ -142,8 +147,20 @@ class Store:
         # What `prune` removed, by id: so that a report can say what each one was.
         self.pruned_meta: dict[str, SnapshotMeta] = {}
 
+    @classmethod
+    def of_folder(cls, env_dir: Path, prefix: Path, home: Path) -> Store:
+        """The store of an environment's state folder as it is (`rewheel board` reads every
+        environment under a home): nothing is created or written."""
+        store = cls.__new__(cls)
+        store.home, store.env_dir, store.prefix = home, env_dir, Path(prefix)
+        store.snapshots_dir = env_dir / "snapshots"
+        store.pruned_meta = {}
+        return store
+
     def list(self) -> list[SnapshotMeta]:
-        metas = []
+        metas: builtins.list[SnapshotMeta] = []
+        if not self.snapshots_dir.is_dir():
+            return metas
         for d in self.snapshots_dir.iterdir():
             if d.is_dir() and not d.name.startswith(".") and (d / "meta.json").exists():
                 try:
@@ -188,7 +205,9 @@ class Store:
         raise SnapshotError(f"snapshot reference {ref!r} is ambiguous: "
                             + ", ".join(m.id for m in matches))
 
-    def delete(self, snap_id: str) -> None:
+    def delete(self, snap_id: str, *, collect: bool = True) -> None:
+        """Remove one snapshot (an atomic rename, then the delete), and then the objects no
+        other snapshot names (`collect=False`: the caller sweeps once, after several)."""
         if not snap_id or snap_id in (".", "..") or "/" in snap_id or snap_id.startswith("."):
             # Never the store itself (an empty id) or anything outside it.
             raise SnapshotError(f"not a snapshot id: {snap_id!r}")
@@ -196,6 +215,33 @@ class Store:
         trash = self.snapshots_dir / f".deleting-{snap_id}"
         os.rename(path, trash)  # atomic: a half-deleted snapshot is never listed
         shutil.rmtree(trash, ignore_errors=True)
+        if collect:
+            self.collect()
+
+    def collect(self) -> tuple[int, int]:
+        """Remove the objects no snapshot names (what deleted snapshots, and captures that
+        were killed, left). Under the environment's lock only. An object is removed only
+        when every manifest of the store was read: one that cannot be read (damaged) might
+        name any, so then nothing is removed. Returns (objects, bytes freed)."""
+        from rewheel.snapshot.manifest import Manifest, ManifestDamaged
+        from rewheel.snapshot.objects import Objects, objects_dir
+
+        if not objects_dir(self.env_dir).is_dir():
+            return 0, 0
+        names: set[str] = set()
+        for d in self.snapshots_dir.iterdir():
+            if d.name.startswith(".deleting-") or not any(
+                    os.path.lexists(d / m) for m in ("manifest.bin", "manifest.json")):
+                continue
+            stub = SnapshotMeta(id=d.name, path=d, home=self.home, label="", status="", created=0.0, prefix="",
+                                python="", kind="", versions={}, distributions=[], files=0, bytes_total=0,
+                                bytes_copied=0, bytes_linked=0, link_mode="")
+            try:
+                names |= Manifest.load(stub, validate=False).objects()
+            except (SnapshotDamaged, ManifestDamaged):
+                return 0, 0
+        with Objects(self.env_dir, create=False) as objs:
+            return objs.collect(names)
 
     def prune(self, keep: int, protect: Set[str] = frozenset()) -> builtins.list[str]:
         """Keep the newest `keep` snapshots; never delete a protected or a pinned one
@@ -203,8 +249,10 @@ class Store:
         (kept to be inspected) only once no other snapshot can go. Returns the ids removed,
         which every caller reports. Called under the environment's lock, it also clears
         what killed snapshots and deletions left behind (`.tmp-*`, `.deleting-*`)."""
+        killed = False  # a capture was killed: the objects it stored are named by no snapshot
         for leftover in self.snapshots_dir.iterdir():
             if leftover.name.startswith((".tmp-", ".deleting-")):
+                killed = True
                 shutil.rmtree(leftover, ignore_errors=True)
         removed = []
         metas = [m for m in self.list() if not m.pinned]
@@ -216,10 +264,12 @@ class Store:
                 break
             if m.id in protect:
                 continue
-            self.delete(m.id)
+            self.delete(m.id, collect=False)
             removed.append(m.id)
             self.pruned_meta[m.id] = m
             surplus -= 1
+        if removed or killed:
+            self.collect()
         return removed
 
 

@@ -25,6 +25,10 @@ from rewheel.environment import Distribution, Environment
 CHUNK = 1 << 20
 TIE_HASH_MAX = 1 << 20  # files up to this size with RECORD's mtime are checked by hash
 STAGING_PREFIX = ".rewheel-restore-"
+# A restore's staging folder: at a root, named by 8 hex digits. Only such a folder is passed
+# over by a snapshot and removed by the next restore; a file a person named so elsewhere is
+# theirs, captured and restored like any other.
+_STAGING = re.compile(r"\.rewheel-restore-[0-9a-f]{8}")
 # Names rewheel gives files inside an environment for a moment only: a restore's staging
 # folder (at a root), the copy `staging.unshare` renames over a file (`.NAME.rewheel-unshare`),
 # a carried patch's new bytes (`NAME.rewheel-PID`). Left only by a process that was killed.
@@ -32,6 +36,22 @@ UNSHARE_SUFFIX = ".rewheel-unshare"
 _STRAY = re.compile(r"^\.rewheel-restore-|\.rewheel-unshare$|\.rewheel-\d+$")
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
+
+
+def staging_folder(rel: str, name: str, de: os.DirEntry[str] | None = None, *, path: str | None = None) -> bool:
+    """Whether `name` in folder `rel` of a root is a restore's staging folder (see `_STAGING`):
+    at the root only, a folder (not followed), named as a restore names it. With neither `de`
+    nor `path` the caller has seen it is a folder."""
+    if rel or not _STAGING.fullmatch(name):
+        return False
+    if de is None and path is None:
+        return True
+    if de is not None:
+        return de.is_dir(follow_symlinks=False)
+    try:
+        return stat.S_ISDIR(os.lstat(path or name).st_mode)
+    except OSError:
+        return False
 
 
 # --------------------------------------------------------------------------------------
@@ -239,7 +259,7 @@ def walk(roots: list[Root], owned: set[str] | dict[str, Any], skip: set[str],
                 children = sorted(it, key=lambda e: e.name)
             subdirs = []
             for de in children:
-                if de.path in skip or de.name.startswith(STAGING_PREFIX):
+                if de.path in skip or staging_folder(rel, de.name, de):
                     continue
                 crel = f"{rel}/{de.name}" if rel else de.name
                 if excluded is not None and ri == 0 and excluded(crel):

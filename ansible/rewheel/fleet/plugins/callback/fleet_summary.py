@@ -13,7 +13,8 @@ short_description: The fleet's summary of a rewheel rollout, at the end of the p
 description:
   - Writes the report of every C(rewheel.fleet.rewheel) task with C(state=upgraded) to
     O(reports_dir)/HOST.json on the controller (the folder's old C(*.json) files are removed
-    when a playbook starts).
+    when a playbook starts); a host that could not be reached gets a document saying so, at
+    which task and why (its status in the summary, C(unreachable)).
   - When the playbook ends, also when a failure stopped it, runs the controller's
     C(rewheel fleet-report) over them and prints it; hosts the playbook saw that have no report
     are listed as not reached. With O(summary_file) (or C($GITHUB_STEP_SUMMARY)) set, the
@@ -101,20 +102,22 @@ class CallbackModule(CallbackBase):
             self.seen.append(host)
         return host
 
-    def _keep(self, res):
-        host = self._saw(res)
+    def _upgrade_task(self, res):
         task = _task(res)
         action = getattr(task, "resolved_action", None) or task.action
-        data = _result(res) or {}
-        if action not in ACTIONS or task.args.get("state") != "upgraded":
-            return
-        report = data.get("report")
-        if not isinstance(report, dict):
-            return
+        return action in ACTIONS and task.args.get("state") == "upgraded"
+
+    def _write(self, host, doc):
         path = os.path.join(self._folder(), host + ".json")
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2, default=str)
+            json.dump(doc, f, indent=2, default=str)
         self.reports[host] = path
+
+    def _keep(self, res):
+        host = self._saw(res)
+        report = (_result(res) or {}).get("report")
+        if self._upgrade_task(res) and isinstance(report, dict):
+            self._write(host, report)
 
     def v2_runner_on_ok(self, result):
         self._keep(result)
@@ -126,7 +129,17 @@ class CallbackModule(CallbackBase):
         self._saw(result)
 
     def v2_runner_on_unreachable(self, result):
-        self._saw(result)
+        # Any task of the rollout: at the start of its wave (the rollout stops there) or in the
+        # middle of the upgrade (the run goes on by itself on the host).
+        host = self._saw(result)
+        why = ((_result(result) or {}).get("msg") or "").strip()
+        why = why[len("Task failed: "):] if why.startswith("Task failed: ") else why  # (ansible-core 2.19's prefix)
+        if self._upgrade_task(result):
+            msg = ("connection lost during the upgrade: a run it started goes on by itself on the host, and the "
+                   "next rollout reports its outcome (%s)" % why)
+        else:
+            msg = "unreachable at the task %r: %s" % (_task(result).get_name(), why)
+        self._write(host, {"error": "Unreachable", "unreachable": True, "message": msg, "exit_code": None})
 
     def v2_playbook_on_stats(self, stats):
         if not self.reports:

@@ -75,10 +75,25 @@ options:
     description:
       - The C(rewheel) command on the host; a bare name is looked up on C(PATH) and in
         C(~/.local/bin) (where C(uv tool install) puts it).
+      - It must be rewheel 0.1.0 or later (C(rewheel --version)); an older one is refused
+        before anything runs.
     type: str
     default: rewheel
+  runs_dir:
+    description:
+      - Where the module keeps, on the host, the record of the run it started detached (one per
+        recipe, with its pid, the lock and the files its answer goes to), so that a later play
+        reattaches to a run whose controller went away instead of starting another.
+    type: path
+    default: ~/.cache/rewheel-fleet/runs
 notes:
   - Always passes C(--yes), as there is no terminal to ask on.
+  - With C(state=upgraded), C(rewheel run) runs detached from the SSH session (a session of its
+    own, its output into files under O(runs_dir)); the module waits for it. When the connection
+    drops, the run goes on by itself to its end (kept or reverted, the service up); the next
+    play's task on that host reattaches to it, waits if it still runs, and reports its outcome
+    (checked against rewheel's journal, RV(reattached)) instead of starting another. A run
+    that was killed is reported as interrupted, never resumed.
   - A host whose environment already has the versions the dry run plans (only same-version
     reinstalls left) counts as upgraded; run C(rewheel run) by hand to force a reinstall.
   - In check mode C(rolled_back) predicts a change unless the environment already equals the
@@ -152,6 +167,16 @@ cmd:
   returned: when rewheel ran
   type: list
   elements: str
+reattached:
+  description:
+    - With C(state=upgraded), true when the outcome is that of a run an earlier task started
+      (its controller went away before it ended), read back instead of starting another.
+  returned: with state=upgraded
+  type: bool
+run_id:
+  description: The id of the run in rewheel's journal (C(rewheel history)).
+  returned: with state=upgraded, when a run began
+  type: str
 rc:
   description: rewheel's exit code (0 done, 1 reverted, 2 bad usage, 3 a person must act, 4 busy, 5 internal error).
   returned: when rewheel ran
@@ -162,9 +187,20 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.compat.version import LooseVersion
+from ansible_collections.rewheel.fleet.plugins.module_utils.detached import (DetachedRuns, alive, sha256_of,
+                                                                              started_at)
 
 EXIT_OK = 0  # rewheel's exit code for "done and verified"
+EXIT_REVERTED = 1  # verification failed; restored and verified
+EXIT_USAGE = 2  # bad usage or recipe, nothing changed
+EXIT_UNRESTORED = 3  # a person must act
+EXIT_BUSY = 4  # another run holds the environment, or an interrupted one must be resumed first
+KEPT = ("upgraded", "reinstalled", "unchanged")  # run statuses of a build that was kept
 ONLY_WITH = {"lock": "upgraded", "snapshot": "rolled_back", "force": "rolled_back", "label": "snapshot"}
+# The oldest rewheel this module drives: its `--version`, `run --json` report and `history --json`
+# runs (id, kind, status, started) are what the module reads.
+MIN_REWHEEL = "0.1.0"
 
 
 def _cause(report):
@@ -185,6 +221,11 @@ def _cause(report):
     return text
 
 
+def _refusal(error, message, hint, exit_code):
+    """A document shaped like rewheel's own error answer (`rewheel fleet-report` reads it)."""
+    return {"error": error, "message": message, "hint": hint, "exit_code": exit_code}
+
+
 class Rewheel(object):
     def __init__(self, module):
         self.module = module
@@ -202,6 +243,27 @@ class Rewheel(object):
                                     if module.check_mode else ""))
         self.exe = exe
         self.env = {"REWHEEL_HOME": p["home"]} if p["home"] else {}
+        self.check_version()
+
+    def check_version(self):
+        """Refuse a rewheel older than this collection drives, before anything runs."""
+        argv = [self.exe, "--version"]
+        rc, out, err = self.module.run_command(argv, environ_update=self.env, check_rc=False)
+        words = out.split()
+        found = words[1] if rc == EXIT_OK and len(words) == 2 and words[0] == "rewheel" else None
+        try:
+            older = found is None or LooseVersion(found) < LooseVersion(MIN_REWHEEL)
+        except (TypeError, ValueError):  # a version LooseVersion cannot order: not one we know
+            older = True
+        if older:
+            said = "rewheel %s" % found if found else "a rewheel that does not say its version " \
+                "(`rewheel --version` exited %d: %s)" % (rc, (err or out).strip()[-200:])
+            msg = "%s at %s is older than this collection supports (rewheel >= %s)" % (said, self.exe, MIN_REWHEEL)
+            hint = "install rewheel %s or later on the host (the rewheel.fleet.install role, from a current " \
+                   "wheel); nothing was run" % MIN_REWHEEL
+            self.module.fail_json(msg="%s (hint: %s)" % (msg, hint), changed=False, status="error", cmd=argv, rc=rc,
+                                  report=_refusal("UnsupportedRewheel", msg, hint, EXIT_USAGE), root_cause=None)
+        self.version = found
 
     def call(self, *args):
         """(rc, JSON document, argv, stderr) of `rewheel ARGS --json`."""
@@ -221,16 +283,118 @@ class Rewheel(object):
         return [p["recipe"]] if p["recipe"] else ["--python", p["python"]]
 
     def refused(self, rc, doc, argv, err, **extra):
-        """A command that did not run its course (exit 2, 4, 5): rewheel's message and hint."""
+        """A command that did not run its course (exit 2, 3, 4, 5): rewheel's message and hint,
+        and its exit code (3: a person must act on the host)."""
         msg = doc.get("message") or "rewheel exited %d" % rc
         if doc.get("hint"):
             msg += " (hint: %s)" % doc["hint"]
-        self.module.fail_json(msg=msg, report=doc, rc=rc, cmd=argv, stderr=err, changed=False,
-                              status="error", **extra)
+        msg += " [rewheel exit %d%s]" % (rc, ": a person must act" if rc == 3 else "")
+        extra.setdefault("changed", False)
+        extra.setdefault("status", "error")
+        self.module.fail_json(msg=msg, report=doc, rc=rc, cmd=argv, stderr=err, **extra)
+
+
+def _outcome(rw, module, rc, report, argv, err, **common):
+    """Hand a run's report to the controller: ok when upgraded, else failed with the cause."""
+    status = report.get("status")
+    if status is None:
+        rw.refused(rc, report, argv, err, **common)
+    common.update(report=report, cmd=argv, rc=rc, status=status, after=report.get("after") or {},
+                  root_cause=report.get("root_cause"), run_id=report.get("run_id"))
+    if rc == EXIT_OK and status in KEPT:
+        module.exit_json(changed=status != "unchanged", **common)
+    cause = _cause(report)
+    failure = report.get("failure") or {}
+    why = cause or failure.get("message") or "the new build failed its checks"
+    if status == "rejected":
+        module.fail_json(msg="rejected (nothing was stopped or changed): %s" % why, changed=False, **common)
+    if status == "reverted":
+        module.fail_json(msg="reverted to snapshot %s: %s" % (report.get("snapshot_id"), why), changed=True,
+                         **common)
+    revert = report.get("revert") or {}
+    msg = "NOT restored, a person must act (rewheel exit %s): %s" % (rc, revert.get("error") or why)
+    if revert.get("hint"):
+        msg += " (hint: %s)" % revert["hint"]
+    module.fail_json(msg=msg, changed=True, **common)
+
+
+def _journal_run(rw, record, run_id):
+    """(our run, whether a later command superseded it) from rewheel's journal (`history`): the
+    run with `run_id`, else the first run that began after the record's process started."""
+    rc, hist, argv, err = rw.call("history", rw.module.params["recipe"])
+    if not isinstance(hist.get("runs"), list):
+        rw.refused(rc, hist, argv, err)
+    runs = sorted((r for r in hist["runs"] if isinstance(r, dict)), key=started_at)
+    if run_id:
+        mine = next((r for r in runs if r.get("id") == run_id), None)
+    else:
+        mine = next((r for r in runs if r.get("kind") == "run" and started_at(r) >= started_at(record) - 1), None)
+    since = started_at(mine) if mine is not None else started_at(record)
+    later = [r for r in runs if r is not mine and started_at(r) > since]
+    return mine, bool(later)
+
+
+def _mark(module, runs, record, how):
+    trouble = runs.mark(record, how)
+    if trouble:
+        module.warn(trouble)
+
+
+def reattach(rw, module, runs, record):
+    """The outcome of a run an earlier task started here and never reported (its controller
+    went away): waited for while it still runs, then read back and checked against rewheel's
+    journal. Returns only when a later command superseded it (the caller then goes on as usual)."""
+    runs.wait(record)
+    report = runs.answer(record)
+    run_id = report.get("run_id") if report else None
+    mine, superseded = _journal_run(rw, record, run_id)
+    common = dict(reattached=True, pending=[], before=(report or {}).get("before") or {}, run_id=run_id,
+                  detached=record)
+    argv = record.get("argv") or []
+    if superseded:
+        _mark(module, runs, record, "superseded")  # the environment moved on since: not this run's to report
+        return
+    _mark(module, runs, record, "reattached")
+    if mine is not None and mine.get("status") == "interrupted":
+        # Its rewheel was killed: rewheel's own refusal from now on; never resumed here.
+        target = module.params["recipe"]
+        msg = ("run %s, started on this host by an earlier play (pid %s), was interrupted (last step: %s)"
+               % (mine.get("id"), record.get("pid"), mine.get("last_step") or "start"))
+        hint = ("`rewheel resume %s` finishes or undoes it; `rewheel rollback %s` restores its pre-upgrade "
+                "snapshot %s; nothing was resumed" % (target, target, mine.get("snapshot_id") or "")).rstrip()
+        module.fail_json(msg="%s (hint: %s)" % (msg, hint), changed=False, status="error", rc=EXIT_BUSY,
+                         report=_refusal("InterruptedRun", msg, hint, EXIT_BUSY), root_cause=None, cmd=argv,
+                         **dict(common, run_id=mine.get("id")))
+    if report is None and mine is not None:
+        # Its answer is lost (the file removed): the journal's record of how it ended.
+        report = dict(mine, run_id=mine.get("id"), from_journal=True)
+    if report is None:
+        module.fail_json(msg="the run an earlier play started here (pid %s) left no answer and no journal: %s"
+                             % (record.get("pid"), runs.stderr_tail(record).strip() or "nothing on its stderr"),
+                         changed=False, status="error", cmd=argv, root_cause=None, **common)
+    # (the exit code the run ended with, as its report says it: the process was not this one's child)
+    status = report.get("status")
+    code = report.get("exit_code")
+    rc = (code if isinstance(code, int) and not isinstance(code, bool) else EXIT_USAGE) if status is None \
+        else EXIT_OK if status in KEPT else EXIT_UNRESTORED if status == "failed" else EXIT_REVERTED
+    _outcome(rw, module, rc, report, argv, runs.stderr_tail(record), **common)
 
 
 def upgraded(rw, module):
     p = module.params
+    lock_sha = sha256_of(p["lock"]) if p["lock"] else None
+    runs = DetachedRuns(p["runs_dir"], p["recipe"])
+    earlier = runs.unreported()
+    if earlier is not None and not module.check_mode:
+        if earlier.get("lock_sha256") == lock_sha:
+            reattach(rw, module, runs, earlier)
+        elif alive(earlier):
+            msg = ("a run of another lock (%s), started here by an earlier play (pid %s), still runs; it ends by "
+                   "itself: run this play again after it" % (earlier.get("lock"), earlier.get("pid")))
+            module.fail_json(msg=msg, changed=False, status="error", rc=EXIT_BUSY, root_cause=None, detached=earlier,
+                             report=_refusal("LockHeld", msg, "wait for it, then run the play again", EXIT_BUSY))
+        else:
+            _mark(module, runs, earlier, "superseded")  # a run of another lock that ended: this play asks anew
     args = ["run", p["recipe"], "--yes", "--quiet"] + (["--lock", p["lock"]] if p["lock"] else [])
     rc, plan, argv, err = rw.call(*(args + ["--dry-run"]))
     if rc != EXIT_OK or plan.get("status") != "planned":
@@ -238,7 +402,7 @@ def upgraded(rw, module):
     changes = (plan.get("plan") or {}).get("changes") or []
     pending = [c for c in changes if c.get("old") != c.get("new")]
     before = plan.get("before") or {}
-    common = dict(pending=pending, before=before, root_cause=None)
+    common = dict(pending=pending, before=before, root_cause=None, reattached=False)
     if not pending:
         module.exit_json(changed=False, status="current", report=plan, after=before, cmd=argv, rc=rc, **common)
     if module.check_mode:
@@ -249,27 +413,24 @@ def upgraded(rw, module):
             else:
                 after[c["name"]] = c["new"]
         module.exit_json(changed=True, status="planned", report=plan, after=after, cmd=argv, rc=rc, **common)
-    rc, report, argv, err = rw.call(*args)
-    status = report.get("status")
-    if status is None:
-        rw.refused(rc, report, argv, err, pending=pending, before=before)
-    common.update(report=report, cmd=argv, rc=rc, status=status, after=report.get("after") or {},
-                  root_cause=report.get("root_cause"))
-    if rc == EXIT_OK and status == "upgraded":
-        module.exit_json(changed=True, **common)
-    cause = _cause(report)
-    failure = report.get("failure") or {}
-    why = cause or failure.get("message") or "the new build failed its checks"
-    if status == "rejected":
-        module.fail_json(msg="rejected (nothing was stopped or changed): %s" % why, changed=False, **common)
-    if status == "reverted":
-        module.fail_json(msg="reverted to snapshot %s: %s" % (report.get("snapshot_id"), why), changed=True,
-                         **common)
-    revert = report.get("revert") or {}
-    msg = "NOT restored, a person must act: %s" % (revert.get("error") or why)
-    if revert.get("hint"):
-        msg += " (hint: %s)" % revert["hint"]
-    module.fail_json(msg=msg, changed=True, **common)
+    # Detached from this connection: a dropped SSH session must not take the run with it.
+    argv = [rw.exe] + args + ["--json"]
+    try:
+        proc, record = runs.start(argv, dict(os.environ, **rw.env), recipe=p["recipe"], lock=p["lock"],
+                                  lock_sha256=lock_sha, home=p["home"])
+    except OSError as exc:
+        module.fail_json(msg="cannot start rewheel detached (%s: %s); nothing was changed"
+                             % (exc.filename or argv[0], exc.strerror or exc), cmd=argv, **common)
+    runs.wait(record, proc)
+    report = runs.answer(record)
+    if report is None:  # it printed nothing (killed): what its journal says
+        reattach(rw, module, runs, record)
+        module.fail_json(msg="rewheel (pid %d) ended by signal %d without an answer, and a later command has "
+                             "changed the environment since: `rewheel history %s` shows what happened"
+                             % (proc.pid, -proc.returncode, p["recipe"]), changed=False, status="error",
+                         root_cause=None, detached=record, **common)
+    _mark(module, runs, record, "reported")
+    _outcome(rw, module, proc.returncode, report, argv, runs.stderr_tail(record), detached=record, **common)
 
 
 def _changed_restore(report):
@@ -368,6 +529,7 @@ def main():
             label=dict(type="str"),
             home=dict(type="path"),
             executable=dict(type="str", default="rewheel"),
+            runs_dir=dict(type="path", default="~/.cache/rewheel-fleet/runs"),
         ),
         mutually_exclusive=[("recipe", "python")],
         required_one_of=[("recipe", "python")],
