@@ -16,7 +16,7 @@ from rewheel.commands.service_steps import ServiceSteps, cause_text
 from rewheel.commands.transaction import ServiceBack, Transaction, recover_stored_bytes
 from rewheel.commands.snapshots import (protected_snapshots, still_the_snapshot, pruned_text, reverted_snapshots,
                                         upgrades_in_place)
-from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
+from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter, target_refusals
 from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, as_typed, out_of_space
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (PreparedRestore, Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
@@ -76,8 +76,9 @@ def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     usable = [m for m in metas if not is_failed_build(m) and m.id not in reverted]
     usable = [m for m in usable if m.status != PRE_ROLLBACK] or usable
     if not usable and reverted:
-        raise SnapshotError("no upgrade is in place to undo: every upgrade of this environment was reverted, "
-                            f"and its revert already restored the snapshot taken before it "
+        raise SnapshotError("no upgrade is in place to undo: every upgrade of this environment was undone "
+                            "(reverted, or closed by a rollback), and what replaced it restored the snapshot "
+                            "taken before it "
                             f"({', '.join(m.id for m in metas if m.id in reverted)})",
                             hint="`rewheel history TARGET` lists the snapshots; name one to restore it; "
                                  "nothing was changed")
@@ -127,6 +128,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
     # when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
     refuse_broken_tls(t)
+    target_refusals(t)  # a tampered record: exit 3 before the lock, a journal or a signal
     with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
         refuse_failed_build(snap, force, t.cli_ref)  # before a journal exists: nothing to close
@@ -286,7 +288,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                             root_cause=json_value(result.root_cause), downtime=json_value(result.downtime)))
             return result
         j.append(Finish(status=Finished.RESTORED, snapshot_id=snap.id, downtime=json_value(result.downtime)))
-        keep = protected_snapshots(t.store) | {snap.id} | ({undo_id} if undo_id else set())
+        keep = protected_snapshots(t.store, t.recipe.keep) | {snap.id} | ({undo_id} if undo_id else set())
         result.pruned = t.store.prune(t.recipe.keep, keep)
         if result.pruned:
             say("pruned old snapshots ([snapshots] keep): " + pruned_text(t.store, result.pruned))
@@ -438,8 +440,9 @@ def close_superseded(env_dir: Path, by: RunJournal, *, skip: AbstractSet[str] = 
     with exit 4 or need a rollback of its own. Returns their ids."""
     closed = []
     for r in journal.list_runs(env_dir):
-        if r.id == by.id or r.id in skip or r.finished or not r.records:
+        # (one superseded already by a finished run after it gets its record now, naming that run)
+        if r.id == by.id or r.id in skip or r.last(Finish) is not None or not r.records:
             continue
-        r.append(Finish(status=Finished.SUPERSEDED, by_run=by.id))
+        r.append(Finish(status=Finished.SUPERSEDED, by_run=r.superseded_by or by.id))
         closed.append(r.id)
     return closed
