@@ -1,10 +1,14 @@
 """Helpers for the diff and patch tests: real wheels for an upgrade story and for patching,
-site-packages lookup, and file edits done the two ways editors do them."""
+site-packages lookup, file edits done the two ways editors do them, and a second process
+that fails."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from devtools.wheelbuild import build_wheel
 
@@ -132,3 +136,18 @@ def edit_by_replace(path: Path, old: str, new: str) -> None:
     tmp.write_text(text.replace(old, new), encoding="utf-8")
     os.chmod(tmp, path.stat().st_mode & 0o777)
     os.replace(tmp, path)
+
+
+def fails_in_a_forked_child(fn: Callable[..., Any], fault: str) -> Callable[..., Any]:
+    """`fn`, but in a process forked from this one it dies sending nothing (`fault` "dies") or
+    never answers ("hangs"): what a scan's second process must survive."""
+    parent = os.getpid()
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        if os.getpid() != parent:
+            if fault == "dies":
+                os._exit(9)
+            time.sleep(600)
+        return fn(*args, **kw)
+
+    return failing

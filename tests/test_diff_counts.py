@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import re
@@ -15,10 +16,10 @@ import pytest
 
 from support_env import make_venv, uv_install
 from rewheel import diff as diffmod
-from rewheel.diff import count_changed_lines, count_lines, splits_like_bytes, unified_diff
+from rewheel.texts import count_changed_lines, count_lines, splits_like_bytes, unified_diff
 from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
-from support_diff import site_packages
+from support_diff import fails_in_a_forked_child, site_packages
 import support_cli
 
 
@@ -263,26 +264,72 @@ def test_a_shown_diff_is_never_split(edited: dict, monkeypatch: pytest.MonkeyPat
     assert all(f.diff for f in res.files) and len(res.files) == 4
 
 
-@pytest.mark.parametrize("fault", ["dies", "hangs"])
-def test_a_split_diff_whose_second_process_fails_counts_its_half_itself(edited: dict, fault: str,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """A second process that dies mid-way, or never answers (stuck on a lock a thread held at
-    the fork) and is killed once overdue: its half is counted here, the same counts."""
+# --------------------------------------------------------------------------------------
+# A large diff walks the live environment in a second process (issue 44)
+# --------------------------------------------------------------------------------------
+def share_every_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on every diff against the live environment walks it in a second process, on
+    any machine (as from WALK_SHARE_MIN_FILES files in the snapshot on, with two CPUs)."""
+    monkeypatch.setattr(diffmod, "WALK_SHARE_MIN_FILES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+
+def whole(res: diffmod.DiffResult) -> dict:
+    doc = res.to_json()
+    doc["stats"].pop("seconds")
+    return doc
+
+
+def test_a_walk_in_a_second_process_finds_what_one_process_finds(edited: dict, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     t, snap = edited["target"], edited["snap"]
-    one = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
-    parent = os.getpid()
-    real_fill = diffmod._fill_text
+    one = whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
+    assert {f["path"] for f in one["files"]} >= {"toypkg/mod.py", "toypkg/added.py", "toypkg/gone.py"}
+    walkers = tmp_path / "walkers"
+    walkers.mkdir()
+    real_walk = diffmod._walk_live
 
-    def fails_in_the_child(fc, *args, **kw):
-        if os.getpid() != parent:
-            if fault == "dies":
-                os._exit(9)  # nothing sent
-            time.sleep(600)
-        return real_fill(fc, *args, **kw)
+    def recording(*args, **kw):
+        (walkers / str(os.getpid())).touch()
+        return real_walk(*args, **kw)
 
-    monkeypatch.setattr(diffmod, "_fill_text", fails_in_the_child)
+    monkeypatch.setattr(diffmod, "_walk_live", recording)
+    share_every_walk(monkeypatch)
+    assert whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
+    assert [p.name for p in walkers.iterdir()] != [str(os.getpid())] and len(list(walkers.iterdir())) == 1
+
+
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+@pytest.mark.parametrize("share", ["_fill_text", "_walk_live"])
+def test_a_diff_whose_second_process_fails_does_its_share_itself(edited: dict, share: str, fault: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second process — counting half the files, or walking the live environment — that
+    dies mid-way, or never answers (stuck on a lock a thread held at the fork) and is killed
+    once overdue: its share is done here, and the diff is the same."""
+    t, snap = edited["target"], edited["snap"]
+    one = whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
+    monkeypatch.setattr(diffmod, share, fails_in_a_forked_child(getattr(diffmod, share), fault))
     monkeypatch.setattr(diffmod, "SPLIT_WAIT_MIN_S", 0.5)
     always_split(monkeypatch)
+    share_every_walk(monkeypatch)
     t0 = time.monotonic()
-    assert counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
+    assert whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
     assert time.monotonic() - t0 < 60  # not the child's 600 s
+
+
+def test_a_walk_honours_the_snapshots_exclusions_in_either_process(tmp_path: Path, wheelhouse: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a snapshot left out (`[snapshots] exclude`) is not compared, walked here or there."""
+    py = make_venv(tmp_path / "env")
+    uv_install(py, "toypkg==1.0.0", find_links=wheelhouse, extra=("--link-mode", "copy"))
+    cache = py.parent.parent / "cache"
+    cache.mkdir()
+    (cache / "a.pt").write_bytes(b"1")
+    t = open_target(dataclasses.replace(Recipe.for_python(py), snapshot_exclude=("cache",)))
+    snap = snapshot_now(t).result.meta
+    (cache / "b.pt").write_bytes(b"2")
+    (site_packages(py) / "toypkg" / "new.py").write_text("n = 1\n")
+    one = whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
+    assert [f["path"] for f in one["files"]] == ["toypkg/new.py"]
+    share_every_walk(monkeypatch)
+    assert whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one

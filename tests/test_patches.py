@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from support_env import make_venv, pip_venv, uv, uv_install
-from rewheel import patches
+from rewheel import package_folders, patches
 from rewheel.environment import Environment
 from devtools.localindex import serve_index
 from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
-from support_diff import (LOADER, edit_by_replace, edit_in_place, model_source, patchme_wheels,
-                          site_packages)
+from support_diff import (LOADER, edit_by_replace, edit_in_place, fails_in_a_forked_child, model_source,
+                          patchme_wheels, site_packages)
+from devtools.wheelbuild import build_wheel
 import support_cli
 
 
@@ -308,6 +309,83 @@ def test_cli_patches(env1: Path) -> None:
     assert cp.returncode == 0, cp.stderr
     assert "patchme/model.py" in cp.stdout and "+import torch" in cp.stdout
     assert "uv cache clean patchme" in " ".join(cp.stdout.split())
+
+
+# --------------------------------------------------------------------------------------
+# A large scan walks half the package folders in a second process (issue 44)
+# --------------------------------------------------------------------------------------
+@pytest.fixture
+def three_packages(tmp_path: Path) -> Path:
+    """Three distributions in four folders (`ns/` a namespace two of them share), edited:
+    one file replaced, one left with its size but touched, one removed, files added."""
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "alpha", "1.0", {"alpha/__init__.py": "A = 1\n", "alpha/core.py": model_source(1),
+                                         **{f"alpha/sub/m{i}.py": f"M = {i}\n" for i in range(12)}})
+    build_wheel(wheels, "beta", "1.0", {"beta/__init__.py": "", "beta/gone.py": "G = 1\n", "beta/deep/a/b/c.py": "C = 1\n",
+                                        "ns/beta/x.py": "X = 1\n", "beta_top.py": "T = 1\n"})
+    build_wheel(wheels, "gamma", "1.0", {"ns/gamma/y.py": "Y = 1\n", "ns/gamma/data/t.bin": bytes(range(256))})
+    py = make_venv(tmp_path / "env")
+    uv_install(py, "alpha", "beta", "gamma", find_links=wheels)
+    sp = site_packages(py)
+    edit_by_replace(sp / "alpha" / "core.py", *PATCH)
+    (sp / "alpha" / "sub" / "new.py").write_text("NEW = 1\n")
+    (sp / "ns" / "gamma" / "extra.py").write_text("E = 1\n")
+    (sp / "beta" / "gone.py").unlink()
+    os.utime(sp / "beta" / "deep" / "a" / "b" / "c.py")  # newer than its RECORD, bytes unchanged
+    (sp / "beta" / "__pycache__").mkdir()
+    (sp / "beta" / "__pycache__" / "junk.cpython-311.pyc").write_bytes(b"\0")
+    return py
+
+
+def scanned(py: Path) -> dict:
+    doc = scan(py).to_json()
+    doc["stats"].pop("seconds")
+    return doc
+
+
+def share_every_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on every patch scan walks half its folders in a second process, on any
+    machine (as from SHARE_MIN_FILES listed files on, with two CPUs)."""
+    monkeypatch.setattr(package_folders, "SHARE_MIN_FILES", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+
+def test_a_shared_walk_finds_what_one_walk_finds(three_packages: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    one = scanned(three_packages)
+    assert [(p["path"], p["kind"]) for p in one["patches"]] == [
+        ("alpha/core.py", "modified"), ("alpha/sub/new.py", "unlisted"), ("ns/gamma/extra.py", "unlisted")]
+    assert one["missing"] == [{"path": "beta/gone.py", "distribution": "beta"}]
+    assert one["stats"]["files_hashed"] == 1  # the touched file: read, as it is not proven by its mtime
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    real_walk = package_folders._walk
+
+    def recording(tops, *args, **kw):  # which process walked which folders
+        (calls / str(os.getpid())).write_text("\n".join(tops))
+        return real_walk(tops, *args, **kw)
+
+    monkeypatch.setattr(package_folders, "_walk", recording)
+    share_every_walk(monkeypatch)
+    assert scanned(three_packages) == one
+    walked = {pid.name: pid.read_text().splitlines() for pid in calls.iterdir()}
+    assert len(walked) == 2 and str(os.getpid()) in walked
+    tops = [t.rsplit("/", 1)[1] for half in walked.values() for t in half]
+    assert sorted(tops) == ["alpha", "beta", "ns"]
+
+
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+def test_a_shared_walk_whose_second_process_fails_is_walked_here(three_packages: Path, fault: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second process that dies mid-way, or never answers and is killed once overdue: its
+    folders are walked here, and the scan finds the same."""
+    one = scanned(three_packages)
+    monkeypatch.setattr(package_folders, "_walk", fails_in_a_forked_child(package_folders._walk, fault))
+    monkeypatch.setattr(package_folders, "SHARE_WAIT_MIN_S", 0.5)
+    share_every_walk(monkeypatch)
+    t0 = time.monotonic()
+    assert scanned(three_packages) == one
+    assert time.monotonic() - t0 < 60  # not the child's 600 s
 
 
 # --------------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ import copy
 import errno
 import functools
 import gc
-import json
 import os
 import re
 import signal
@@ -22,7 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import click
 import typer
 
-from rewheel import report
+from rewheel import jsonout, report
 from rewheel.errors import (EXIT_BUSY, EXIT_OK, EXIT_REVERTED, EXIT_USAGE, ConfirmationRequired, OutputLost,
                             RewheelError)
 from rewheel.statuses import RunStatus
@@ -166,7 +165,7 @@ EXIT_ABORTED = 1
 
 
 def emit_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    sys.stdout.write(jsonout.dumps(doc) + "\n")  # = json.dumps(doc, indent=2, default=str)
     sys.stdout.flush()
 
 

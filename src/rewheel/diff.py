@@ -13,9 +13,13 @@ Only the rest is hashed — so diffing an 8 GB vLLM environment against its snap
 the handful of files that were touched by hand, plus the contents of changed text files
 when line counts or unified diffs are asked for.
 
-Line counts take linear time (`count_changed_lines`: a multiset difference of the two
-versions' lines); unified diffs, which difflib builds in quadratic time at worst, are built
-only for the files shown (`with_diffs`), and their counts are those of the diff shown.
+Line counts take linear time (`rewheel.texts.count_changed_lines`: a multiset difference of
+the two versions' lines); unified diffs, which difflib builds in quadratic time at worst, are
+built only for the files shown (`with_diffs`), and their counts are those of the diff shown.
+
+A large diff shares its work with a second process (`rewheel.halves`): the live environment
+is walked there while this one loads the snapshot's manifest and reads the RECORDs, then
+each reads and counts half the changed files.
 
 Byte-compiled caches (`__pycache__`, `.pyc`) and `.dist-info` folders (metadata and the
 installer's bookkeeping: RECORD, INSTALLER, uv_cache.json, ...) are not source and are left
@@ -24,16 +28,14 @@ out of file diffs; the package table covers them.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import fnmatch
 import hashlib
+import itertools
+import operator
 import os
-import select
-import signal
 import stat
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,171 +43,29 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from rewheel import versions as vers
-from rewheel.environment import Distribution, Environment
+from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import SnapshotError, UsageError
+from rewheel.halves import share, worth_sharing
 from rewheel.snapshot import Manifest, SnapshotMeta, Store
-from rewheel.snapshot.lanes import fork_child, recv_msg, send_msg
-from rewheel.snapshot.manifest import Entry, ManifestDamaged, match_roots
-from rewheel.snapshot.tree import (Progress, Root, exclusion, hash_file, kind_of, provably_pristine, record_index,
-                                   scope_of, walk)
+from rewheel.snapshot.manifest import match_roots
+from rewheel.snapshot.tree import (Progress, Root, exclusion, hash_file, provably_pristine, scope_of, walk)
+from rewheel.texts import (TEXT_LIMIT, as_str, as_text, count_changed_lines, count_lines, countable,
+                           is_install_artifact, is_noise, unified_diff)
 
-# Files an installer writes into a .dist-info folder at install time; not part of the wheel's
-# payload, different on every install (uv_cache.json carries a timestamp).
-INSTALLER_FILES = frozenset({"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.json"})
-# Larger files are not read for line counts or unified diffs.
-TEXT_LIMIT = 4 << 20
 # From this many changed files on, a diff reads and counts them in two processes (a real
 # release-to-release upgrade changes about 9,000): below it, the fork costs more than it saves.
 SPLIT_MIN_FILES = 1000
 # How long, at least, the second process's answer is waited for once this one's half is done.
 SPLIT_WAIT_MIN_S = 10.0
+# From this many files in the snapshot on, the live environment is walked by a second process
+# while this one loads the manifest and reads the RECORDs.
+WALK_SHARE_MIN_FILES = 4000
 LIVE = "live"
 
 
 # --------------------------------------------------------------------------------------
-# Text helpers shared with rewheel.patches
+# Paths as users name them
 # --------------------------------------------------------------------------------------
-def is_install_artifact(path: str) -> bool:
-    """Byte-compiled caches and the installer's bookkeeping files: written at install or
-    import time, never what a wheel shipped."""
-    if path.endswith((".pyc", ".pyo")) or "/__pycache__/" in f"/{path}":
-        return True
-    parent, _, base = path.rpartition("/")
-    return base in INSTALLER_FILES and parent.endswith(".dist-info")
-
-
-def is_noise(path: str) -> bool:
-    """Left out of file diffs: install artifacts and everything in `.dist-info` folders (the
-    package table says which distributions changed)."""
-    return is_install_artifact(path) or ".dist-info/" in path
-
-
-def as_text(data: bytes | None) -> str | None:
-    """The bytes as text when they are a (UTF-8) text file of reasonable size, else None."""
-    if data is None or len(data) > TEXT_LIMIT or b"\0" in data[:8192]:
-        return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def unified_diff(old: str | None, new: str | None, path_a: str | None, path_b: str | None) -> str:
-    """A git-compatible unified diff (`--- a/p`, `+++ b/p`, `/dev/null` for a missing side,
-    `\\ No newline at end of file` markers) between two texts; "" when they are equal."""
-    if (old or "") == (new or ""):
-        return ""
-    a = (old or "").splitlines(keepends=True)
-    b = (new or "").splitlines(keepends=True)
-    label_a = f"a/{path_a}" if path_a is not None and old is not None else "/dev/null"
-    label_b = f"b/{path_b}" if path_b is not None and new is not None else "/dev/null"
-    lines: Iterable[str]
-    if not a or not b:
-        # A whole file added or removed: one hunk, as difflib writes it, without its matcher.
-        n = len(a) + len(b)
-        rng = "1" if n == 1 else f"1,{n}"
-        hunk = f"@@ -0,0 +{rng} @@\n" if not a else f"@@ -{rng} +0,0 @@\n"
-        sign = "+" if not a else "-"
-        lines = [f"--- {label_a}\n", f"+++ {label_b}\n", hunk, *(sign + x for x in (b or a))]
-    else:
-        lines = difflib.unified_diff(a, b, label_a, label_b, lineterm="\n")
-    out: list[str] = []
-    for line in lines:
-        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
-    return "".join(out)
-
-
-def count_lines(diff: str) -> tuple[int, int]:
-    """(added, removed) lines of a unified diff."""
-    added = removed = 0
-    lines = diff.splitlines()
-    for line in lines[2:]:  # the ---/+++ header
-        if line.startswith("+"):
-            added += 1
-        elif line.startswith("-"):
-            removed += 1
-    return added, removed
-
-
-# Where str.splitlines (and so unified_diff) splits a line and bytes.splitlines does not;
-# both split at "\n", "\r" and "\r\n".
-_STR_ONLY_BREAKS = ("\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
-
-
-def splits_like_bytes(text: str) -> bool:
-    """Whether `text.splitlines()` cuts the same lines as `bytes.splitlines()` of its UTF-8
-    encoding (which is faster to split and to count)."""
-    return not any(c in text for c in _STR_ONLY_BREAKS)
-
-
-def _nlines(text: str | bytes) -> int:
-    """len(text.splitlines()), without building the list."""
-    if not text:
-        return 0
-    if isinstance(text, str):
-        if "\r" in text or not splits_like_bytes(text):
-            return len(text.splitlines())
-        return text.count("\n") + (text[-1] != "\n")
-    if b"\r" in text:
-        return len(text.splitlines())
-    return text.count(b"\n") + (text[-1:] != b"\n")
-
-
-def _common_run(a: list[Any], b: list[Any], limit: int, direction: int) -> int:
-    """How many items, at most `limit`, `a` and `b` begin with (direction 1) or end with
-    (direction -1) in common."""
-    la, lb = len(a), len(b)
-    lo, hi = 0, limit  # a run of lo is common; one longer than hi is not
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        same = (a[lo:mid] == b[lo:mid] if direction == 1
-                else a[la - mid:la - lo] == b[lb - mid:lb - lo])
-        if same:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def count_changed_lines(old: str | bytes | None, new: str | bytes | None) -> tuple[int, int]:
-    """(added, removed) lines between two texts, in linear time: each line (with its line
-    ending) counts as added as often as it occurs more often in `new` than in `old`, and as
-    removed the other way round — a multiset difference of the two versions' lines.
-
-    For added and removed files, added or deleted lines and edited lines that is exactly
-    what a unified diff counts (`unified_diff`, `git diff --stat`). It counts fewer where
-    lines moved: a block moved within the file (or lines that swapped places) is neither
-    added nor removed here, while a line diff shows it removed in one place and added in
-    another; and difflib, which skips lines that are very common in a long file when it
-    matches, can count more. Either way a file's count here is at most its diff's.
-
-    Both sides str, or both the UTF-8 bytes of texts that `splits_like_bytes` (the same
-    counts, faster).
-    """
-    if old == new:
-        return 0, 0
-    if not old:
-        return _nlines(new or ""), 0
-    if not new:
-        return 0, _nlines(old)
-    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
-    # The lines both versions begin and end with cancel out; counted without them (list
-    # slices compared at C speed, a binary search over their lengths).
-    head = _common_run(a, b, min(len(a), len(b)), 1)
-    tail = _common_run(a, b, min(len(a), len(b)) - head, -1)
-    a, b = a[head:len(a) - tail], b[head:len(b) - tail]
-    ca, cb = Counter(a), Counter(b)
-    if len(ca) > len(cb):
-        ca, cb = cb, ca
-    get = cb.get
-    common = 0
-    for line, k in ca.items():
-        m = get(line)
-        if m:
-            common += k if k < m else m
-    return len(b) - common, len(a) - common
-
-
 def display_path(abs_path: str, sites: Iterable[str], prefix: str | None) -> str:
     """A path as users name it: relative to its site-packages, else to the prefix."""
     for s in sites:
@@ -369,7 +229,7 @@ class DiffResult:
                 "filters": self.filters, "patch_base": self.patch_base}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     """One file or symlink of one side."""
 
@@ -417,18 +277,18 @@ def _owners_from_env(dists: list[Distribution], owners: _Owners) -> None:
         owners.add(dist.name, str(dist.site), (e.path for e in dist.record))
 
 
-def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners,
-                          entries: list[Entry] | None = None) -> None:
+def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners) -> None:
     """RECORD files as stored in the snapshot's tree (the environment may have moved on)."""
     import csv
 
-    for e in man.entries if entries is None else entries:
-        if e[2] != "f" or not e[1].endswith(".dist-info/RECORD"):
+    for e in _record_files(man):
+        stored = man.stored_at(snap, *e)  # None: the manifest names no object for it
+        if stored is None:
             continue
         try:
-            with open(man.stored_path(snap, e), encoding="utf-8", errors="replace") as fh:
+            with open(stored, encoding="utf-8", errors="replace") as fh:
                 text = fh.read()
-        except (OSError, ManifestDamaged):
+        except OSError:
             continue
         abs_rec = os.path.join(man.roots[e[0]].path, e[1])
         info_dir = os.path.dirname(abs_rec)
@@ -443,23 +303,39 @@ def _owners_from_snapshot(snap: SnapshotMeta, man: Manifest, owners: _Owners,
         owners.add(name, site, paths)
 
 
+def _record_files(man: Manifest) -> list[tuple[int, str]]:
+    """(root, path) of every `.dist-info/RECORD` file the manifest holds."""
+    out = []
+    for (ri, rel), f in man.folders.items():
+        if rel.endswith(".dist-info"):
+            i = f.index.get("RECORD")
+            if i is not None and f.types[i] == "f":
+                out.append((ri, f"{rel}/RECORD"))
+    return out
+
+
 def _root_bases(roots: list[Root]) -> list[str]:
     """Each root as a prefix to put before a relative path (os.path.join, without its cost)."""
     return [r.path if r.path.endswith("/") else r.path + "/" for r in roots]
 
 
-def _manifest_items(man: Manifest, entries: list[Entry] | None = None,
-                    mtimes: dict[str, int] | None = None) -> dict[str, _Item]:
-    """Files and symlinks by absolute path; `mtimes` (when given) gets each file's mtime."""
+def _manifest_items(man: Manifest, mtimes: dict[str, int] | None = None) -> dict[str, _Item]:
+    """Files and symlinks by absolute path; `mtimes` (when given) gets each file's mtime.
+    Read from the manifest's columns: no entry is built in full but a symlink's."""
     items: dict[str, _Item] = {}
     bases = _root_bases(man.roots)
-    for e in man.entries if entries is None else entries:
-        kind = e[2]
-        if kind == "f" or kind == "l":
-            full = bases[e[0]] + e[1]
-            items[full] = _Item(kind, e[3], e[4], e[6], e[8])
-            if mtimes is not None and kind == "f":
-                mtimes[full] = e[5]
+    for (ri, rel), f in man.folders.items():
+        base = bases[ri] + rel + "/" if rel else bases[ri]
+        modes, sizes, times = f.modes, f.sizes, f.mtimes
+        for i, (name, kind) in enumerate(zip(f.names, f.types, strict=True)):
+            if kind == "f":
+                full = base + name
+                items[full] = _Item("f", modes[i], sizes[i], f.sha(i))
+                if mtimes is not None:
+                    mtimes[full] = times[i]
+            elif kind == "l":
+                e = f.entry(ri, rel, i)
+                items[base + name] = _Item("l", e.mode, e.size, e.sha256, e.target)
     return items
 
 
@@ -512,30 +388,56 @@ class _Side:
         return _stored_bytes(self.snap, self.man, abs_path, item.sha)
 
 
-def _live_items(env: Environment, dists: list[Distribution], old: Mapping[str, _Item],
-                old_mtimes: Mapping[str, int], skip: set[str], stats: dict[str, int],
-                progress: Progress | None, exclude: list[str] | None = None) -> dict[str, _Item]:
-    """Walk the live environment; take each file's hash from the manifest (same size and
-    mtime), from its RECORD (provably pristine), and only otherwise by reading it."""
-    records = record_index(dists)
-    roots = scope_of(env)
+def _record_owners(dists: list[Distribution]) -> dict[str, tuple[RecordEntry, int]]:
+    """abs path -> (its RECORD row, the install time of its distribution), for each path the
+    row of the distribution installed last (the one whose bytes the file holds; of two
+    installed in the same tick, the later in `dists`), as `record_index` tells it. The row's
+    sha256 is decoded only for the files it proves."""
+    index: dict[str, tuple[RecordEntry, int]] = {}
+    path_of = operator.attrgetter("path")
+    for d in sorted(dists, key=lambda d: d.install_time_ns):  # (stable: ties keep their order)
+        rows = d.record
+        index.update(zip(map(path_of, rows), zip(rows, itertools.repeat(d.install_time_ns)), strict=True))
+    return index
+
+
+LiveWalk = list[tuple[str, int, int, int, str | None]]  # (path, mode, size, mtime_ns, symlink target)
+
+
+def _walk_live(roots: list[Root], records: dict[str, Any], skip: set[str], exclude: list[str],
+               progress: Progress | None = None) -> LiveWalk:
+    """The live environment's files and symlinks, walked (`records`: the paths RECORDs list,
+    for a root that holds only those), as `marshal` carries them: (path, mode, size,
+    mtime_ns, None) for a file, (path, mode, 0, 0, target) for a symlink. What the snapshot
+    left out (`[snapshots] exclude`) is not compared either."""
+    out: LiveWalk = []
+    add = out.append
+    bases = _root_bases(roots)
+    S_ISREG, S_ISLNK, S_IMODE = stat.S_ISREG, stat.S_ISLNK, stat.S_IMODE
+    for i, (ri, rel, st) in enumerate(walk(roots, records, skip, None, exclusion(exclude))):
+        mode = st.st_mode
+        if S_ISREG(mode):
+            add((bases[ri] + rel, S_IMODE(mode), st.st_size, st.st_mtime_ns, None))
+            if progress and i % 2000 == 0:
+                progress("diff: walk", i, 0)
+        elif S_ISLNK(mode):
+            full = bases[ri] + rel
+            add((full, S_IMODE(mode), 0, 0, os.readlink(full)))
+    return out
+
+
+def _live_items(walked: LiveWalk, records: Mapping[str, tuple[RecordEntry, int]], old: Mapping[str, _Item],
+                old_mtimes: Mapping[str, int], stats: dict[str, int]) -> dict[str, _Item]:
+    """The walked live files and symlinks, each file's hash taken from the manifest (same
+    size and mtime), from its RECORD (provably pristine), and only otherwise by reading it."""
     items: dict[str, _Item] = {}
     mtimes: dict[str, int] = {}
-    bases = _root_bases(roots)
-    # What the snapshot left out (`[snapshots] exclude`) is not compared either.
-    for i, (ri, rel, st) in enumerate(walk(roots, records, skip, None, exclusion(exclude or []))):
-        kind = kind_of(st.st_mode)
-        if kind not in ("f", "l"):
-            continue
-        full = bases[ri] + rel
-        mode = stat.S_IMODE(st.st_mode)
-        if kind == "l":
-            items[full] = _Item("l", mode, 0, None, os.readlink(full))
-            continue
-        items[full] = _Item("f", mode, st.st_size, None)
-        mtimes[full] = st.st_mtime_ns
-        if progress and i % 2000 == 0:
-            progress("diff: walk", i, 0)
+    for full, mode, size, mtime, target in walked:
+        if target is None:
+            items[full] = _Item("f", mode, size, None)
+            mtimes[full] = mtime
+        else:
+            items[full] = _Item("l", mode, 0, None, target)
     for full, it in items.items():
         # RECORD files are read to tell a reinstall from a hand edit; they are small.
         if it.kind != "f" or (is_noise(full) and not full.endswith(".dist-info/RECORD")):
@@ -546,8 +448,9 @@ def _live_items(env: Environment, dists: list[Distribution], old: Mapping[str, _
             stats["by_manifest"] += 1
             continue
         rec = records.get(full)
-        if rec and rec[0] and provably_pristine(it.size, mtimes[full], rec[1], rec[2]):
-            it.sha = rec[0]
+        if (rec is not None and provably_pristine(it.size, mtimes[full], rec[0].size, rec[1])
+                and (sha := rec[0].sha256_hex) is not None):
+            it.sha = sha
             stats["by_record"] += 1
             continue
         if o is None:
@@ -587,6 +490,17 @@ def _compare(old: Mapping[str, _Item], new: Mapping[str, _Item]) -> list[tuple[s
     return changes
 
 
+def _manifest_against_live(snap: SnapshotMeta, env: Environment) -> Manifest:
+    """The snapshot's manifest, its roots at the paths the live environment has (the same
+    prefix may be reached through another path now: a symlink)."""
+    man = Manifest.load(snap)
+    try:
+        man.roots = match_roots(snap, man, scope_of(env))
+    except SnapshotError:
+        pass  # another environment's snapshot: compared as recorded
+    return man
+
+
 def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta | None = None, *,
                package: str | None = None, path_glob: str | None = None,
                with_diffs: bool = False, line_counts: bool = True,
@@ -601,33 +515,53 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
     changed files.
     """
     t0 = time.monotonic()
-    old_man = Manifest.load(old_snap)
-    if new_snap is None:
-        # The same prefix may be reached through another path now (a symlink): compare files
-        # at the paths the live environment has.
-        try:
-            old_man.roots = match_roots(old_snap, old_man, scope_of(env))
-        except SnapshotError:
-            pass  # another environment's snapshot: compared as recorded
     stats: dict[str, Any] = {"by_manifest": 0, "by_record": 0, "hashed_files": 0, "hashed_bytes": 0}
     owners = _Owners()
-    old_entries = old_man.entries  # built anew on each access: once
     old_mtimes: dict[str, int] = {}
-    old_items = _manifest_items(old_man, old_entries, old_mtimes)
     if new_snap is None:
         new_man = None
-        dists = env.distributions()
-        new_items: Mapping[str, _Item] = _live_items(env, dists, old_items, old_mtimes,
-                                                     skip or set(), stats, progress, old_man.exclude)
+        roots, skip = scope_of(env), skip or set()
+        loaded: list[Manifest] = []
+        old_items: dict[str, _Item] = {}
+        dists: list[Distribution] = []
+        records: dict[str, tuple[RecordEntry, int]] = {}
+
+        def read_the_rest() -> None:  # all but the walk
+            loaded.append(_manifest_against_live(old_snap, env))
+            old_items.update(_manifest_items(loaded[0], old_mtimes))
+            dists.extend(env.distributions())
+            records.update(_record_owners(dists))
+            _owners_from_env(dists, owners)
+            _owners_from_snapshot(old_snap, loaded[0], owners)
+
+        def walk_there() -> tuple[Any, ...]:
+            # What it needs of the manifest is what the snapshot left out: its folders are
+            # neither checked nor read here (this process does that).
+            return (_walk_live(roots, {}, skip, Manifest.load(old_snap, validate=False).exclude),)
+
+        walked: LiveWalk | None = None
+        if all(r.whole for r in roots) and worth_sharing(old_snap.files, WALK_SHARE_MIN_FILES):
+            # A large environment is walked by a second process meanwhile (the walk needs
+            # no RECORD: every root is walked whole).
+            if progress:
+                progress("diff: walk", 0, 0)
+            got = share(read_the_rest, walk_there, wait_min=SPLIT_WAIT_MIN_S)
+            walked = got[0] if got is not None else None
+        else:
+            read_the_rest()
+        old_man = loaded[0]
+        if walked is None:
+            walked = _walk_live(roots, records, skip, old_man.exclude, progress)
+        new_items: Mapping[str, _Item] = _live_items(walked, records, old_items, old_mtimes, stats)
         new_dists = [d.to_json() for d in dists]
-        _owners_from_env(dists, owners)
     else:
+        old_man = Manifest.load(old_snap)
+        old_items = _manifest_items(old_man, old_mtimes)
         new_man = Manifest.load(new_snap)
-        new_entries = new_man.entries
-        new_items = _manifest_items(new_man, new_entries)
+        new_items = _manifest_items(new_man)
         new_dists = new_snap.distributions
-        _owners_from_snapshot(new_snap, new_man, owners, new_entries)
-    _owners_from_snapshot(old_snap, old_man, owners, old_entries)
+        _owners_from_snapshot(new_snap, new_man, owners)
+        _owners_from_snapshot(old_snap, old_man, owners)
     sites = sorted(owners.sites | {str(s) for s in env.site_dirs}, key=len, reverse=True)
     prefix = str(env.prefix)
 
@@ -682,7 +616,7 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
             _fill_text(fc, old_items.get(fc.abs_path), new_items.get(fc.abs_path), old_side, new_side,
                        with_diffs)
 
-        if with_diffs or len(files) < SPLIT_MIN_FILES or (os.cpu_count() or 1) < 2:
+        if with_diffs or not worth_sharing(len(files), SPLIT_MIN_FILES):
             for fc in files:
                 fill(fc)
         else:
@@ -695,44 +629,27 @@ def diff_trees(env: Environment, old_snap: SnapshotMeta, new_snap: SnapshotMeta 
 def _fill_split(files: list[FileChange], fill: Callable[[FileChange], None]) -> None:
     """`fill` every file, half of them in a forked process: reading both sides, checking the
     stored side's sha256 and counting lines is per-file work in Python, and a real upgrade
-    changes thousands of files (a second CPU halves it). The child sends back what `fill`
-    set (counts, binary, note); if it dies or stays silent, its half is done here."""
-    r, w = os.pipe()
+    changes thousands of files (a second CPU halves it). The other process sends back what
+    `fill` set (counts, binary, note); if it fails or stays silent, its half is done here."""
 
-    def body() -> None:  # the child's half: the odd files
-        os.close(r)
+    def theirs() -> tuple[Any, ...]:  # the odd files
         out = []
         for i in range(1, len(files), 2):
             fc = files[i]
             fill(fc)
             out.append((i, fc.added_lines, fc.removed_lines, fc.binary, fc.note))
-        send_msg(w, ("filled", out))
+        return tuple(out)
 
-    pid = fork_child(body)
-    os.close(w)
-    msg: tuple[Any, ...] | None = None
-    try:
-        t0 = time.monotonic()
+    def mine() -> None:
         for i in range(0, len(files), 2):
             fill(files[i])
-        # The child's half is as much work as this one: one that is still silent long after
-        # (stuck on a lock a thread of this process held at the fork) is killed, and its
-        # half done here.
-        if select.select([r], [], [], max(SPLIT_WAIT_MIN_S, 3 * (time.monotonic() - t0)))[0]:
-            with contextlib.suppress(EOFError, OSError, ValueError):
-                msg = recv_msg(r)
-    finally:
-        if msg is None:  # overdue, dead already (a no-op then), or this process is failing
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        os.close(r)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-    if msg is None or msg[0] != "filled":
+
+    got = share(mine, theirs, wait_min=SPLIT_WAIT_MIN_S)
+    if got is None:
         for i in range(1, len(files), 2):
             fill(files[i])
         return
-    for i, added, removed, binary, note in msg[1]:
+    for i, added, removed, binary, note in got:
         fc = files[i]
         fc.added_lines, fc.removed_lines, fc.binary, fc.note = added, removed, binary, note
 
@@ -750,36 +667,34 @@ def _fill_text(fc: FileChange, o: _Item | None, n: _Item | None, old_side: _Side
         fc.binary = True
         fc.note = "large file: contents not compared line by line"
         return
-    texts: list[str | None] = []
-    raw: list[bytes | None] = []
+    sides: list[bytes | str | None] = []
     for item, side in ((o, old_side), (n, new_side)):
         if item is None:
-            texts.append(None)
-            raw.append(None)
+            sides.append(None)
             continue
-        # Each side is read once and decoded once; a binary one ends it (the other side is
-        # not read).
+        # Each side is read once and decoded at most once; a binary one ends it (the other
+        # side is not read).
         data = side.read(fc.abs_path, item)
         if data is None:
             fc.note = "contents unavailable (the stored copy was changed or removed)"
             return
-        if not isinstance(data, bytes) or (text := as_text(data)) is None:
+        if not isinstance(data, bytes) or (text := countable(data)) is None:
             fc.binary = True
             if with_diffs:
                 label = fc.patch_path or fc.path
                 fc.diff = f"Binary files a/{label} and b/{label} differ\n"
             return
-        texts.append(text)
-        raw.append(data)
-    old_t, new_t = texts
+        sides.append(text)
     if with_diffs:
         # A diff that is shown: its counts are its own +/- lines.
-        fc.diff = unified_diff(old_t, new_t, fc.patch_path or fc.path, fc.patch_path or fc.path)
+        old_t, new_t = (as_str(x) for x in sides)
+        label = fc.patch_path or fc.path
+        fc.diff = unified_diff(old_t, new_t, label, label)
         fc.added_lines, fc.removed_lines = count_lines(fc.diff)
-    elif all(t is None or splits_like_bytes(t) for t in texts):
-        fc.added_lines, fc.removed_lines = count_changed_lines(*raw)
+    elif all(x is None or isinstance(x, bytes) for x in sides):
+        fc.added_lines, fc.removed_lines = count_changed_lines(*sides)
     else:
-        fc.added_lines, fc.removed_lines = count_changed_lines(old_t, new_t)
+        fc.added_lines, fc.removed_lines = count_changed_lines(*(as_str(x) for x in sides))
 
 
 # --------------------------------------------------------------------------------------

@@ -51,14 +51,15 @@ from merge3 import Merge3
 from packaging.utils import canonicalize_name
 
 from rewheel import proc
-from rewheel.diff import (INSTALLER_FILES, as_text, count_lines, display_path, is_install_artifact,
-                          unified_diff)
+from rewheel.diff import display_path
 from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import CommandNotFound
+from rewheel.package_folders import BYTECODE, PackageFolders
 from rewheel.paths import fsync_dir, write_all
 from rewheel.snapshot import ManifestDamaged, Manifest, SnapshotDamaged, Store
 from rewheel.snapshot.store import aliased_files
 from rewheel.snapshot.tree import provably_pristine
+from rewheel.texts import as_text, count_lines, is_install_artifact, unified_diff
 
 # Patched files up to this size are kept in memory so they can be carried onto a new
 # version after the reinstall has replaced them.
@@ -504,9 +505,6 @@ def _is_generated_script(path: str, scripts: dict[str, tuple[str, str]]) -> bool
     return f"from {mod} import {attr.split('.')[0]}" in text
 
 
-_BYTECODE = (".pyc", ".pyo")
-
-
 @dataclass
 class _Mismatch:
     """A RECORD-listed file that matches none of its owners' RECORDs, awaiting the check
@@ -600,7 +598,7 @@ class _Scan:
         self.mismatches: list[_Mismatch] = []
         self.extra: list[tuple[str, os.stat_result, str]] = []
         self._scripts_of: dict[str, dict[str, tuple[str, str]]] = {}
-        self.folders = _PackageFolders(self.targets)
+        self.folders = PackageFolders(self.targets)
 
     def cache(self) -> UvCache | None:
         # `uv cache dir` costs a subprocess: only asked once a patch needs it.
@@ -656,7 +654,7 @@ class _Scan:
                 if path in proven:
                     walked_fast += 1
                     continue
-                if (path.endswith(_BYTECODE) or "/__pycache__/" in path
+                if (path.endswith(BYTECODE) or "/__pycache__/" in path
                         or (".dist-info/" in path and is_install_artifact(path))):
                     continue
                 owners = shared.get(path) if shared else None
@@ -888,115 +886,6 @@ def _cross_check(mismatches: list[_Mismatch], cache: UvCache | None, snaps: _Sna
             del m.unchecked[d.name]
             if got[0] == m.sha256:
                 break
-
-
-# Listing a folder through an open descriptor lets each file be stat'ed relative to it
-# (fstatat): no path lookup from the root per file, which is most of what an lstat costs.
-_FD_WALK = os.scandir in os.supports_fd and hasattr(os, "O_DIRECTORY")
-
-
-class _PackageFolders:
-    """The top-level folders under site-packages that hold the target distributions' files,
-    walked once: every RECORD-listed file met is lstat'ed (kept in `seen` for the RECORD
-    check), every other file is a candidate `unlisted` patch."""
-
-    def __init__(self, targets: list[Distribution]) -> None:
-        self.tops: dict[str, Distribution] = {}
-        self.packaged: list[Distribution] = []
-        for dist in targets:
-            if not dist.record or (dist.direct_url or {}).get("dir_info", {}).get("editable"):
-                continue
-            self.packaged.append(dist)
-            site = str(dist.site).rstrip("/") + "/"
-            n = len(site)
-            names = {p[n:p.find("/", n)] for e in dist.record
-                     if (p := e.path).startswith(site) and p.find("/", n) > n}
-            for top in names:
-                if top.endswith((".dist-info", ".data")) or top == "__pycache__":
-                    continue
-                self.tops.setdefault(site + top, dist)
-        self._dir_owner: dict[str, Distribution] | None = None
-
-    def walk(self, listed: dict[str, RecordEntry], owner: dict[str, Distribution],
-             seen: dict[str, os.stat_result], proven: set[str] | None
-             ) -> tuple[int, list[tuple[str, os.stat_result, str]]]:
-        """(files walked, [(path, lstat, top) of regular files no RECORD lists]).
-
-        A listed file the fast path proves (a regular file, its RECORD's size, older than
-        its distribution's install; nothing `is_install_artifact` could skip) goes into
-        `proven` (None: prove nothing), any other into `seen` with its lstat."""
-        walked = 0
-        extra: list[tuple[str, os.stat_result, str]] = []
-        get = listed.get
-        S_ISREG = stat.S_ISREG
-        prove = proven.add if proven is not None else None
-        for top in sorted(self.tops):
-            stack = [top]
-            while stack:
-                d = stack.pop()
-                base = d + "/"
-                fd = None
-                try:
-                    if _FD_WALK:
-                        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-                    it = os.scandir(d if fd is None else fd)
-                except OSError:
-                    if fd is not None:
-                        os.close(fd)
-                    continue
-                try:
-                    with it:
-                        entries = list(it)
-                    walked += len(entries)
-                    for de in entries:
-                        name = de.name
-                        full = base + name
-                        e = get(full)
-                        if e is not None:
-                            try:
-                                st = de.stat(follow_symlinks=False)
-                            except OSError:
-                                continue
-                            if (prove is not None and e.size == st.st_size and e.hash
-                                    and S_ISREG(st.st_mode)
-                                    and st.st_mtime_ns < owner[full].install_time_ns
-                                    and not name.endswith(_BYTECODE) and name not in INSTALLER_FILES):
-                                prove(full)
-                            else:
-                                seen[full] = st
-                            continue
-                        if de.is_dir(follow_symlinks=False):
-                            walked -= 1
-                            if name != "__pycache__":
-                                stack.append(full)
-                            continue
-                        if name.endswith(_BYTECODE):
-                            continue
-                        try:
-                            st = de.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        if stat.S_ISREG(st.st_mode):
-                            extra.append((full, st, top))
-                finally:
-                    if fd is not None:
-                        os.close(fd)
-        return walked, extra
-
-    def owner_of(self, path: str, top: str) -> Distribution:
-        """The distribution a file no RECORD lists belongs with: the nearest folder above it
-        that holds a RECORD-listed file, else its top-level folder's."""
-        if self._dir_owner is None:  # only once such a file turns up
-            self._dir_owner = {}
-            for dist in self.packaged:
-                for e in dist.record:
-                    self._dir_owner.setdefault(os.path.dirname(e.path), dist)
-        up = os.path.dirname(path)
-        while len(up) >= len(top):
-            if up in self._dir_owner:
-                return self._dir_owner[up]
-            up = os.path.dirname(up)
-        return self.tops[top]
 
 
 def _attach_diffs(found: list[tuple[Patch, Distribution]], result: PatchScan, store: Store | None,
