@@ -78,7 +78,7 @@ TargetArg = Annotated[str | None, typer.Argument(help="A recipe file (or give --
 
 def _set_plain(value: bool) -> None:
     if value:
-        report.PLAIN = True
+        report.layout.PLAIN = True
 
 
 # On the commands that print tables; also accepted before the command (`rewheel --plain …`).
@@ -291,7 +291,7 @@ def _keep_yes(m: re.Match[str]) -> str:
     snapshot, is a new decision, asked anew."""
     import shlex
 
-    argv = report.ARGV or []
+    argv = report.text.ARGV or []
     if "--yes" not in argv and "-y" not in argv:
         return m.group(0)
     try:
@@ -468,7 +468,7 @@ def _main() -> None:
         if reconfigure is not None and (getattr(stream, "errors", None) or "strict") == "strict":
             reconfigure(errors="backslashreplace")
     sys.argv[1:] = _plain_first(sys.argv[1:])
-    report.ARGV = sys.argv[1:]  # (hints that retry the command name it as typed)
+    report.text.ARGV = sys.argv[1:]  # (hints that retry the command name it as typed)
     this = _app_for(sys.argv[1:])
     if "--json" not in sys.argv[1:]:
         # The usage lines name the program a person types, however it was started (`python -m
@@ -1088,7 +1088,7 @@ def _global_options(
 ) -> None:
     del version  # handled eagerly by its callback
     if plain:
-        report.PLAIN = True
+        report.layout.PLAIN = True
 
 
 # ---- one line each in `rewheel --help` ----
