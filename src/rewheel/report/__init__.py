@@ -16,13 +16,45 @@ The two settings the CLI makes once live in the module that reads them, and are 
 """
 
 from rewheel.report import layout, text
-from rewheel.report.text import clean, downtime_text, escape, human_bytes, print_error, render_downtime, show_path, typed_line
-from rewheel.report.layout import fit_text, fitted_console, is_plain, shorten_paths
+from rewheel.report.ci import render_bisect, render_board, render_ci, render_ci_base, render_fleet
 from rewheel.report.diagnosis import render_root_cause, render_suspects, render_why
 from rewheel.report.diffs import print_diff, render_diff, render_package_changes, render_patches
-from rewheel.report.snapshots import render_forget, render_history, render_history_marks, render_pin, render_pruned, render_rollback, render_rollback_more, render_snapshot, render_status, render_verify, running_text, snapshot_cost, strays_hint
-from rewheel.report.runs import render_changes, render_check, render_held_back, render_plan, render_prepared, render_resume, render_run, render_smoke
-from rewheel.report.ci import render_bisect, render_board, render_ci, render_ci_base, render_fleet
+from rewheel.report.layout import fit_text, fitted_console, is_plain, shorten_paths
+from rewheel.report.runs import (
+    render_changes,
+    render_check,
+    render_held_back,
+    render_plan,
+    render_prepared,
+    render_resume,
+    render_run,
+    render_smoke,
+)
+from rewheel.report.snapshots import (
+    render_forget,
+    render_history,
+    render_history_marks,
+    render_pin,
+    render_pruned,
+    render_rollback,
+    render_rollback_more,
+    render_snapshot,
+    render_status,
+    render_verify,
+    running_text,
+    snapshot_cost,
+    strays_hint,
+)
+from rewheel.report.text import (
+    clean,
+    downtime_text,
+    escape,
+    human_bytes,
+    print_error,
+    render_downtime,
+    show_path,
+    typed_line,
+)
 
 __all__ = [
     "layout",

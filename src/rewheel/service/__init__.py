@@ -27,8 +27,17 @@ from pathlib import Path
 from rewheel.errors import ServiceError
 from rewheel.recipe import ServiceSpec
 from rewheel.service.command import CommandManager, record_problem
-from rewheel.service.common import (DOWN_STATES, JOURNALCTL, SHOW_PROPERTIES, SYSTEMCTL, TOKEN_VAR,
-                                    HealthCheckFailed, HealthResult, ServiceManager, ServiceStatus)
+from rewheel.service.common import (
+    DOWN_STATES,
+    JOURNALCTL,
+    SHOW_PROPERTIES,
+    SYSTEMCTL,
+    TOKEN_VAR,
+    HealthCheckFailed,
+    HealthResult,
+    ServiceManager,
+    ServiceStatus,
+)
 from rewheel.service.health import wait_ready
 from rewheel.service.systemd import SystemdManager
 

@@ -10,10 +10,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-
 from rewheel import proc
 from rewheel.errors import ServiceError
-
 
 SYSTEMCTL = "systemctl"
 

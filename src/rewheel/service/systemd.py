@@ -9,11 +9,17 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-
 from rewheel import proc
 from rewheel.errors import PreflightError, ServiceError
-from rewheel.service.common import (JOURNALCTL, SHOW_PROPERTIES, SYSTEMCTL, ServiceStatus,
-                                    _alive, _describe_pids, _family)
+from rewheel.service.common import (
+    JOURNALCTL,
+    SHOW_PROPERTIES,
+    SYSTEMCTL,
+    ServiceStatus,
+    _alive,
+    _describe_pids,
+    _family,
+)
 
 
 class SystemdManager:
