@@ -48,7 +48,7 @@ GUARD_EXIT = 86
 PROG = "rewheel"
 SPAN = re.compile(r"`([^`\n]+)`")
 # Placeholders of the usage: the CLI knows what was typed for these, so a hint that says them
-# cannot be pasted (cli._as_typed puts the value in).
+# cannot be pasted (cli.failures._as_typed puts the value in).
 KNOWN_PLACEHOLDERS = {"TARGET", "RECIPE"}
 # Placeholders only the person can fill: a log they save, a file they choose.
 TEMPLATE_PLACEHOLDERS = {"LOGFILE", "FILE", "UNIT", "TIME", "DIR", "GLOB", "NAME"}

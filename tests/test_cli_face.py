@@ -171,14 +171,14 @@ def test_plain_stderr_writes_what_rich_writes_to_a_pipe(args: tuple[str, ...], k
     for k in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         monkeypatch.delenv(k, raising=False)
     written = []
-    for make in (cli._PlainStderr, cli._stderr_console):
+    for make in (cli.output._PlainStderr, cli.output._stderr_console):
         buf = io.StringIO()
         monkeypatch.setattr(sys, "stderr", buf)
-        assert cli._PlainStderr.fits()
+        assert cli.output._PlainStderr.fits()
         make().print(*args, **kw)
         written.append(buf.getvalue())
     assert written[0] == written[1]
-    with cli._PlainStderr().status("working") as st:  # nothing to draw on a pipe
+    with cli.output._PlainStderr().status("working") as st:  # nothing to draw on a pipe
         st.update("still")
 
 
@@ -202,7 +202,7 @@ def test_a_command_run_alone_is_built_and_parsed_as_the_whole_app_does() -> None
     assert set(COMMANDS) <= set(names) and "fleet-report" in names
     runner = CliRunner()
     for name in names:
-        one = cli._app_for([name, "--json"])
+        one = cli.typer_app._app_for([name, "--json"])
         assert one is not cli.app
         alone = typer.main.get_command(one)
         assert sorted(alone.commands) == [name]  # a group still: `rewheel NAME ...` reads the same
@@ -211,10 +211,10 @@ def test_a_command_run_alone_is_built_and_parsed_as_the_whole_app_does() -> None
         for args in ([name, "--no-such-option"], [name, "--help"]):
             a, b = runner.invoke(one, args), runner.invoke(cli.app, args)
             assert (a.exit_code, a.output) == (b.exit_code, b.output), args
-    assert cli._app_for(["--plain", "history", "x"]) is not cli.app
+    assert cli.typer_app._app_for(["--plain", "history", "x"]) is not cli.app
     # No command, a typo or a global option first: the whole app (its help lists every command).
     for args in ([], ["--help"], ["--version"], ["rollbak"], ["--plain"]):
-        assert cli._app_for(args) is cli.app, args
+        assert cli.typer_app._app_for(args) is cli.app, args
 
 
 def test_a_mistyped_command_is_suggested_once() -> None:
@@ -267,7 +267,7 @@ def test_a_core_hint_names_the_target_as_it_was_typed(given: dict, typed: str) -
     from rewheel.errors import LockHeld
 
     err = LockHeld("held", hint="`rewheel resume TARGET` (or `rewheel rollback TARGET`) stops them")
-    cli._as_typed(err, cli._typed_target(given))
+    cli.failures._as_typed(err, cli.failures._typed_target(given))
     assert err.hint == f"`rewheel resume {typed}` (or `rewheel rollback {typed}`) stops them"
 
 

@@ -153,7 +153,7 @@ def test_the_table_keeps_every_version_and_cause_whole(tmp_path: Path, width: in
 
     from rewheel import report
 
-    monkeypatch.setattr(report, "PLAIN", False)
+    monkeypatch.setattr(report.layout, "PLAIN", False)
     new = "0.16.0rc2.dev344+g5719a4e4e"
     doc = reverted("/root/ml-env", attempted={"vllm": new, "flashinfer-python": "0.6.4"},
                    before={"vllm": "0.16.0rc2.dev313", "flashinfer-python": "0.6.3"})

@@ -38,9 +38,9 @@ RUN_ID = "20261203-133832-a9dd"
 @pytest.fixture(autouse=True)
 def _decided_per_console() -> Iterator[None]:
     """`--plain` is global state set by the CLI; each test sets it and it is put back."""
-    before = report.PLAIN
+    before = report.layout.PLAIN
     yield
-    report.PLAIN = before
+    report.layout.PLAIN = before
 
 
 def console(width: int) -> Console:
@@ -91,7 +91,7 @@ def assert_whole(text: str, width: int, plain: bool) -> None:
 @pytest.mark.parametrize("plain", [False, True], ids=["terminal", "plain"])
 @pytest.mark.parametrize("width", [80, 100, 120])
 def test_plan_shows_changes_first_and_one_line_for_same_version_reinstalls(width: int, plain: bool) -> None:
-    report.PLAIN = plain
+    report.layout.PLAIN = plain
     c = console(width)
     report.render_plan(c, run_report())
     text = text_of(c)
@@ -118,7 +118,7 @@ def test_plan_verbose_lists_the_same_version_reinstalls() -> None:
 @pytest.mark.parametrize("plain", [False, True], ids=["terminal", "plain"])
 @pytest.mark.parametrize("width", [80, 100, 120])
 def test_run_report_versions_whole(width: int, plain: bool) -> None:
-    report.PLAIN = plain
+    report.layout.PLAIN = plain
     c = console(width)
     report.render_run(c, run_report())
     text = text_of(c)
@@ -134,7 +134,7 @@ def test_run_report_versions_whole(width: int, plain: bool) -> None:
 @pytest.mark.parametrize("plain", [False, True], ids=["terminal", "plain"])
 @pytest.mark.parametrize("width", [80, 100, 120])
 def test_diff_report_versions_whole(width: int, plain: bool) -> None:
-    report.PLAIN = plain
+    report.layout.PLAIN = plain
     c = console(width)
     report.render_diff(c, DiffResult(SNAP_PRE, SNAP_FAILED, changes(), [], unchanged_packages=190))
     text = text_of(c)
@@ -168,7 +168,7 @@ def history(tmp_path: Path) -> History:
 @pytest.mark.parametrize("plain", [False, True], ids=["terminal", "plain"])
 @pytest.mark.parametrize("width", [80, 100, 120])
 def test_history_versions_and_ids_whole(tmp_path: Path, width: int, plain: bool) -> None:
-    report.PLAIN = plain
+    report.layout.PLAIN = plain
     c = console(width)
     report.render_history(c, history(tmp_path))
     text = text_of(c)
@@ -192,7 +192,7 @@ def test_history_versions_and_ids_whole(tmp_path: Path, width: int, plain: bool)
 
 
 def test_plain_is_the_default_off_a_terminal() -> None:
-    report.PLAIN = None
+    report.layout.PLAIN = None
     off = Console(width=200, record=True, force_terminal=False)
     report.render_package_changes(off, changes()[:1])
     assert text_of(off).splitlines()[0] == f"vllm: {OLD_VLLM} → {NEW_VLLM}  upgraded  +31 builds"
@@ -204,7 +204,7 @@ def test_plain_is_the_default_off_a_terminal() -> None:
 def test_ids_and_versions_never_fold_even_narrower_than_a_version(tmp_path: Path) -> None:
     """Narrower than a version string: the line overflows the edge (the terminal wraps it)
     rather than the version being cut into pieces that grep cannot find."""
-    report.PLAIN = False
+    report.layout.PLAIN = False
     c = console(20)
     report.render_diff(c, DiffResult(SNAP_PRE, "live", changes(), []))
     report.render_history(c, history(tmp_path))
@@ -221,7 +221,7 @@ def test_patches_report_versions_and_paths_whole(width: int, plain: bool) -> Non
     path = "vllm/model_executor/model_loader/weight_utils.py"
     patch = Patch(path, f"/opt/vllm-env/lib/python3.12/site-packages/{path}", "vllm", NEW_VLLM, "modified",
                   "0" * 64, 100, 0o644, added_lines=3, removed_lines=1, pristine_source="uv-cache")
-    report.PLAIN = plain
+    report.layout.PLAIN = plain
     c = console(width)
     report.render_patches(c, PatchScan("/opt/vllm-env", [patch]))
     text = text_of(c)

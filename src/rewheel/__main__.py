@@ -12,7 +12,7 @@ def main() -> None:
     except KeyboardInterrupt:
         import sys
 
-        # What a Ctrl-C anywhere else says (rewheel.cli.handles_errors), and its exit code.
+        # What a Ctrl-C anywhere else says (rewheel.cli.failures.handles_errors), and its exit code.
         sys.stderr.write("error: interrupted (Ctrl-C)\n")
         raise SystemExit(4) from None
 

@@ -38,7 +38,8 @@ from packaging.version import Version
 
 from rewheel import httpclient, proc
 from rewheel.errors import PreflightError, UsageError
-from rewheel.installer import _ACCEPT, INDEX_TIMEOUT_S, find_uv, redact
+from rewheel.installer import find_uv
+from rewheel.installer.indexes import _ACCEPT, INDEX_TIMEOUT_S, redact
 from rewheel.paths import ensure_private_dir, state_home
 from rewheel.recipe import Recipe
 
@@ -352,7 +353,7 @@ def compile_argv(recipe: Recipe, requirements: Path, output: Path, *, uv: str | 
     other package keeps the version `output` already pins, where it can (uv's preferences).
     `fmt`: `pylock.toml` or `requirements.txt`. `no_deps`: exactly the requirements (each pinned),
     their dependencies not added — the lock of a set already resolved."""
-    from rewheel.installer import _index_args
+    from rewheel.installer.indexes import _index_args
 
     spec = recipe.install
     argv = [uv or find_uv(), "pip", "compile", "--python", str(recipe.python), "--no-progress",

@@ -22,7 +22,8 @@ from typing import Any
 
 from rewheel.errors import RewheelError
 from rewheel.recipe import Probe, ServiceSpec
-from rewheel.service import SystemdManager, _alive, wait_ready
+from rewheel.service import SystemdManager, wait_ready
+from rewheel.service.common import _alive
 
 
 def main(unit: str, steps: list[list[Any]]) -> list[dict[str, Any]]:

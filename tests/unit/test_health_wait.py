@@ -48,7 +48,7 @@ def answering_after(n_refused: int) -> tuple[httpx.Client, list[str]]:
 @pytest.fixture
 def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     gaps: list[float] = []
-    monkeypatch.setattr(service.time, "sleep", gaps.append)
+    monkeypatch.setattr(service.health.time, "sleep", gaps.append)
     return gaps
 
 
@@ -60,14 +60,14 @@ def test_the_gaps_start_short_and_double_to_the_cap() -> None:
 
 def test_a_service_that_answers_at_once_is_not_waited_for(slept: list[float]) -> None:
     client, asked = answering_after(0)
-    result = wait_ready(UpManager(), spec(), client=client, started_at=service.time.time())
+    result = wait_ready(UpManager(), spec(), client=client, started_at=service.health.time.time())
     assert result.ok and asked == ["/health", "/health"]  # the first 200, then the settle check
     assert slept == []
 
 
 def test_a_service_still_loading_is_asked_soon_then_every_poll_s(slept: list[float]) -> None:
     client, asked = answering_after(7)
-    result = wait_ready(UpManager(), spec(), client=client, started_at=service.time.time(), poll_s=0.5)
+    result = wait_ready(UpManager(), spec(), client=client, started_at=service.health.time.time(), poll_s=0.5)
     assert result.ok
     # 7 answers of 503, each followed by a gap: 50 ms first (a service up within a fraction of
     # a second costs no half-second of downtime), then doubling to the half-second cap.

@@ -23,7 +23,7 @@ def test_proc_stat_reads_this_process() -> None:
 def test_no_such_process_reads_as_none() -> None:
     pid = 2**22 + 1  # above pid_max's ceiling: never a process
     assert proc.proc_stat(pid) is None and proc.start_time(pid) is None
-    assert not service._alive(pid)
+    assert not service.common._alive(pid)
 
 
 def test_a_gone_group_is_answered_without_reading_every_process(monkeypatch: pytest.MonkeyPatch) -> None:

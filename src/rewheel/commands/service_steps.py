@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rewheel.commands.results import DiagnosisRecord, StepRecord
 from rewheel.commands.target import Say, Target
+from rewheel.errors import ServiceError
 from rewheel.journal import RunJournal
 from rewheel.records import Healthy, Note, Step
 from rewheel.statuses import StepName
@@ -104,7 +105,7 @@ class ServiceSteps:
                 # OSError is its explicit cause: `out_of_space` reads it there even after the
                 # error is raised again elsewhere (a re-raise inside another `except` replaces
                 # the implicit context, never the cause).
-                raise service.ServiceError(
+                raise ServiceError(
                     f"could not start {self.manager.describe()}: {exc.strerror or exc} (writing its log or "
                     f"pid record under {exc.filename or self.t.store.env_dir})",
                     hint="free disk there, then `rewheel resume TARGET`") from exc
