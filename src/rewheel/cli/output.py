@@ -4,7 +4,6 @@ question, progress lines and a tool's streamed output, and the status line of a 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
