@@ -198,8 +198,6 @@ def test_a_mutated_record_is_refused_or_skipped_never_a_crash(bench: Bench, reco
     print(f"{record}: {len(picked)} of {len(cells)} mutations, exit codes {counts}")
 
 
-@pytest.mark.xfail(strict=True, reason="snapshot/store.py: SnapshotMeta.load accepts a `created` no clock has "
-                                       "(1e300, NaN); history then fails with exit 5 — the store's rewrite's to fix")
 @pytest.mark.parametrize("value", ["1e300", "NaN"])
 def test_a_meta_json_created_out_of_the_clocks_range(bench: Bench, value: str) -> None:
     bench.reset()

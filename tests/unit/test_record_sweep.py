@@ -340,9 +340,6 @@ def test_aliases_bytes(tmp_path: Path) -> None:
     one()
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="snapshot/store.py: read_alias_file lets a header nested thousands deep raise "
-                          "RecursionError (aliases.bin and aliases.json) — the store's rewrite's to fix")
 @pytest.mark.parametrize("which", ["aliases.bin", "aliases.json"])
 def test_aliases_nested_too_deeply(tmp_path: Path, which: str) -> None:
     from rewheel.snapshot.store import ALIASES, _MAGIC, read_alias_file
@@ -352,7 +349,8 @@ def test_aliases_nested_too_deeply(tmp_path: Path, which: str) -> None:
         (tmp_path / ALIASES).write_bytes(_MAGIC + len(deep_).to_bytes(4, "little") + deep_)
     else:
         (tmp_path / "aliases.json").write_bytes(deep_)
-    assert read_alias_file(tmp_path / ALIASES) is not None
+    roots, found = read_alias_file(tmp_path / ALIASES)  # damaged: read as empty (it only costs copies)
+    assert roots == [] and len(found) == 0
 
 
 # -- the lock file's records ----------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import math
 import os
 import shutil
 import stat
@@ -92,12 +93,18 @@ class SnapshotMeta:
             for key, want in _META_TYPES.items():
                 if key in doc and not _is(doc[key], want):
                     raise TypeError(f"{key} is {type(doc[key]).__name__}, expected {want}")
+            created = doc.get("created", 0)
+            if not (math.isfinite(created) and 0 <= created < _CLOCK_END):
+                raise ValueError(f"created is {created!r}, not a time a clock has")
             return cls(path=path, home=home, **doc)
         except (OSError, ValueError, TypeError, RecursionError) as exc:
             raise SnapshotDamaged(f"snapshot {path.name}: unreadable meta.json ({exc})",
                                   hint=f"inspect or delete {path}") from None
 
 
+# The last second a snapshot's `created` may say (the year 5138): what `time.localtime` and
+# every date shown can take; beyond it (1e300, NaN, inf) the field is damaged.
+_CLOCK_END = 1e11
 # What each meta.json field must be ("number": int or float, never bool; "?": or null).
 _META_TYPES = {"id": "str", "label": "str", "status": "str", "created": "number", "prefix": "str",
                "python": "str", "kind": "str", "versions": "dict", "distributions": "list", "files": "int",
@@ -428,7 +435,7 @@ def read_alias_file(path: Path) -> tuple[list[str], Aliases]:
         return files.roots, files
     except FileNotFoundError:
         pass
-    except (OSError, ValueError, KeyError, TypeError, OverflowError):
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
         return [], Aliases.empty()
     return _read_v3(path.with_name(_ALIASES_V3))
 
@@ -447,7 +454,7 @@ def _read_v3(path: Path) -> tuple[list[str], Aliases]:
                 found.add(k, i, m, z if type(z) is int else -1, _sha_hex(h))
         roots = [r for r in roots if type(r) is str]
         return roots, Aliases(roots, [], array("Q"), array("q"), array("q"), b"").merged(found)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
         return [], Aliases.empty()
 
 
