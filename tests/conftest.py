@@ -86,7 +86,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 LONG_FIRST = ("test_fleet_ansible.py", "test_fleet_ssh.py", "test_bench.py", "test_killpoints.py", "test_crash_records.py",
               "test_full_disk.py", "test_killpoints_signals.py", "test_real_upgrade.py", "test_crash.py",
               "test_run.py", "test_gpu_check.py", "test_pipes.py", "test_patches.py", "test_demo_parts.py",
-              "test_board.py",
+              "test_board.py", "test_process_identity.py", "test_safety3.py", "test_output_lost.py",
+              "test_record_mutation.py",
               "test_signal_revert.py")
 
 

@@ -151,3 +151,54 @@ def test_uvs_cache_is_never_cleanup_debris(tmp_path: Path, monkeypatch: pytest.M
     with pytest.raises(UsageError, match=f"{cache}/uv"):
         cleanup_matches([f"{cache}/*"], [])
     assert (cache / "uv").is_dir()
+
+
+@pytest.mark.parametrize("glob_of", ["{base}/*", "{base}/rewheel-locks-*", "{parent}/*"])
+def test_the_lock_folder_is_never_cleanup_debris(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, glob_of: str) -> None:
+    """Issue 45, item 3: the lock folder (REWHEEL_LOCK_DIR's, /run/lock's or the /tmp
+    fallback's `rewheel-locks-<uid>`) is protected as the environment, the state folder and
+    uv's cache are: a glob that matches it, or a folder holding it, is refused naming it —
+    a run paused at its reinstall would otherwise lose its lock to its own cleanup."""
+    from rewheel.errors import UsageError
+    from rewheel.paths import lock_dir
+    from rewheel.snapshot.cleanup import cleanup_matches
+
+    base = tmp_path / "x" / "locks"
+    monkeypatch.setenv("REWHEEL_LOCK_DIR", str(base))
+    base.mkdir(parents=True)
+    (base / "other.pt").write_bytes(b"x")
+    locks = lock_dir(os.geteuid())
+    pattern = glob_of.format(base=base, parent=base.parent)
+    with pytest.raises(UsageError, match=str(locks)):
+        cleanup_matches([pattern], [])
+    assert locks.is_dir()
+    # Not yet made (no rewheel has locked anything here): protected all the same.
+    locks.rmdir()
+    with pytest.raises(UsageError, match=str(locks)):
+        cleanup_matches([f"{base.parent}/*"], [])
+    assert cleanup_matches([f"{base}/*.pt"], []) == [str(base / "other.pt")]
+
+
+def test_the_fallback_lock_folders_are_protected_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without /run/lock the fallback is /tmp/rewheel-locks-<uid>: among the protected folders
+    whichever base is in use, and every user's lock folder there."""
+    from rewheel.snapshot.cleanup import lock_folders
+
+    monkeypatch.delenv("REWHEEL_LOCK_DIR", raising=False)
+    monkeypatch.setattr("rewheel.paths.LOCK_BASES", ())
+    assert f"/tmp/rewheel-locks-{os.geteuid()}" in lock_folders()
+
+
+def test_run_and_check_refuse_a_cleanup_glob_over_the_lock_folder(tmp_path: Path, venv: Path) -> None:
+    base = tmp_path / "x"
+    base.mkdir()
+    (base / "dump.pt").write_bytes(b"x")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'[environment]\npython = "{venv}"\n[install]\npackages = ["toypkg"]\n'
+                      f'[cleanup]\npaths = ["{base}/*"]\n')
+    env = {**os.environ, "REWHEEL_LOCK_DIR": str(base)}
+    for args in (("check",), ("run", "--yes")):
+        cp = support_cli.rewheel(*args, str(recipe), "--json", env=env, stdin=subprocess.DEVNULL, timeout=120)
+        assert cp.returncode == 2, cp.stdout + cp.stderr
+        assert f"{base}/rewheel-locks-{os.geteuid()}" in cp.stdout, cp.stdout
+    assert (base / "dump.pt").exists()

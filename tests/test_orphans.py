@@ -93,7 +93,7 @@ def test_a_recycled_pid_is_never_killed(tmp_path: Path) -> None:
         assert proc.stop_child(proc.Child(p.pid, p.pid, None, "uv"), term_wait_s=1) is None
         time.sleep(0.2)
         assert p.poll() is None
-        done = proc.stop_child(proc.Child(p.pid, p.pid, start, "sleep"), term_wait_s=5)
+        done = proc.stop_child(proc.Child(p.pid, p.pid, start, "sleep", proc.boot_id()), term_wait_s=5)
         assert done is not None and done.stopped and done.processes == [p.pid]
         assert p.wait(timeout=5) == -signal.SIGTERM
     finally:

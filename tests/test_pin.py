@@ -86,23 +86,25 @@ def test_keep_never_prunes_a_pinned_snapshot_and_says_what_it_removed(venv: Path
     assert human.returncode == 0 and f"pruned old snapshots: {made[1]['id']}" in human.stdout
 
 
-def test_failed_builds_are_pruned_last_and_named(world: Pair) -> None:
+def test_a_failed_build_outlives_keep_runs_then_goes_named(world: Pair) -> None:
+    """Retention (docs/snapshots.md#retention): what a run's report named — a reverted run's
+    pre-upgrade snapshot and failed build, for its `diff` — stays through the next `keep` runs
+    whatever `keep` says of the count, then goes with the others; the report says what each was."""
     w, t = world
-    t = dataclasses.replace(t, recipe=dataclasses.replace(t.recipe, keep=2))
+    t = dataclasses.replace(t, recipe=dataclasses.replace(t.recipe, keep=1))
     w.smoke_fails = True
     rep = commands.run(t)
     failed = rep.revert.failed_snapshot_id
     w.smoke_fails = False
-    # Now: the failed build and its run's pre-upgrade snapshot. An upgrade adds a third.
     up = commands.run(t)
     assert up.status == "upgraded"
-    # Keep 2: the older pre-upgrade snapshot goes, not the (older still) failed build.
-    assert up.pruned == [rep.snapshot_id] and up.to_json()["pruned"] == [rep.snapshot_id]
-    assert {m.id for m in t.store.list()} == {failed, up.snapshot_id}
-    # When only failed builds are left to prune, one goes, and the report says it was one.
-    manual = commands.snapshot_now(t)
-    assert manual.pruned == [failed]
-    assert "a failed build" in pruned_text(t.store, manual.pruned)
+    # One run later (no more than keep = 1): the reverted run's two stay beside the newest.
+    assert up.pruned == [] and {rep.snapshot_id, failed} <= {m.id for m in t.store.list()}
+    again = commands.run(t)
+    # Two runs later: they go (oldest first), and the report says which was a failed build.
+    assert set(again.pruned) == {rep.snapshot_id, failed} and again.to_json()["pruned"] == again.pruned
+    assert "a failed build" in pruned_text(t.store, again.pruned)
+    assert {rep.snapshot_id, failed}.isdisjoint(m.id for m in t.store.list())
 
 
 def test_a_kept_run_reports_what_it_pruned(tmp_path: Path) -> None:

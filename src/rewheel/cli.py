@@ -23,7 +23,8 @@ import click
 import typer
 
 from rewheel import report
-from rewheel.errors import EXIT_BUSY, EXIT_OK, EXIT_REVERTED, EXIT_USAGE, ConfirmationRequired, RewheelError
+from rewheel.errors import (EXIT_BUSY, EXIT_OK, EXIT_REVERTED, EXIT_USAGE, ConfirmationRequired, OutputLost,
+                            RewheelError)
 from rewheel.statuses import RunStatus
 
 if TYPE_CHECKING:
@@ -204,6 +205,11 @@ def handles_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except RewheelError as exc:
             failure = exc
+            if isinstance(exc, OutputLost):
+                _as_typed(exc, typed)
+                report.print_error(_stderr_console(), exc)  # (no JSON: stdout is what was lost)
+                _said_output_lost()
+                raise typer.Exit(exc.exit_code) from None
         except (typer.Exit, typer.Abort, click.exceptions.ClickException):
             raise  # typer's own ways out (an exit code, a prompt's abort, a usage error)
         except OSError as exc:
@@ -226,9 +232,17 @@ def handles_errors(fn: F) -> F:
                 "if this was changing an environment, its run is recorded as interrupted: "
                 f"`rewheel resume {typed}` finishes or undoes it, `rewheel history {typed}` shows it")
         _as_typed(failure, typed)
+        lost: OutputLost | None = None
         if json_mode:
-            emit_json(failure.to_json())
+            try:
+                emit_json(failure.to_json())
+            except OutputLost as exc:  # the failure's own exit code stands; the loss is said too
+                lost = exc
+                _said_output_lost()
         report.print_error(_stderr_console(), failure)
+        if lost is not None:
+            _stderr_console().print(f"(its JSON answer could not be written to stdout either: "
+                                    f"{lost.message.rsplit(': ', 1)[-1]})", markup=False, highlight=False)
         raise typer.Exit(failure.exit_code)
 
     return wrapper  # type: ignore[return-value]
@@ -350,9 +364,90 @@ def install_signal_handlers() -> None:
         signal.signal(sig, _on_terminate)
 
 
+class _GuardedStdout:
+    """sys.stdout (and its binary buffer, which click writes to), whose first failed write or
+    flush — its reader gone (EPIPE), a full disk (ENOSPC, /dev/full) — raises `OutputLost`
+    instead of an OSError that would read as the command's own failure (a DiskFull saying
+    "resume"), or as click's silent exit 1. From then on fd 1 is /dev/null: what is still
+    buffered, and the interpreter's last flush, go nowhere. A loss something swallowed (click
+    probes a stream with an empty write) is said by `main` once the command is over."""
+
+    def __init__(self, stream: Any, state: dict[str, Any] | None = None) -> None:
+        self._stream = stream
+        self.state: dict[str, Any] = state if state is not None else {"lost": None, "said": False}
+
+    @property
+    def lost(self) -> OSError | None:
+        lost: OSError | None = self.state["lost"]
+        return lost
+
+    def _lose(self, exc: OSError) -> None:
+        first = self.lost is None
+        self.state["lost"] = exc
+        try:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, 1)
+            os.close(fd)
+        except OSError:
+            pass
+        if first:
+            raise OutputLost(exc) from None
+
+    def write(self, data: Any) -> int:
+        if self.lost is not None:
+            return len(data)
+        try:
+            return int(self._stream.write(data))
+        except OSError as exc:
+            self._lose(exc)
+            return len(data)
+
+    def flush(self) -> None:
+        if self.lost is not None:
+            return
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self._lose(exc)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    @property
+    def buffer(self) -> Any:
+        inner = getattr(self._stream, "buffer", None)
+        return _GuardedStdout(inner, self.state) if inner is not None else None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _said_output_lost() -> None:
+    guard = sys.stdout
+    if isinstance(guard, _GuardedStdout):
+        guard.state["said"] = True
+
+
 def main() -> None:
+    from rewheel.errors import OutputLost
+
+    if not isinstance(sys.stdout, _GuardedStdout) and sys.stdout is not None:
+        sys.stdout = _GuardedStdout(sys.stdout)  # type: ignore[assignment]
     try:
-        _main()
+        try:
+            _main()
+        finally:
+            # The answer leaves now: one that cannot is said here, not in an "Exception ignored"
+            # from the interpreter's last flush.
+            guard = sys.stdout
+            if isinstance(guard, _GuardedStdout):
+                guard.flush()
+                if guard.lost is not None and not guard.state["said"]:
+                    raise OutputLost(guard.lost)
+    except OutputLost as exc:  # outside a command (a usage error, --help, --version), or swallowed
+        report.print_error(_stderr_console(), exc)
+        raise SystemExit(exc.exit_code) from None
     finally:
         # The command has answered. The interpreter's collections at exit would walk every
         # object still alive (some 40 ms after a restore) only to free memory that the
@@ -510,7 +605,7 @@ def check(recipe_path: Annotated[str, typer.Argument(metavar="RECIPE", help="Rec
     out, _ = consoles(json_out)
     show(out, json_out, result, report.render_check)
     if not result.ok:
-        raise typer.Exit(EXIT_USAGE)
+        raise typer.Exit(result.exit_code or EXIT_USAGE)  # what the commands would exit with
 
 
 @app.command()
@@ -836,6 +931,7 @@ def verify(target: TargetArg = None,
     show(out, json_out, result, report.render_verify)
     if not result.ok:
         raise typer.Exit(EXIT_UNRESTORED)
+    _exit_if_interrupted(t, err)
 
 
 # ---- pin, unpin, forget: one snapshot by id (git-like verbs; `forget` as restic names it) ----

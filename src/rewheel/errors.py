@@ -17,6 +17,9 @@ EXIT_BUSY = 4
 # message names, never to the terminal. Not 1, which Python itself uses for a crash and
 # rewheel for "reverted".
 EXIT_INTERNAL = 5
+# The answer could not be written: stdout closed (its reader went away) or full. What the
+# command did is done and recorded; only what it had to say was lost.
+EXIT_OUTPUT = 6
 
 
 def as_typed(*, add: str = "", drop: str = "") -> str:
@@ -151,6 +154,11 @@ class SnapshotDamaged(RestoreError):
     """A snapshot failed its integrity check; it was refused before anything was changed."""
 
 
+class ServiceRecordDamaged(RestoreError):
+    """The record of the service rewheel started (service.json) is not one rewheel wrote: a
+    tampered or foreign file. No process is signalled by it; a person must look (exit 3)."""
+
+
 class UnsafeCleanupPath(RewheelError):
     """A stashed cleanup file would go back through a folder that changed into a symlink
     since it was stashed: refused (exit 2); the file stays in the snapshot."""
@@ -238,3 +246,19 @@ class InterruptedRun(RewheelError):
     """A previous run was interrupted and must be resumed or rolled back first."""
 
     exit_code = EXIT_BUSY
+
+
+class OutputLost(RewheelError):
+    """stdout could not take the command's answer (EPIPE: its reader closed it; ENOSPC: a full
+    disk or /dev/full): one line on stderr, exit 6 — never a traceback, and never "free disk,
+    then resume" for a command that had nothing under way."""
+
+    exit_code = EXIT_OUTPUT
+
+    def __init__(self, exc: OSError) -> None:
+        import errno
+
+        why = "closed (its reader went away)" if exc.errno == errno.EPIPE else (exc.strerror or str(exc))
+        super().__init__(f"the answer could not be written to stdout: {why}",
+                         hint="what the command did is done and recorded; `rewheel history TARGET` shows it")
+        self.errno = exc.errno

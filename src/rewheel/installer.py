@@ -286,6 +286,80 @@ def _uv_env(lock: Path | None, recipe: Recipe | None = None) -> dict[str, str]:
     return env
 
 
+def _absolutise(node: Any, base: Path) -> Any:
+    """A lock's data with its PEP 751 `path` keys (wheels, sdist, archive, directory), which are
+    relative to the lock's folder `base`, made absolute: the lock can be copied elsewhere."""
+    if isinstance(node, dict):
+        return {k: (str(base / v) if k == "path" and isinstance(v, str) and not os.path.isabs(v)
+                    else _absolutise(v, base)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_absolutise(v, base) for v in node]
+    return node
+
+
+@dataclass(frozen=True)
+class FrozenLock:
+    """`run --lock FILE` as read once, at the plan: the copy the install uses (in a private
+    folder, named `pylock.toml`, its relative paths made absolute), the sha256 of the bytes read,
+    and the versions it pins — what the install is checked against."""
+
+    source: str
+    path: Path
+    sha256: str
+    versions: dict[str, str]
+
+
+LOCK_LIMIT = 64 << 20  # a lock larger than this is not one
+
+
+def freeze_lock(source: Path | str, folder: Path) -> FrozenLock:
+    """Read `source` once — what a later replacement of the file cannot change — check it is a
+    PEP 751 lock whose every package has a name, a version and a wheel (an sdist would be built
+    at install time, its build code run in the window: refused as a resolution's is,
+    ResolutionRefused, exit 2), and write the copy the install uses into `folder`. UsageError
+    (exit 2) for a file that is not such a lock, naming it."""
+    import hashlib
+
+    path = Path(source).expanduser().absolute()
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(LOCK_LIMIT + 1)
+    except OSError as exc:
+        raise UsageError(f"--lock {path}: cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > LOCK_LIMIT:
+        raise UsageError(f"--lock {path}: larger than {LOCK_LIMIT >> 20} MiB: not a lock")
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise UsageError(f"--lock {path}: not a valid TOML file: {why}") from None
+    packages = data.get("packages")
+    if not isinstance(data.get("lock-version"), str) or not isinstance(packages, list):
+        raise UsageError(f"--lock {path}: not a PEP 751 lock (no lock-version or [[packages]])",
+                         hint="write one with `uv pip compile -o pylock.toml` or `rewheel ci --promote`")
+    versions: dict[str, str] = {}
+    sdists: list[str] = []
+    for i, p in enumerate(packages):
+        if not (isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("version"), str)):
+            raise UsageError(f"--lock {path}: packages[{i}] has no name and version as strings")
+        name = canonicalize_name(p["name"])
+        versions[name] = p["version"]
+        if not p.get("wheels"):
+            sdists.append(name)
+    if sdists:
+        from rewheel.errors import ResolutionRefused
+
+        raise ResolutionRefused(f"--lock {path}: {', '.join(sdists)} has no wheel in the lock: the install would "
+                                "build it from an sdist (its build code run while the service is down)",
+                                hint="lock versions that ship wheels; nothing was changed")
+    import tomli_w
+
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    copy = folder / "pylock.toml"
+    copy.write_text(tomli_w.dumps(_absolutise(data, path.parent)), encoding="utf-8")
+    return FrozenLock(str(path), copy, hashlib.sha256(raw).hexdigest(), versions)
+
+
 @contextmanager
 def usable_lock(lock: Path | str) -> Iterator[Path]:
     """A path uv accepts for `lock`: the file itself when it is named `pylock[.NAME].toml`,
@@ -296,8 +370,9 @@ def usable_lock(lock: Path | str) -> Iterator[Path]:
                          hint="give a PEP 751 pylock.toml, e.g. one from lockfiles/")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UsageError(f"lock file {path}: not a valid TOML file: {exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else exc
+        raise UsageError(f"lock file {path}: not a valid TOML file: {why}") from None
     if "lock-version" not in data or not isinstance(data.get("packages"), list):
         raise UsageError(f"lock file {path}: not a PEP 751 lock (no lock-version or [[packages]])",
                          hint="write one with `uv pip compile -o pylock.toml` or `rewheel` itself")
@@ -306,21 +381,10 @@ def usable_lock(lock: Path | str) -> Iterator[Path]:
         return
     import tomli_w
 
-    base = path.parent
-
-    def absolutise(node: Any) -> Any:
-        # PEP 751 `path` keys (wheels, sdist, archive, directory) are relative to the lock's folder.
-        if isinstance(node, dict):
-            return {k: (str(base / v) if k == "path" and isinstance(v, str)
-                        and not os.path.isabs(v) else absolutise(v)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [absolutise(v) for v in node]
-        return node
-
     tmp = Path(tempfile.mkdtemp(prefix="rewheel-lock-"))
     try:
         target = tmp / "pylock.toml"
-        target.write_text(tomli_w.dumps(absolutise(data)), encoding="utf-8")
+        target.write_text(tomli_w.dumps(_absolutise(data, path.parent)), encoding="utf-8")
         yield target
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -37,9 +37,9 @@ def _prefix_of(env_dir: Path) -> Path:
     """The environment a state folder belongs to (its env.json), else the folder itself."""
     try:
         prefix = json.loads((env_dir / "env.json").read_text())["prefix"]
-        if prefix and os.path.isdir(prefix):
+        if isinstance(prefix, str) and prefix and os.path.isdir(prefix):
             return Path(prefix)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         pass
     return env_dir
 
@@ -101,7 +101,7 @@ class EnvLock:
         for line in raw.splitlines():
             try:
                 doc = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # not a record rewheel wrote: skipped
                 continue
             if isinstance(doc, dict):
                 out.append(doc)
@@ -183,12 +183,12 @@ class EnvLock:
     def _recorded_children(self, records: list[dict[str, Any]]) -> list[proc.Child]:
         """Children named by the lock file's records and by this home's interrupted runs."""
         found: dict[tuple[int, int | None], proc.Child] = {}
-        docs = [r["child"] for r in records if isinstance(r.get("child"), dict)]
+        docs: list[tuple[Any, float | None]] = [(r["child"], None) for r in records if isinstance(r.get("child"), dict)]
         for j in list_runs(self.env_dir):
             if not j.finished:
-                docs += [r.to_json() for r in j.all(ChildStarted)]
-        for doc in docs:
-            c = proc.Child.from_json(doc)
+                docs += [(r.to_json(), r.time) for r in j.all(ChildStarted)]
+        for doc, around in docs:
+            c = proc.Child.from_json(doc, around)
             if c is not None:
                 found[(c.pid, c.start)] = c
         return list(found.values())
@@ -317,6 +317,10 @@ class RunJournal:
     # Lines `load` skipped (line number, their first characters): torn or not rewheel's.
     damaged: list[tuple[int, str]] = field(default_factory=list)
     _damage_noted: bool = field(default=False, repr=False)
+    # An unfinished journal with a finished run after it (`list_runs`): that later run proves it
+    # settled — it could not have started while this one waited — so it is never resumed over
+    # the newer state (its `finished` record may be one a newer rewheel wrote, or damaged).
+    superseded_by: str | None = None
 
     @property
     def id(self) -> str:
@@ -449,11 +453,13 @@ class RunJournal:
 
     @property
     def finished(self) -> bool:
-        return self.last(Finish) is not None
+        return self.last(Finish) is not None or self.superseded_by is not None
 
     @property
     def status(self) -> str:
         fin = self.last(Finish)
+        if fin is None and self.superseded_by is not None:
+            return Finished.SUPERSEDED
         return str(fin.status) if fin else Finished.INTERRUPTED
 
     @property
@@ -487,7 +493,8 @@ class RunJournal:
                 # From the stop to the first healthy answer (None: the service was not stopped).
                 "downtime": fin.downtime if fin else None,
                 # Lines that were not records (torn by a crash or a full disk), skipped.
-                **({"damaged_lines": [n for n, _ in self.damaged]} if self.damaged else {})}
+                **({"damaged_lines": [n for n, _ in self.damaged]} if self.damaged else {}),
+                **({"superseded_by": self.superseded_by} if self.superseded_by and not fin else {})}
 
 
 def _record(line: str) -> AnyRecord | None:
@@ -536,7 +543,16 @@ def list_runs(env_dir: Path) -> list[RunJournal]:
     runs = [RunJournal.load(d) for d in runs_dir.iterdir() if d.is_dir()]
     # Newest first by when each started: ids made within one second differ only in their
     # random part, so their names alone do not order them.
-    return sorted(runs, key=lambda j: (j.records[0].time if j.records else 0, j.id), reverse=True)
+    runs.sort(key=lambda j: (j.records[0].time if j.records else 0, j.id), reverse=True)
+    later: str | None = None  # the newest run with a `finished` record of its own
+    for j in runs:
+        if not j.records:
+            continue
+        if j.last(Finish) is not None:
+            later = later or j.id
+        elif later is not None:
+            j.superseded_by = later
+    return runs
 
 
 def interrupted_run(env_dir: Path) -> RunJournal | None:

@@ -25,9 +25,16 @@ class Check:
     name: str
     ok: bool
     detail: str
+    # A failed check: the exit code the command that meets it exits with (2 bad recipe or host,
+    # 3 a person must act, 4 an interrupted run or another rewheel), and the error itself.
+    exit_code: int = 0
+    error: RewheelError | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail}
+        doc: dict[str, Any] = {"name": self.name, "ok": self.ok, "detail": self.detail}
+        if not self.ok:
+            doc["exit_code"] = self.exit_code
+        return doc
 
 
 @dataclass
@@ -43,15 +50,33 @@ class CheckResult:
     def failures(self) -> list[Check]:
         return [c for c in self.checks if not c.ok]
 
+    @property
+    def exit_code(self) -> int:
+        """0, or the exit code of the gravest refusal: 4 (an interrupted run, another rewheel)
+        before 3 (a record a person must look at) before 2 — what the commands exit with."""
+        return max((c.exit_code for c in self.failures), default=0)
+
+    def refusal(self, hint: str) -> RewheelError:
+        """The error a command raises for these failed checks: the gravest one's own when it
+        is graver than a bad recipe or host (exit 3, 4), else one PreflightError naming each."""
+        from rewheel.errors import EXIT_USAGE, PreflightError
+
+        grave = max(self.failures, key=lambda c: c.exit_code)
+        if grave.exit_code > EXIT_USAGE and grave.error is not None:
+            return grave.error
+        return PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in self.failures),
+                              hint=hint)
+
     def to_json(self) -> dict[str, Any]:
-        return {"recipe": self.recipe.source, "ok": self.ok, "checks": [c.to_json() for c in self.checks]}
+        return {"recipe": self.recipe.source, "ok": self.ok, "exit_code": self.exit_code,
+                "checks": [c.to_json() for c in self.checks]}
 
 
 def _run_check(result: CheckResult, name: str, fn: Callable[[], str]) -> None:
     try:
         result.checks.append(Check(name, True, fn()))
     except RewheelError as exc:
-        result.checks.append(Check(name, False, str(exc)))
+        result.checks.append(Check(name, False, str(exc), exit_code=exc.exit_code, error=exc))
 
 
 def _tree_size(path: Path, limit_files: int = 200_000) -> int:
@@ -227,13 +252,57 @@ def run_checks(recipe: Recipe, *, client: httpx.Client | None = None, gpus: bool
     return result
 
 
+def not_interrupted(t: Any) -> str:  # t: commands.Target
+    """No interrupted run waits (InterruptedRun, exit 4) and no other rewheel holds the
+    environment (LockHeld, exit 4): what every command that acts refuses first."""
+    from rewheel import journal
+    from rewheel.errors import LockHeld
+    from rewheel.status import interrupted_now, running_now
+
+    live = running_now(t)
+    if live is not None:
+        raise LockHeld(f"another rewheel process holds this environment (pid {live.get('pid')}: "
+                       f"{live.get('purpose')})", hint="wait for it to finish; the lock is released when it exits")
+    j = interrupted_now(t)
+    if j is not None:
+        raise journal.interrupted_error(j, t.cli_ref)
+    return "no interrupted run, no other rewheel at work"
+
+
+def target_checks(result: CheckResult) -> None:
+    """The refusals every command makes of its target before it acts, as checks (the one
+    preflight `check` shares with the commands): the state folder (`commands.open_target`:
+    never inside the environment, a file, a pseudo-filesystem; the settings it reads), the
+    service's record, an interrupted run or another rewheel at work."""
+    if not any(c.name == "interpreter" and c.ok for c in result.checks):
+        return
+    box: dict[str, Any] = {}
+
+    def store() -> str:
+        from rewheel.commands.target import open_target
+
+        t = box["t"] = open_target(result.recipe)
+        return str(t.store.env_dir)
+
+    _run_check(result, "store", store)
+    if "t" not in box:
+        return
+    from rewheel.commands.target import service_record
+
+    _run_check(result, "service record", lambda: service_record(box["t"]))
+    _run_check(result, "interrupted", lambda: not_interrupted(box["t"]))
+
+
 def check_recipe(path: str) -> CheckResult:
     """`rewheel check`: load and validate (RecipeError → exit 2), then every precondition,
     then resolve the recipe's packages against its indexes (uv's dry run, as `run --dry-run`
     plans): a misspelled package, a version no index has, a missing `prerelease = true` fail
-    here. (`run` makes the same plan itself after these checks, so it is not asked twice.)"""
+    here. (`run` makes the same plan itself after these checks, so it is not asked twice.)
+    The target's own refusals (`target_checks`) are checked too: `check` exits with the code
+    the commands would (4 for an interrupted run, 3 for a damaged record)."""
     recipe = load_recipe(path)
     result = run_checks(recipe)
+    target_checks(result)
     usable = {c.name for c in result.checks if c.ok}
     if recipe.install.packages and {"interpreter", "uv"} <= usable and "indexes" in usable:
         _run_check(result, "resolve", lambda: _resolve(recipe))

@@ -211,6 +211,53 @@ def start_time(pid: int) -> int | None:
     return st.start if st else None
 
 
+_BOOT: list[str | None] = []
+
+
+def boot_id() -> str | None:
+    """This boot's id (/proc/sys/kernel/random/boot_id): with a pid and its start time, what
+    names one process for good — a record from another boot names a process that is gone."""
+    if not _BOOT:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+                _BOOT.append(f.read().strip() or None)
+        except (OSError, ValueError):
+            _BOOT.append(None)
+    return _BOOT[0]
+
+
+# The largest pid Linux gives (PID_MAX_LIMIT on 64-bit): a recorded pid outside 2..this is not one.
+PID_MAX = 1 << 22
+
+
+def valid_pid(value: Any) -> bool:
+    """Whether a value read from a record can name a process rewheel started: an int (not a
+    bool) above 1 — never 0 or -1 (which `kill` reads as "my group", "everything"), never init."""
+    return type(value) is int and 1 < value <= PID_MAX
+
+
+def same_boot(boot: str | None, around_epoch: float | None = None, start_ticks: int | None = None) -> bool:
+    """Whether a record was written in this boot: its boot id is this boot's; or, for a record
+    written before boot ids were recorded, the process's start time (`start_ticks`, ticks after
+    this boot) falls within a minute of the moment the record says it was started
+    (`around_epoch`). Neither known: unproven, so False."""
+    if boot is not None:
+        return boot == boot_id()
+    if around_epoch is None or start_ticks is None:
+        return False
+    started = _epoch_of(start_ticks)
+    return started is not None and abs(started - around_epoch) < 60.0
+
+
+def _epoch_of(ticks: int) -> float | None:
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return btime + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def _all_pids() -> list[int]:
     try:
         return [int(n) for n in os.listdir("/proc") if n.isdigit()]
@@ -256,27 +303,46 @@ class Child:
     pgid: int
     start: int | None
     name: str
+    # The boot it started in (`boot_id`); None in records of an older rewheel, which are then
+    # placed in this boot by `around` (when the record was written, epoch seconds).
+    boot: str | None = None
+    around: float | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {"pid": self.pid, "pgid": self.pgid, "start": self.start, "name": self.name}
+        return {"pid": self.pid, "pgid": self.pgid, "start": self.start, "name": self.name, "boot": self.boot}
 
     @classmethod
-    def from_json(cls, doc: Any) -> Child | None:
-        try:
-            start = doc.get("start")
-            return cls(int(doc["pid"]), int(doc["pgid"]), int(start) if start is not None else None,
-                       str(doc.get("name") or "?"))
-        except (AttributeError, KeyError, TypeError, ValueError):
+    def from_json(cls, doc: Any, around: float | None = None) -> Child | None:
+        """The child a record names, or None when the record cannot name one: a pid or group
+        that is not a valid pid (0, -1, a float, a string, a list), a start time that is not
+        a count of ticks."""
+        if not isinstance(doc, dict):
             return None
+        pid, pgid, start, boot = doc.get("pid"), doc.get("pgid"), doc.get("start"), doc.get("boot")
+        if not (valid_pid(pid) and valid_pid(pgid)):
+            return None
+        assert isinstance(pid, int) and isinstance(pgid, int)
+        if start is not None and not (type(start) is int and start >= 0):
+            return None
+        if boot is not None and not isinstance(boot, str):
+            return None
+        name = doc.get("name")
+        return cls(pid, pgid, start, name if isinstance(name, str) and name else "?", boot, around)
 
     def live_members(self) -> list[int]:
         """The processes of this child's group that still run — provably this child's. With
-        its leader alive (pid and start time both match): the whole group. With the pid naming
-        another process now: nothing (Linux reuses no number still in use as a process group's
-        id, so the group had ended). With no process of that pid: the members of group (and
-        session) `pgid` started no earlier than the leader. Nothing without a start time."""
-        if self.start is None:
+        its leader alive (pid, start time and boot all match): the whole group. With the pid
+        naming another process now: nothing (Linux reuses no number still in use as a process
+        group's id, so the group had ended). With no process of that pid: the members of group
+        (and session) `pgid` started no earlier than the leader. Nothing without a start time,
+        nothing of another boot."""
+        if self.start is None or not valid_pid(self.pgid):
             return []
+        if self.boot is not None or self.around is not None:
+            if not same_boot(self.boot, self.around, self.start):
+                return []
+        elif boot_id() is not None:
+            return []  # neither boot nor time recorded: unproven
         st = proc_stat(self.pid)
         if st is not None and st.live and st.start != self.start:
             return []  # a recycled pid
@@ -490,7 +556,7 @@ def stream(argv: Sequence[str], *, on_line: Callable[[str], None] | None = None,
             on_line(line)
 
     try:
-        child = Child(proc.pid, proc.pid, start_time(proc.pid), name)
+        child = Child(proc.pid, proc.pid, start_time(proc.pid), name, boot_id())
         _live[child.pid] = child
         sel.register(proc.stdout, selectors.EVENT_READ)
         _notify("child_started", child)

@@ -113,6 +113,9 @@ class Note(Record):
     undo_snapshot_stale: str | None = None
     damaged_lines: list[int] | None = None  # what `load` skipped, noted once by the next writer
     damaged_text: list[str] | None = None
+    lock_source: str | None = None   # `run --lock FILE`: the file, as read at the plan,
+    lock_sha256: str | None = None   # the sha256 of what was read,
+    lock_copy: str | None = None     # and the copy the install used
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +190,7 @@ class ChildStarted(Record):
     pgid: int | None = None
     start: int | None = None  # its /proc start time: a reused pid is not it
     name: str | None = None
+    boot: str | None = None   # the boot it started in: a record of another boot names nothing
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,7 +238,7 @@ class Unrecognised:
     @property
     def time(self) -> float:
         t = self.data.get("time")
-        return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else 0.0
+        return float(t) if isinstance(t, int | float) and not isinstance(t, bool) and 0 <= t < 1e11 else 0.0
 
     def to_json(self) -> JSONDict:
         return dict(self.data)
@@ -253,8 +257,8 @@ def from_json(doc: Any) -> AnyRecord | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("event"), str):
         return None
     t = doc.get("time", 0)
-    if not isinstance(t, int | float) or isinstance(t, bool):
-        return None  # the history orders runs by it
+    if not isinstance(t, int | float) or isinstance(t, bool) or not 0 <= t < 1e11:
+        return None  # the history orders runs by it, and shows it: a moment a clock has (not nan, inf, 1e300)
     cls = _TYPES.get(doc["event"])
     if cls is None:
         return Unrecognised(doc["event"], doc)

@@ -399,20 +399,8 @@ def render_run(console: Console, rep, *, verbose: bool = False) -> None:  # resu
         console.print(f"[bold red]failed at {rep.failure.step}:[/] {escape(rep.failure.message)}")
         render_root_cause(console, rep.root_cause, base=here)
     if rep.revert:
-        rv = rep.revert  # results.RevertRecord
-        r = rv.restore
-        if r is not None:
-            console.print(f"[bold]reverted[/]: snapshot {rep.snapshot_id} restored — {r.written:,} files "
-                          f"written, {r.deleted:,} removed, {r.verified:,} verified")
-        if rv.failed_snapshot_id:
-            console.print(f"  the failed build is kept as snapshot {rv.failed_snapshot_id}: "
-                          f"`rewheel diff {escape(_arg(rep.recipe))} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
-        if rv.service:
-            console.print(f"  service healthy again: {escape(rv.service.detail)}")
-        if rv.error:
-            console.print(f"[bold red]revert failed:[/] {escape(rv.error)}")
-    steps = "  ".join(f"{s.name} {'ok' if s.ok else 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
-    console.print(f"  steps: {steps}")
+        _render_revert(console, rep, "[bold]reverted[/]: ", "revert failed")
+    _render_steps(console, rep)
     render_downtime(console, rep.downtime)
     if rep.fetched_after_stop and rep.staged:
         console.print("  [yellow]fetched after the stop (not in uv's cache before it): "
@@ -471,16 +459,51 @@ def render_downtime(console: Console, downtime) -> None:  # results.Downtime | N
         console.print(f"  downtime: {downtime_text(downtime.to_json())} — from the stop to the first healthy answer")
 
 
+def _render_revert(console: Console, rep, head: str, failed: str) -> None:  # results.RunReport
+    """A report's restore (a revert's, a resume's): what was restored, the failed build kept,
+    the undo point taken, the service, the error."""
+    rv = rep.revert  # results.RevertRecord
+    if rv.restore is not None:
+        r = rv.restore
+        console.print(f"{head}snapshot {rep.snapshot_id} restored — {r.written:,} files written, {r.deleted:,} removed, "
+                      f"{r.verified:,} verified")
+    if rv.failed_snapshot_id:
+        console.print(f"  the failed build is kept as snapshot {rv.failed_snapshot_id}: "
+                      f"`rewheel diff {escape(_arg(rep.recipe))} {rep.snapshot_id} {rv.failed_snapshot_id}` shows what it changed")
+    if rv.undo_snapshot_id:
+        console.print(f"  the state it replaced is snapshot {rv.undo_snapshot_id}: "
+                      f"`rewheel rollback {escape(_arg(rep.recipe))} {rv.undo_snapshot_id}` undoes it")
+    if rv.service:
+        console.print(f"  service healthy again: {escape(rv.service.detail)}")
+    if rv.error:
+        console.print(f"[bold red]{failed}:[/] {escape(rv.error)}")
+
+
+def _render_steps(console: Console, rep) -> None:  # results.RunReport
+    steps = "  ".join(f"{s.name} {'ok' if s.ok else s.reason or 'FAILED'} {s.seconds:.1f}s" for s in rep.steps)
+    console.print(f"  steps: {steps}")
+
+
 def render_resume(console: Console, res) -> None:  # results.ResumeResult
+    """What a resume did in its own words — an interrupted run undone, or an interrupted
+    rollback finished — never a run's verdict ("upgrade failed") for what it did not try."""
     console.print(f"[bold]{res.status}[/]: {escape(res.action)}" + (f" (run {res.run_id})" if res.run_id else ""))
-    if res.report and res.report.revert:
-        render_run(console, res.report)
+    rep = res.report
+    if rep is None or rep.revert is None:
+        return
+    console.print("[bold]what the resume moved[/]")
+    render_changes(console, rep.changes)
+    _render_revert(console, rep, "  ", "the restore failed")
+    if rep.revert.service_skipped:
+        console.print(f"  {escape(rep.revert.service_skipped)}")
+    _render_steps(console, rep)
 
 
 def render_smoke(console: Console, rep) -> None:  # results.SmokeReport
     if rep.smoke is not None:
         s = rep.smoke  # smoke.SmokeResult
-        state = "passed" if s.ok else ("timed out" if s.timed_out else f"failed (exit {s.returncode})")
+        state = "passed" if s.ok else ("timed out" if s.timed_out else f"killed by {s.killed_by}" if s.killed_by
+                                       else f"failed (exit {s.returncode})")
         console.print(f"smoke test {state} in {s.seconds:.1f}s — log {escape(str(s.log_path))}")
         if not s.ok:
             render_root_cause(console, rep.root_cause)

@@ -34,7 +34,7 @@ from typing import Protocol, runtime_checkable
 import httpx
 
 from rewheel import httpclient, proc
-from rewheel.errors import PreflightError, ServiceError
+from rewheel.errors import PreflightError, ServiceError, ServiceRecordDamaged
 from rewheel.paths import atomic_write
 from rewheel.recipe import ServiceSpec
 
@@ -410,23 +410,72 @@ class CommandManager:
             if not found:
                 raise PreflightError(f"{key}: command not found: {exe!r}")
 
-    def _info(self) -> dict | None:
+    def _record(self) -> dict | None:
+        """service.json as rewheel wrote it, or None when there is none. A record that is not
+        one rewheel wrote (not JSON, a field of the wrong type, a pid that names no process
+        rewheel could have started: 0, -1, 1, a float, a string, a list) raises
+        ServiceRecordDamaged (exit 3) before anything is signalled or changed. A bare
+        `service.pid` (no service.json) proves nothing — a number any process may hold — and
+        is never read."""
         try:
-            info = json.loads(self.info_file.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            pass
-        else:
-            if not isinstance(info, dict):
-                return None
-            if info.get("pid") is None:
-                # A start rewheel was killed in before it recorded the pid (see `start`): the
-                # process is found by the token it was started with, or never started.
-                return self._started_by_token(info)
-            return info
-        try:  # a bare pid file (the info file lost): still enough to find the service
-            return {"pid": int(self.pid_file.read_text().split()[0]), "start_ticks": None}
-        except (FileNotFoundError, ValueError, IndexError):
+            text = self.info_file.read_text(encoding="utf-8")
+        except FileNotFoundError:
             return None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise self._damaged(f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+        try:
+            info = json.loads(text)
+        except (ValueError, RecursionError):
+            raise self._damaged("is not JSON") from None
+        problem = record_problem(info)
+        if problem is not None:
+            raise self._damaged(problem)
+        return info
+
+    def check_record(self) -> str:
+        """What the record says, or ServiceRecordDamaged (exit 3) for one rewheel did not write."""
+        info = self._record()
+        if info is None:
+            return f"no record in {self.info_file}"
+        if info.get("pid") is None:
+            return f"{self.info_file}: a start under way"
+        proven = self._child(info) is not None
+        return f"{self.info_file}: pid {info['pid']}" + ("" if proven else " (not provably this boot's: not ours)")
+
+    def _damaged(self, problem: str) -> ServiceRecordDamaged:
+        return ServiceRecordDamaged(
+            f"{self.info_file} {problem}: not a record rewheel wrote, so no process is signalled by it",
+            hint=f"check whether the service runs (its health URL, `ps`) and stop it yourself if so; then "
+                 f"remove {self.info_file} (and {self.pid_file}), and run the command again; nothing was changed")
+
+    def _info(self) -> dict | None:
+        """The record of a service rewheel started in this boot, with its pid and start time
+        (what proves a live process is that service), or None: no record, a start that never
+        happened, or a record that cannot prove which process it names (another boot, no start
+        time): "not ours", never signalled."""
+        info = self._record()
+        if info is None:
+            return None
+        if info.get("pid") is None:
+            # A start rewheel was killed in before it recorded the pid (see `start`): the
+            # process is found by the token it was started with, or never started.
+            return self._started_by_token(info)
+        if self._child(info) is None:
+            return None
+        return info
+
+    @staticmethod
+    def _child(info: dict) -> proc.Child | None:
+        """The recorded service as a `proc.Child` (its process group, start time, boot), or None
+        when the record cannot prove which process it names."""
+        ticks = info.get("start_ticks")
+        if ticks is None:
+            return None
+        child = proc.Child(info["pid"], info["pid"], ticks, "service", info.get("boot_id"),
+                           info.get("started_at"))
+        if not proc.same_boot(child.boot, child.around, ticks):
+            return None
+        return child
 
     @staticmethod
     def _started_by_token(info: dict) -> dict | None:
@@ -446,7 +495,7 @@ class CommandManager:
             except OSError:
                 continue
             if needle in environ:
-                return {**info, "pid": p.pid, "start_ticks": p.start}
+                return {**info, "pid": p.pid, "start_ticks": p.start, "boot_id": proc.boot_id()}
         return None
 
     def _save(self, info: dict) -> None:
@@ -463,17 +512,17 @@ class CommandManager:
         pid = int(info["pid"])
         if self._poll_child(pid) is not None:
             return False
-        return _alive(pid, info.get("start_ticks"))
+        return self._child(info) is not None and _alive(pid, info.get("start_ticks"))
 
     def _group(self, info: dict) -> list[int]:
-        """Live members of the service's process group (its leader is the main pid)."""
-        pgid = int(info["pid"])
-        self._poll_child(pgid)
-        leader = proc.proc_stat(pgid)
-        ticks = info.get("start_ticks")
-        if leader is not None and leader.live and ticks is not None and leader.start != ticks:
-            return []  # the pid was reused, so our group (same id) cannot exist any more
-        return proc.group_members(pgid)
+        """Live members of the service's process group (its leader is the main pid), each
+        proven the service's (see `proc.Child.live_members`): nothing for a reused pid, a
+        record of another boot or one without a start time."""
+        child = self._child(info)
+        if child is None:
+            return []
+        self._poll_child(child.pid)
+        return child.live_members()
 
     # -- the health URL: how a server rewheel has no live process of is seen -----------------
     def _answers(self) -> bool:
@@ -598,20 +647,28 @@ class CommandManager:
         self._popen = child
         try:
             me = proc.proc_stat(child.pid)
-            self._save({**intent, "pid": child.pid, "start_ticks": me.start if me else None})
+            self._save({**intent, "pid": child.pid, "start_ticks": me.start if me else None,
+                        "boot_id": proc.boot_id()})
             atomic_write(self.pid_file, f"{child.pid}\n")  # for people and scripts; service.json rules
         except OSError:
             # Not recorded (a full disk): no later command could find it to stop it, so the
             # start is undone now and fails.
-            self._signal_group(child.pid, signal.SIGKILL)
+            try:
+                os.killpg(child.pid, signal.SIGKILL)  # our own child, this moment: its group is ours
+            except (ProcessLookupError, PermissionError):
+                pass
             child.wait()
             raise
 
-    def _signal_group(self, pgid: int, sig: int) -> None:
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    def _signal_group(self, info: dict, sig: int) -> None:
+        """Signal the members of the service's group proven its own (`_group`), one by one,
+        never a process group by number: a record's pid that names anything else is never
+        reached."""
+        for pid in self._group(info):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _wait_group_gone(self, info: dict, until: float) -> list[int]:
         while True:
@@ -668,13 +725,13 @@ class CommandManager:
             if self.stop_argv:
                 left = self._wait_group_gone(info, deadline)
                 if left:
-                    self._signal_group(pgid, signal.SIGTERM)
+                    self._signal_group(info, signal.SIGTERM)
                     left = self._wait_group_gone(info, time.monotonic() + min(10.0, max(1.0, timeout_s)))
             else:
-                self._signal_group(pgid, signal.SIGTERM)
+                self._signal_group(info, signal.SIGTERM)
                 left = self._wait_group_gone(info, deadline)
             if left:
-                self._signal_group(pgid, signal.SIGKILL)
+                self._signal_group(info, signal.SIGKILL)
                 left = self._wait_group_gone(info, time.monotonic() + 5.0)
             if left:
                 raise ServiceError(
@@ -693,13 +750,15 @@ class CommandManager:
         self._mark_stopped(info)
 
     def log_location(self, since_epoch: float) -> str:
+        if not self.log_path.exists():
+            return f"none yet ({self.log_path} is written once rewheel starts the service)"
         return str(self.log_path)
 
     def log_lines(self, since_epoch: float) -> Iterator[str]:
         """service.log from the offset recorded at the last start (`since_epoch` unused: the
         log has no timestamps of its own)."""
-        info = self._info() or {}
-        offset = int(info.get("log_offset", 0))
+        info = self._record() or {}
+        offset = info.get("log_offset") or 0
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(offset)
@@ -708,6 +767,45 @@ class CommandManager:
             return
         for raw in data.splitlines():
             yield raw.decode("utf-8", errors="replace")
+
+
+# service.json's fields and the types rewheel writes them with (None allowed for each).
+_RECORD_FIELDS: dict[str, tuple[type, ...]] = {
+    "pid": (int,), "start_ticks": (int,), "boot_id": (str,), "starting": (str,), "argv": (list,),
+    "started_at": (int, float), "log_offset": (int,), "stopped": (bool,), "returncode": (int,)}
+
+
+def record_problem(info: object) -> str | None:
+    """What makes a service.json not one rewheel wrote, or None. Checked before any field is
+    used: a pid must be a pid (`proc.valid_pid`), a count a non-negative int, a time a finite
+    number; keys rewheel does not know are left alone."""
+    import math
+
+    if not isinstance(info, dict):
+        return f"holds {type(info).__name__}, not a JSON object"
+    for key, types in _RECORD_FIELDS.items():
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+            return f"has {key} = {_shown(value)}, not {' or '.join(t.__name__ for t in types)}"
+    pid = info.get("pid")
+    if pid is not None and not proc.valid_pid(pid):
+        return f"has pid = {_shown(pid)}, which names no process rewheel started"
+    for key in ("start_ticks", "log_offset"):
+        if (info.get(key) or 0) < 0:
+            return f"has {key} = {_shown(info[key])}, a negative count"
+    started_at = info.get("started_at")
+    if started_at is not None and not (math.isfinite(started_at) and started_at >= 0):
+        return f"has started_at = {_shown(started_at)}, not a moment"
+    if pid is None and info.get("starting") is None and not info.get("stopped"):
+        return "names neither a pid nor a start under way"
+    return None
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def make_manager(spec: ServiceSpec, state_dir: Path, *, python: Path | str | None = None) -> ServiceManager:

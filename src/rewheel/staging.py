@@ -150,10 +150,53 @@ class Prepared:
         return doc
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Prepared:
+    def from_json(cls, doc: Any) -> Prepared:
+        """The record `save` wrote; ValueError naming the field when it is not (a field missing
+        or of the wrong type, a time no clock has, versions that are not strings): checked
+        before any of it is used, so a tampered file is refused, never an internal error."""
+        problem = _prepared_problem(doc)
+        if problem is not None:
+            raise ValueError(problem)
         doc = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
-        doc["checks"] = [PrepCheck(**c) for c in doc.get("checks", [])]
+        doc["checks"] = [PrepCheck(**{k: v for k, v in c.items() if k in PrepCheck.__dataclass_fields__})
+                         for c in doc.get("checks", [])]
         return cls(**doc)
+
+
+_PREPARED_STR = ("recipe", "recipe_sha256", "env_fingerprint", "uv_settings", "uv_version", "source", "lock",
+                 "reinstall")
+
+
+def _prepared_problem(doc: Any) -> str | None:
+    """What makes a prepared.json not one `save` wrote, or None."""
+    import math
+
+    if not isinstance(doc, dict):
+        return f"holds {type(doc).__name__}, not a JSON object"
+    created: Any = doc.get("created")
+    if type(created) not in (int, float) or not (math.isfinite(created) and 0 <= created < 1e11):
+        return f"created = {str(created)[:40]!r} is not a moment"
+    for key in _PREPARED_STR:
+        if type(doc.get(key)) is not str:
+            return f"{key} is {type(doc.get(key)).__name__}, not a string"
+    for key in ("folder", "package"):
+        if doc.get(key) is not None and type(doc[key]) is not str:
+            return f"{key} is {type(doc[key]).__name__}, not a string"
+    for key in ("before", "after"):
+        v = doc.get(key, {})
+        if not (isinstance(v, dict) and all(type(a) is str and type(b) is str for a, b in v.items())):
+            return f"{key} is not a map of distributions to versions"
+    if type(doc.get("ok", True)) is not bool:
+        return "ok is not true or false"
+    checks = doc.get("checks", [])
+    if not isinstance(checks, list):
+        return "checks is not a list"
+    for c in checks:
+        if not (isinstance(c, dict) and type(c.get("name")) is str and type(c.get("ok")) is bool
+                and type(c.get("seconds", 0.0)) in (int, float) and math.isfinite(c.get("seconds", 0.0))
+                and type(c.get("detail", "")) is str and (c.get("log") is None or type(c["log"]) is str)):
+            return "a check is not a name, ok, seconds, detail and log"
+    return None
 
 
 # --- what a prepared lock was made from ------------------------------------------------------
@@ -364,11 +407,28 @@ def save(env_dir: Path, new: Path, prepared: Prepared) -> Prepared:
 
 
 def load(env_dir: Path) -> Prepared | None:
+    """The prepared state, or None when nothing is prepared. One that is not what `save`
+    wrote (not JSON, nested too deeply, a field of the wrong type) is refused: PreparedStale
+    (exit 2) naming the file and the field — prepare again; nothing was changed."""
+    from rewheel.errors import PreparedStale
+
     path = folder(env_dir) / "prepared.json"
     try:
-        return Prepared.from_json(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError):
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:
+        problem = f"cannot be read ({getattr(exc, 'strerror', None) or exc})"
+    else:
+        try:
+            return Prepared.from_json(json.loads(text))
+        except RecursionError:
+            problem = "is nested too deeply"
+        except (ValueError, TypeError) as exc:
+            problem = str(exc)
+    raise PreparedStale(f"{path}: {problem}: not a prepared upgrade rewheel wrote",
+                        hint="`rewheel run RECIPE --prepare-only` prepares the upgrade again (and replaces it); "
+                             "nothing was changed")
 
 
 def discard(env_dir: Path, keep_in: Path | None = None) -> Path | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,8 +31,17 @@ def no_process(monkeypatch: pytest.MonkeyPatch) -> None:
             refuse("subprocess.Popen")(args)
 
     def detach(argv: Any) -> None:
-        # The store's trash is deleted by a detached `rm -rf -- PATHS` on a host: here, inline.
-        if list(argv[:3]) != ["rm", "-rf", "--"]:
+        # The store's trash is deleted by a detached `rm -rf -- PATHS` on a host, and what an
+        # undo snapshot took over settled by `python -m rewheel.snapshot.privatize`: here, inline.
+        argv = list(argv)
+        if argv[1:3] == ["-m", "rewheel.snapshot.privatize"]:
+            from rewheel.snapshot import privatize
+
+            for path in argv[4:]:
+                shutil.rmtree(path, ignore_errors=True)
+            privatize.settle(Path(argv[3]))
+            return
+        if argv[:3] != ["rm", "-rf", "--"]:
             refuse("proc.detach")(argv)
         for path in argv[3:]:
             shutil.rmtree(path, ignore_errors=True)

@@ -213,7 +213,10 @@ def test_interrupted_run_is_resumed_from_its_journal(world: tuple[World, command
     assert f"`rewheel resume {t.recipe.path}`" in said.hint and "starts the service again" in said.hint
     res = commands.resume(t)
     assert res.status == "reverted" and res.report is not None and res.report.status == "reverted"
-    assert res.report.before == {PKG: "1.0.0"} and res.report.service_before == "active"
+    # What the resume moved: the live versions it found, and what it left (issue 45, item 10).
+    assert res.report.before == {PKG: "2.0.0"} and res.report.after == {PKG: "1.0.0"}
+    assert [(c.name, c.old, c.new) for c in res.report.changes] == [(PKG, "2.0.0", "1.0.0")]
+    assert res.report.service_before == "active"
     assert version(t) == "1.0.0" and w.manager.up
     assert journal.interrupted_run(t.store.env_dir) is None
 

@@ -4,22 +4,25 @@ failing process named only by a launcher.
 The corpus logs of the round (tests/logs, written by build_round4.py) are checked by
 test_diagnose.py's corpus tests like every other log; here: the process each names and what
 named it (`rank_source`, `evidence`), the rules for launchers' statements, and sweeps of each
-shape as a class — real Rich boxes at many widths, cut anywhere above the last frame, with and
-without locals; real `traceback.format_exception` lists behind any mix of prefixes; an error
-quoted in prose in several scripts; every corpus log pasted with a blank line after each line.
+shape as a class — real Rich boxes at many widths, their paths folded at every position, cut
+anywhere above the last frame, with and without locals; real `traceback.format_exception`
+lists behind any mix of prefixes; an error quoted in prose in several scripts; every corpus
+log pasted with a blank line after each line.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import io
 import json
 import traceback
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 from rich.traceback import Traceback
@@ -144,21 +147,45 @@ def build(name, cfg):
 '''
 
 
+SUFFIX = "/site-packages/serving_framework_with_a_long_name/models/tensor_parallel_configuration.py"
+Raised = tuple[BaseException, str]
+
+
 @pytest.fixture(scope="module")
-def raised(tmp_path_factory: pytest.TempPathFactory) -> tuple[BaseException, str]:
-    folder = tmp_path_factory.mktemp("rich") / "site-packages" / "serving_framework_with_a_long_name" / "models"
-    folder.mkdir(parents=True)
-    path = folder / "tensor_parallel_configuration.py"
-    path.write_text(SRC)
-    spec = importlib.util.spec_from_file_location("tp_config_for_rich", path)
-    assert spec and spec.loader
-    mod: ModuleType = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    try:
-        mod.load({"model": "Qwen/Qwen3-14B", "layers": 40})
-    except ValueError as exc:
-        return exc, str(path)
-    raise AssertionError("no exception")
+def raise_from(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, int], Raised]:
+    """The ValueError of SRC (behind `lead` comment lines) raised from a file whose path is
+    `length` characters long (where pytest's tmp folder leaves room). The path is padded on
+    the left, so that its characters from a box line's width on, and so where each fold of
+    it falls, are the same wherever pytest's tmp folder is (if its name is shorter than the
+    narrowest box line drawn, 52 characters)."""
+    base = tmp_path_factory.mktemp("r")
+    made: dict[tuple[int, int], Raised] = {}
+
+    def make(length: int, lead: int) -> Raised:
+        if (length, lead) in made:
+            return made[(length, lead)]
+        # a pad of its own for each lead: a file's lines are cached by its path
+        pad = (f"/lead{lead:03d}" * (length // 8 + 1))[-max(length - len(str(base)) - 1 - len(SUFFIX), 1):]
+        path = Path(f"{base}/p{pad[1:]}{SUFFIX}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#\n" * lead + SRC)
+        spec = importlib.util.spec_from_file_location(f"tp_config_for_rich_{length}_{lead}", path)
+        assert spec and spec.loader
+        mod: ModuleType = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        try:
+            mod.load({"model": "Qwen/Qwen3-14B", "layers": 40})
+        except ValueError as exc:
+            made[(length, lead)] = exc, str(path)
+            return made[(length, lead)]
+        raise AssertionError("no exception")
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def raised(raise_from: Callable[[int, int], Raised]) -> Raised:
+    return raise_from(160, 0)
 
 
 MESSAGE = "Qwen/Qwen3-14B: 40 layers do not split over 3 ranks, choose another tensor parallel size"
@@ -172,19 +199,75 @@ def rich_lines(exc: BaseException, width: int, locals_: bool) -> list[str]:
     return out.getvalue().splitlines()
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(width=st.integers(min_value=56, max_value=200), locals_=st.booleans(), cut=st.floats(0, 1),
-       wrap=st.sampled_from(WRAPS))
-def test_a_rich_box_at_any_width_cut_anywhere_above_its_last_frame(
-        raised: tuple[BaseException, str], width: int, locals_: bool, cut: float, wrap: str) -> None:
-    exc, path = raised
-    lines = rich_lines(exc, width, locals_)
-    last = max(i for i, ln in enumerate(lines) if ln.startswith("│ /"))    # the last frame's header
-    lines = lines[int(cut * last):]
-    rc = rc_of(["INFO loading"] + [wrap + ln for ln in lines])
+def last_header(lines: list[str], path: str, width: int) -> int:
+    """The box line the last frame's header begins on (a fold may begin a line with a `/`)."""
+    first = path[:width - 4]
+    return max(i for i, ln in enumerate(lines) if ln.startswith("│ " + first))
+
+
+def assert_read(lines: list[str], path: str, line: int) -> None:
+    rc = rc_of(["INFO loading"] + lines)
     assert rc["type"] == "ValueError" and " ".join(rc["message"].split()) == MESSAGE
-    assert (rc["frame"]["file"], rc["frame"]["function"], rc["frame"]["line"]) == (path, "build", 8)
+    assert (rc["frame"]["file"], rc["frame"]["function"], rc["frame"]["line"]) == (path, "build", line)
     assert rc["frame"]["source"].startswith("raise ValueError(")
+
+
+LEADS = [0, 2, 92]            # the raise on line 8, 10, 100: a fold between any two digits
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(width=st.integers(min_value=56, max_value=200), length=st.integers(140, 460), lead=st.sampled_from(LEADS),
+       locals_=st.booleans(), cut=st.floats(0, 1), wrap=st.sampled_from(WRAPS))
+# the path folded just before a `/` (its second box line begins with "/models/"), read from
+# that header's first line
+@example(width=99, length=230, lead=0, locals_=False, cut=1.0, wrap="")
+def test_a_rich_box_at_any_width_cut_anywhere_above_its_last_frame(
+        raise_from: Callable[[int, int], Raised], width: int, length: int, lead: int, locals_: bool, cut: float,
+        wrap: str) -> None:
+    exc, path = raise_from(length, lead)
+    lines = rich_lines(exc, width, locals_)
+    lines = lines[int(cut * last_header(lines, path, width)):]
+    assert_read([wrap + ln for ln in lines], path, 8 + lead)
+
+
+def test_a_path_folded_at_every_position(raise_from: Callable[[int, int], Raised]) -> None:
+    # at one width, paths one character longer each time over a whole line: the folds fall on
+    # every character of the header's end (each `/`, `:`, digit of the line number, `in`), read
+    # as drawn, from the header's first line (the box's top cut off), and without the right
+    # border (a paste that lost it)
+    width, seen = 80, set()
+    for length in range(200, 200 + width - 4):
+        exc, path = raise_from(length, 92)
+        lines = rich_lines(exc, width, False)
+        head = last_header(lines, path, width)
+        seen.update(ln[2] for ln in itertools.takewhile(lambda ln: ln[2:-2].strip(), lines[head + 1:]))
+        for cut in (0, head):
+            assert_read(lines[cut:], path, 100)
+            assert_read([ln[:-2] if ln.startswith("│") else ln for ln in lines[cut:]], path, 100)
+    assert {"/", ":", "0", "1", "i"} <= seen
+
+
+@pytest.mark.parametrize("folder", ["My Models/run 2", "模型/张三的文件夹", "x" * 40 + "/" + "模" * 30],
+                         ids=["spaces", "wide", "wide-folded"])
+@pytest.mark.parametrize("func", ["f", "build_" + "x" * 70], ids=["short", "long"])
+def test_a_header_with_spaces_wide_characters_or_a_long_function(tmp_path: Path, folder: str, func: str) -> None:
+    # Rich breaks at a space in the path, leaves a cell free where a wide character does not
+    # fit, and folds a function name wider than the line over several lines
+    path = tmp_path / folder / "mod.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(f"def {func}():\n    raise ValueError({MESSAGE!r})\n")
+    spec = importlib.util.spec_from_file_location("odd_header", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(ValueError) as info:
+        getattr(mod, func)()
+    for width in range(40, 130, 9):
+        lines = rich_lines(info.value, width, False)
+        for drawn in (lines, [ln[:-2] if ln.startswith("│") else ln for ln in lines]):
+            rc = rc_of(drawn)
+            assert (rc["frame"]["file"], rc["frame"]["function"], rc["frame"]["line"]) == (str(path), func, 2), \
+                (width, drawn is lines)
 
 
 # ---- tracebacks that survive only in a string --------------------------------------------

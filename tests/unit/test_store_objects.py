@@ -111,12 +111,24 @@ def test_the_sweep_keeps_what_is_named_and_removes_the_rest(tmp_path: Path) -> N
     with Objects(tmp_path / "env") as objs:
         objs.copy_in(str(keep), sha(b"keep\n"), 5)
         objs.copy_in(str(drop), sha(b"drop\n"), 5)
-        (tmp_path / "env" / "objects" / ".tmp-1-1").write_text("left by a killed copy")
+        dead = _a_dead_pid()
+        (tmp_path / "env" / "objects" / f".tmp-{dead}-1").write_text("left by a killed copy")
+        # A process still running writes its own (the detached settling of an undo snapshot):
+        # not a leftover. (Process 1 is always running.)
+        (tmp_path / "env" / "objects" / ".tmp-1-1").write_text("being written")
         n, size = objs.collect({object_name(sha(b"keep\n"), "C", 0)})
     assert (n, size) == (1, 5)
     left = sorted(str(p.relative_to(tmp_path / "env" / "objects")) for p in (tmp_path / "env" / "objects").rglob("*")
                   if p.is_file())
-    assert left == [object_name(sha(b"keep\n"), "C", 0)]
+    assert left == [".tmp-1-1", object_name(sha(b"keep\n"), "C", 0)]
+
+
+def _a_dead_pid() -> int:
+    """A pid no process has now: one past the highest running, checked."""
+    pid = max(int(n) for n in os.listdir("/proc") if n.isdigit()) + 1000
+    while os.path.exists(f"/proc/{pid}"):
+        pid += 1
+    return pid
 
 
 def test_a_link_where_a_folder_of_the_store_belongs_is_refused(tmp_path: Path) -> None:
@@ -176,3 +188,56 @@ def test_uv_s_cache_folder_is_found_without_starting_uv(tmp_path: Path) -> None:
     (tmp_path / "x" / "uv").mkdir(parents=True)
     assert uv_cache_dir({"XDG_CACHE_HOME": str(tmp_path / "x")}) == tmp_path / "x" / "uv"
     assert uv_cache_dir({"HOME": str(tmp_path / "nohome")}) is None
+
+
+def test_a_taken_over_object_is_settled_by_what_else_links_it(tmp_path: Path) -> None:
+    """`Objects.privatize`: each outcome, on real links (what `privatize.settle` does to each
+    object a rollback's undo snapshot took over)."""
+    from rewheel.snapshot import privatize
+
+    env = tmp_path / "env"
+    env.mkdir()
+    live = {n: tmp_path / f"{n}.py" for n in ("alone", "cached", "edited", "moved")}
+    for n, p in live.items():
+        p.write_bytes(f"# {n}\n".encode() * 100)
+    with Objects(env) as objs:
+        taken = []
+        for p in live.values():
+            st = p.stat()
+            assert objs.link_in(str(p), sha(p.read_bytes()), st) is not None
+            taken.append((object_name(sha(p.read_bytes()), "L", st.st_mtime_ns), str(p), st.st_ino))
+    names = {n: t[0] for n, t in zip(live, taken, strict=True)}
+    inos = {n: t[2] for n, t in zip(live, taken, strict=True)}
+    obj = {n: env / "objects" / names[n] for n in live}
+    # The restore replaced "alone": the store's link is its only one.
+    live["alone"].unlink()
+    # "cached": uv's cache still links it (a second name elsewhere).
+    cache_name = tmp_path / "cache-entry"
+    os.link(live["cached"], cache_name)
+    live["cached"].unlink()
+    # "edited": still the environment's, edited in place.
+    with open(live["edited"], "r+b") as f:
+        f.seek(0, os.SEEK_END)
+        f.write(b"# an edit\n")
+    # "moved": settled already by another process (a copy renamed over it).
+    copy = tmp_path / "copy"
+    copy.write_bytes(obj["moved"].read_bytes())
+    os.utime(copy, ns=(0, obj["moved"].stat().st_mtime_ns))
+    os.replace(copy, obj["moved"])
+    snap = env / "snapshots" / "0a1b2c3d"
+    snap.mkdir(parents=True)
+    privatize.write_record(snap, taken)
+    assert privatize.pending(env) == [snap / privatize.TAKEN_OVER]
+    done = privatize.settle(env)
+    assert done.counts == {"alone": 1, "copied": 1, "changed": 1, "gone": 1} and done.records == 1
+    assert privatize.pending(env) == []
+    assert obj["alone"].stat().st_ino == inos["alone"] and obj["alone"].stat().st_nlink == 1
+    st = obj["cached"].stat()
+    assert st.st_ino != inos["cached"] and st.st_nlink == 1 and st.st_mode & 0o777 == 0o400
+    assert obj["cached"].read_bytes() == cache_name.read_bytes()
+    assert st.st_mtime_ns == cache_name.stat().st_mtime_ns  # its name's mtime, still
+    assert not obj["edited"].exists() and live["edited"].read_bytes().endswith(b"# an edit\n")
+    # Settling again finds nothing to do; a record tampered with names nothing outside.
+    assert privatize.settle(env).counts == {}
+    privatize.write_record(snap, [("../../x-1", str(live["edited"]), 1), ["ab", "c"], (names["alone"], "", "7")])
+    assert privatize.settle(env).counts == {}

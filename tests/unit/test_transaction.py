@@ -58,7 +58,8 @@ def _result(tmp_path: Path, *, written: int = 0) -> tuple[RestoreResult, Path]:
 
 def _txn(tmp_path: Path, svc: FakeService | None) -> tuple[Transaction, FakeJournal]:
     j = FakeJournal()
-    t: Any = SimpleNamespace(store=SimpleNamespace(home=tmp_path / "home"), recipe=SimpleNamespace(cleanup_paths=()))
+    store = SimpleNamespace(home=tmp_path / "home", env_dir=tmp_path / "home" / "envs" / "e")
+    t: Any = SimpleNamespace(store=store, recipe=SimpleNamespace(cleanup_paths=()))
     (tmp_path / "home").mkdir()
     snap: Any = SimpleNamespace(id="snap1")
     return Transaction(t, j, snap, svc, say=lambda m: None, progress=None, package=lambda: "toypkg"), j  # type: ignore[arg-type]

@@ -41,9 +41,20 @@ class _Step:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self.run.report.steps.append(StepRecord.since(self.name, exc is None, self.t0))
-        # Each step ends with its time, as it started with its name.
-        self.run.say(f"   {self.name} {'done' if exc is None else 'FAILED'} in {time.monotonic() - self.t0:.1f}s")
+        # Each step ends with its time, as it started with its name — and how: a step cut short
+        # by a signal to rewheel (Ctrl-C, SIGTERM) was interrupted, not failed; a smoke test
+        # killed from outside was killed, not failed (the report's steps line says so too).
+        reason = None
+        if exc is None:
+            how = "done"
+        elif isinstance(exc, KeyboardInterrupt):
+            how = reason = f"interrupted ({getattr(exc, 'signame', None) or 'Ctrl-C'})"
+        elif getattr(exc, "killed_by", None):
+            how = reason = f"killed by {exc.killed_by}"
+        else:
+            how = "FAILED"
+        self.run.report.steps.append(StepRecord.since(self.name, exc is None, self.t0, reason=reason))
+        self.run.say(f"   {self.name} {how} in {time.monotonic() - self.t0:.1f}s")
 
 
 class Cycle(Staging, Reverting):
@@ -55,6 +66,10 @@ class Cycle(Staging, Reverting):
         self.t = t
         self.host = t.host
         self.lock = lock
+        # `--lock FILE` as read at the plan (installer.FrozenLock): `lock` is then its copy.
+        self.frozen: Any = None
+        # `keep-old-version`: the distributions the plan keeps (a patch scan before the stop).
+        self.planned_keep: dict[str, str] | None = None
         self.say = say
         self.on_output = on_output
         self.progress = progress
@@ -104,7 +119,6 @@ class Cycle(Staging, Reverting):
 
     # -- steps --------------------------------------------------------------------------
     def preflight(self, confirm: Callable[[RunReport], None] | None, dry_run: bool) -> bool:
-        from rewheel.errors import PreflightError
 
         t0 = time.monotonic()
         if not self.t.recipe.install.packages and not self.lock:
@@ -122,13 +136,13 @@ class Cycle(Staging, Reverting):
         from rewheel.snapshot import cleanup_matches
         cleanup_matches(self.t.recipe.cleanup_paths, [str(self.t.env.prefix), str(self.t.store.home)])
         if not checks.ok:
-            raise PreflightError("preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in checks.failures),
-                                 hint=f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
+            raise checks.refusal(f"`rewheel check {self.t.cli_ref}` shows every check; nothing was changed")
         if self.prepared is not None:
             from rewheel.staging import planned_swap
 
             plan = planned_swap(self.prepared, self.t.recipe)
         elif self.lock:
+            self._freeze_lock()
             plan = self.host.plan(self.t.recipe, lock=Path(self.lock))
         else:
             plan = self._resolve()
@@ -145,18 +159,57 @@ class Cycle(Staging, Reverting):
             confirm(self.report)
         return True
 
+    def _freeze_lock(self) -> None:
+        """`--lock FILE`, read once here, at the plan: copied (with its sha256) into
+        `<env>/resolution/`, and that copy is what the plan shows, the install installs and the
+        installed versions are checked against — a file replaced while the run waits at its
+        question or its stop changes nothing (the copy moves into the run's folder)."""
+        import shutil
+
+        from rewheel.installer import freeze_lock
+
+        folder = self.t.store.env_dir / "resolution"
+        shutil.rmtree(folder, ignore_errors=True)
+        self.frozen = freeze_lock(Path(self.lock or ""), folder)
+        self.lock = str(self.frozen.path)
+        self.say(f"   the lock {self.frozen.source} (sha256 {self.frozen.sha256[:16]}…), read now: "
+                 f"{len(self.frozen.versions)} distribution(s), installed from the copy {self.lock}")
+
     def _resolve(self) -> Any:  # installer.InstallPlan
         """The one resolution (resolution.resolve), made in `<env>/resolution/`: its lock stays
-        there for a dry run to show, and moves with a run into the run's folder."""
+        there for a dry run to show, and moves with a run into the run's folder. Under
+        `keep-old-version` the distributions a patch scan finds patched now are pinned at their
+        installed versions in it: the kept versions get the guards every plan gets (wheels only,
+        no downgrade of a recipe package, installed = plan), decided before the stop."""
         import shutil
 
         folder = self.t.store.env_dir / "resolution"
         shutil.rmtree(folder, ignore_errors=True)
+        recipe = self.t.recipe
+        if recipe.patch_policy == "keep-old-version":
+            self.planned_keep = self._patched_now()
+            recipe = _pinned(recipe, self.planned_keep)
+            if self.planned_keep:
+                self.say("   keeping patched distributions: "
+                         + ", ".join(f"{k} {v}" for k, v in self.planned_keep.items()))
         self.say("── resolve (what uv picks against the live environment)")
-        self.resolution = self.host.resolve(self.t.recipe, self.t.env, folder=folder, say=self.say)
+        self.resolution = self.host.resolve(recipe, self.t.env, folder=folder, say=self.say)
         for h in self.resolution.held_back:
             self.say(f"   held back: {h.summary()}")
         return self.resolution.plan
+
+    def _patched_now(self) -> dict[str, str]:
+        """`keep-old-version`'s kept distributions as the environment has them now (a patch
+        scan before the stop; the snapshot's own scan, in the window, must find the same)."""
+        from rewheel import patches as patchmod
+
+        fetcher = self.host.fetcher(self.t.recipe)
+        try:
+            scan = patchmod.scan(self.t.env, store=self.t.store, fetcher=fetcher)
+        finally:
+            fetcher.close()
+        before = self.t.env.versions()
+        return {n: before[n] for n in sorted(patchmod.patched_distributions(scan)) if n in before}
 
     def _snapshot_cost(self) -> None:
         """What the pre-upgrade snapshot will cost, in the plan; refused before anything is
@@ -259,6 +312,16 @@ class Cycle(Staging, Reverting):
                         if n in self.report.before}
                 if keep:
                     self.say("keeping patched distributions: " + ", ".join(f"{k} {v}" for k, v in keep.items()))
+                if self.planned_keep is not None and keep != self.planned_keep:
+                    from rewheel.errors import InstallError
+
+                    # Patched since the plan (or unpatched): the plan's lock would replace a
+                    # patched file, or keep one it need not. Nothing is installed; reverted.
+                    raise InstallError(
+                        "the patched distributions changed between the plan and the stop: planned to keep "
+                        + (", ".join(f"{k} {v}" for k, v in self.planned_keep.items()) or "none") + "; found "
+                        + (", ".join(f"{k} {v}" for k, v in keep.items()) or "none"),
+                        hint="run again: the plan is made from the patches as they are then")
             late = sorted(set(self.report.hazards) - self.cleaned)
             if late:
                 self.say("patched files share bytes with uv's cache (the patch changed the cache too): "
@@ -281,15 +344,15 @@ class Cycle(Staging, Reverting):
                     self.t.recipe, lock=Path(self.prepared.lock), on_line=self.on_output, log_path=log, keep=keep,
                     also_reinstall=self.report.hazards, offline=offline, sync=self.lock is not None,
                     link_mode="hardlink")
-            elif self.lock is None and self.resolution is not None and not keep:
+            elif self.lock is None and self.resolution is not None:
                 # The resolution's lock: exactly the plan's versions, whatever the index
-                # published since; what the lock leaves out (editable installs) stays.
+                # published since; what the lock leaves out (editable installs) stays. Kept
+                # (`keep-old-version`) distributions are pinned in it and not reinstalled.
                 self.installed = self.host.install(self.t.recipe, lock=self.resolution.lock, sync=False,
-                                                   on_line=self.on_output, log_path=log,
+                                                   on_line=self.on_output, log_path=log, keep=keep or None,
                                                    also_reinstall=self.report.hazards)
             else:
-                # --lock FILE (a sync), or `keep-old-version` (its kept versions, known only from
-                # the snapshot's patch scan, constrain a resolution of their own).
+                # --lock FILE: a sync to the copy read at the plan.
                 self.installed = self.host.install(self.t.recipe, lock=Path(self.lock) if self.lock else None,
                                                    on_line=self.on_output, log_path=log, keep=keep,
                                                    also_reinstall=self.report.hazards)
@@ -370,9 +433,10 @@ class Cycle(Staging, Reverting):
 
         if self.prepared is not None and self.lock is None:
             planned = dict(self.prepared.after)
-        elif self.resolution is not None and self.lock is None and self.installed is not None \
-                and self.t.recipe.patch_policy != "keep-old-version":
+        elif self.resolution is not None and self.lock is None and self.installed is not None:
             planned = dict(self.resolution.locked)
+        elif self.frozen is not None and self.installed is not None:
+            planned = dict(self.frozen.versions)  # `--lock FILE`: what it held at the plan
         else:
             return
         from rewheel.resolution import installed_as_planned
@@ -434,8 +498,13 @@ class Cycle(Staging, Reverting):
             res = self.host.smoke(self.t.recipe, log_path=log, on_line=self.on_output)
             if not res.ok:
                 self.diagnose_file(log)
-                why = f"timed out after {self.t.recipe.smoke.timeout_s}s" if res.timed_out else f"exited {res.returncode}"
-                raise SmokeFailed(f"smoke test {why}" + cause_text(self.report.root_cause), hint=f"full log: {log}")
+                killed = getattr(res, "killed_by", None)
+                why = (f"timed out after {self.t.recipe.smoke.timeout_s}s" if res.timed_out
+                       else f"was killed by {killed} (from outside rewheel: the build was not proven)" if killed
+                       else f"exited {res.returncode}")
+                exc = SmokeFailed(f"smoke test {why}" + cause_text(self.report.root_cause), hint=f"full log: {log}")
+                exc.killed_by = killed  # type: ignore[attr-defined]  # the step line says so
+                raise exc
 
     def start(self) -> None:
         from rewheel.errors import ServiceError
@@ -460,7 +529,7 @@ class Cycle(Staging, Reverting):
             self.snap.save()
             reinstalled = bool(getattr(self.installed, "changes", None))
             self.report.status = kept_status(self.report.before, self.report.after, reinstalled)
-            pruned = self.t.store.prune(self.t.recipe.keep, protected_snapshots(self.t.store) | {self.snap.id})
+            pruned = self.t.store.prune(self.t.recipe.keep, protected_snapshots(self.t.store, self.t.recipe.keep) | {self.snap.id})
             self.report.pruned = pruned
             if pruned:
                 self.say("pruned old snapshots ([snapshots] keep): " + pruned_text(self.t.store, pruned))
@@ -546,3 +615,27 @@ class Cycle(Staging, Reverting):
                 compare_urls={c.name: c.compare_url for c in self.report.changes if c.compare_url})
         except Exception as exc:  # the suspects inform; they never mask the failure itself
             self.say(f"(suspects not computed: {exc})")
+
+
+def _pinned(recipe: Any, keep: dict[str, str]) -> Any:  # recipe.Recipe
+    """The recipe with `keep` (name -> version) pinned among its packages: a kept recipe package
+    at its version, any other kept distribution added (`==`), so that the one resolution keeps
+    them and guards them as it guards the rest."""
+    from dataclasses import replace
+
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    if not keep:
+        return recipe
+    packages: list[str] = []
+    for p in recipe.install.packages:
+        try:
+            name = canonicalize_name(Requirement(p).name)
+        except InvalidRequirement:
+            packages.append(p)
+            continue
+        packages.append(f"{name}=={keep[name]}" if name in keep else p)
+    named = {canonicalize_name(n) for n in recipe.install.names}
+    packages += [f"{n}=={v}" for n, v in keep.items() if n not in named]
+    return replace(recipe, install=replace(recipe.install, packages=tuple(packages)))

@@ -38,23 +38,46 @@ class Reverting:
         def package(self) -> str | None: ...
 
     def _keep_failed_state(self, revert: RevertRecord) -> None:
-        """Snapshot the failed build before restoring, so it can be diffed and inspected later
-        (`rewheel diff TARGET <pre-upgrade> <failed>`). Pristine files are shared by links, so
-        this costs little; if it fails, the restore goes ahead anyway."""
-        restoring = self.j.stepped(StepName.RESTORE)
-        if self.j.kind != "run" or self.j.first(FailedSnapshot) is not None or restoring:
-            # Only a failed upgrade is worth keeping, and only once; never a half-restored one
-            # (a revert interrupted in its restore, finished by `resume`).
+        """Snapshot what the restore replaces, so that nothing is lost to it: a failed upgrade
+        (`failed-upgrade`, to be diffed and inspected later: `rewheel diff TARGET <pre-upgrade>
+        <failed>`), or — a `resume` that finishes an interrupted rollback, or finds the
+        environment changed since the failed build was kept — an undo point (`pre-rollback`,
+        as a rollback's own). Pristine files are shared by links, so this costs little; if it
+        fails, the restore goes ahead anyway (and says so). Never a half-restored state (a
+        restore interrupted midway, finished by `resume`): its own restore replaced it."""
+        from rewheel.commands.rollback import PRE_ROLLBACK
+        from rewheel.commands.snapshots import env_matches
+
+        if self.j.stepped(StepName.RESTORE):
             return
+        kept = self.j.first(FailedSnapshot)
+        noted = next((n.undo_snapshot_id for n in self.j.all(Note) if n.undo_snapshot_id), None)
+        held = kept.failed_snapshot_id if kept is not None else noted
+        if held is not None:
+            try:
+                if env_matches(self.t, self.t.store.get(held)):
+                    return  # what the restore replaces is that snapshot already
+            except (SnapshotError, RewheelError):
+                pass  # gone or damaged: snapshot it again
+        failed = self.j.kind == "run" and kept is None
+        label = (f"failed upgrade of run {self.j.id}" if failed
+                 else f"before resume of {self.j.kind} {self.j.id} (the state it replaced)")
         try:
-            res = take_snapshot(self.t.env, self.t.store, label=f"failed upgrade of run {self.j.id}",
-                                status="failed-upgrade", run_id=self.j.id, progress=self.progress,
-                                exclude=self.t.recipe.snapshot_exclude)
+            res = take_snapshot(self.t.env, self.t.store, label=label,
+                                status="failed-upgrade" if failed else PRE_ROLLBACK, run_id=self.j.id,
+                                progress=self.progress, exclude=self.t.recipe.snapshot_exclude)
+        except Exception as exc:
+            revert.failed_snapshot_error = str(exc)
+            return
+        if failed:
             self.j.append(FailedSnapshot(failed_snapshot_id=res.meta.id))
             revert.failed_snapshot_id = res.meta.id
             self.say(f"kept the failed state as snapshot {res.meta.id} for inspection")
-        except Exception as exc:
-            revert.failed_snapshot_error = str(exc)
+        else:
+            self.j.append(Note(undo_snapshot_id=res.meta.id))
+            revert.undo_snapshot_id = res.meta.id
+            self.say(f"snapshot {res.meta.id} holds the state this resume replaces "
+                     f"(`rewheel rollback {self.t.cli_ref} {res.meta.id}` undoes it)")
 
     def interrupted_error(self, exc: BaseException) -> Exception:
         """What a signal in the middle of the swap leaves, said exactly (InterruptedRun, exit 4):
@@ -88,9 +111,9 @@ class Reverting:
         if self.report.status != RunStatus.REVERTED or self.snap is None:
             return
         rv = self.report.revert
-        keep = protected_snapshots(self.t.store) | {self.snap.id}
-        if rv is not None and rv.failed_snapshot_id:
-            keep.add(rv.failed_snapshot_id)
+        keep = protected_snapshots(self.t.store, self.t.recipe.keep) | {self.snap.id}
+        if rv is not None:
+            keep |= {i for i in (rv.failed_snapshot_id, rv.undo_snapshot_id) if i}
         try:
             self.report.pruned = self.t.store.prune(self.t.recipe.keep, keep)
         except (OSError, SnapshotError) as exc:  # the revert is done: retention tries again next time
@@ -103,6 +126,13 @@ class Reverting:
         """A restore that changed no byte proves the "failed build" kept before it is the good
         state itself (interrupted before the reinstall wrote anything, or it rewrote the same
         bytes): it is removed, not kept as a failed build that no `diff` would show a change in."""
+        undo = revert.undo_snapshot_id
+        if undo is not None and not restore_changed(res):
+            try:  # an undo point of the very state restored: nothing to undo
+                self.t.store.delete(undo)
+                revert.undo_snapshot_id = None
+            except (OSError, SnapshotError):
+                pass
         fid = revert.failed_snapshot_id
         if fid is None or restore_changed(res):
             return

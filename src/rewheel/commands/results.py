@@ -157,6 +157,8 @@ class RevertRecord:
     failed_snapshot_dropped: str | None = None
     # Stored files an edit in place had damaged, recovered before the stop (as a rollback's).
     recovered: Any = None  # recovery.Recovery
+    # The state a resume's restore replaced, snapshotted first (an undo point: `pre-rollback`).
+    undo_snapshot_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Not asdict: it would deep-copy the restore result (with its displaced folders).

@@ -9,7 +9,7 @@ from rewheel.commands.cycle import Cycle
 from rewheel.commands.results import ResumeResult, json_value
 from rewheel.commands.rollback import close_superseded, left_service_down, noted_active
 from rewheel.commands.service_steps import cause_text, service_root_cause
-from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
+from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter, target_refusals
 from rewheel.errors import RestoreError, RewheelError, ServiceError, out_of_space
 from rewheel.journal import EnvLock
 from rewheel.snapshot import Progress, scope_of
@@ -26,6 +26,7 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
     # for) when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
     refuse_broken_tls(t)
+    target_refusals(t)  # a tampered record: exit 3 before the lock, a journal or a signal
     with EnvLock(t.store.env_dir, "resume", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         j = journal.interrupted_run(t.store.env_dir)
         if j is None:
@@ -83,12 +84,16 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
                                 stopped_processes=lk.stopped)
 
         def close() -> None:
-            j.append(Finish(status=Finished.of(cyc.report.status), resumed=True, after=cyc.report.after,
+            # A rollback ends as a rollback does (`restored`), a run as a run (`reverted`, `failed`).
+            status = (Finished.RESTORED if j.kind == "rollback" and cyc.report.status == RunStatus.REVERTED
+                      else Finished.of(cyc.report.status))
+            j.append(Finish(status=status, resumed=True, after=cyc.report.after,
                             root_cause=json_value(cyc.report.root_cause)))
             # Older interrupted journals below this one describe states already overwritten.
             close_superseded(t.store.env_dir, j)
 
         # Interrupted again (a signal, a kill): the run stays open for the next `resume`.
+        moved_from = t.env.versions()
         try:
             cyc.revert(f"resuming interrupted {j.kind} {j.id} (last step: {j.last_step})")
         except RewheelError as exc:
@@ -97,6 +102,14 @@ def resume(t: Target, *, say: Say = quiet, progress: Progress | None = None) -> 
             raise
         close()
         cyc.prune_after_revert()
+        # The report says what this resume moved: the live versions it found, and what it left.
+        from rewheel.diff import diff_versions
+
+        cyc.report.before, cyc.report.changes = moved_from, diff_versions(moved_from, cyc.report.after or {})
+        if j.kind == "rollback":
+            return ResumeResult(ResumeStatus.RESTORED, j.id,
+                                f"finished interrupted rollback: restored snapshot {cyc.snap.id}", cyc.report,
+                                stopped_processes=lk.stopped)
         return ResumeResult(ResumeStatus.REVERTED, j.id, f"restored pre-upgrade snapshot {cyc.snap.id}", cyc.report,
                             stopped_processes=lk.stopped)
 

@@ -16,10 +16,11 @@ from rewheel.commands.service_steps import ServiceSteps, cause_text
 from rewheel.commands.transaction import ServiceBack, Transaction, recover_stored_bytes
 from rewheel.commands.snapshots import (protected_snapshots, still_the_snapshot, pruned_text, reverted_snapshots,
                                         upgrades_in_place)
-from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter
+from rewheel.commands.target import Say, Target, quiet, refuse_broken_tls, refuse_system_interpreter, target_refusals
 from rewheel.errors import RewheelError, SnapshotDamaged, SnapshotError, as_typed, out_of_space
 from rewheel.journal import EnvLock, RunJournal
 from rewheel.snapshot import (PreparedRestore, Progress, SnapshotMeta, Store, check_cleanup_entries, take_snapshot)
+from rewheel.snapshot import privatize
 from rewheel.records import Finish, Note, Started, Step
 from rewheel.statuses import UNDO_SKIPPED, Finished, RollbackStatus, StepName
 
@@ -75,8 +76,9 @@ def default_rollback_snapshot(store: Store) -> SnapshotMeta:
     usable = [m for m in metas if not is_failed_build(m) and m.id not in reverted]
     usable = [m for m in usable if m.status != PRE_ROLLBACK] or usable
     if not usable and reverted:
-        raise SnapshotError("no upgrade is in place to undo: every upgrade of this environment was reverted, "
-                            f"and its revert already restored the snapshot taken before it "
+        raise SnapshotError("no upgrade is in place to undo: every upgrade of this environment was undone "
+                            "(reverted, or closed by a rollback), and what replaced it restored the snapshot "
+                            "taken before it "
                             f"({', '.join(m.id for m in metas if m.id in reverted)})",
                             hint="`rewheel history TARGET` lists the snapshots; name one to restore it; "
                                  "nothing was changed")
@@ -126,6 +128,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
     # when the lock is taken, before any file is touched.
     refuse_system_interpreter(t)
     refuse_broken_tls(t)
+    target_refusals(t)  # a tampered record: exit 3 before the lock, a journal or a signal
     with EnvLock(t.store.env_dir, "rollback", prefix=t.env.prefix, reclaim=True, say=say) as lk:
         snap = t.store.get(ref) if ref is not None else default_rollback_snapshot(t.store)
         refuse_failed_build(snap, force, t.cli_ref)  # before a journal exists: nothing to close
@@ -232,10 +235,10 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
             t0 = time.monotonic()
             try:
                 # What the restore moved out (a failed build's new folders) is deleted once the
-                # service is back up: the environment is restored and synced already. Without a
-                # service, both lanes delete their own at once, inside the restore.
+                # service is back up (the environment is restored and synced already), by the
+                # process that then settles what the undo snapshot took over (`privatize`).
                 committing, prepared = prepared, None
-                res = txn.restore(defer_removal=svc is not None, prepared=committing)
+                res = txn.restore(defer_removal=True, prepared=committing)
             except (SnapshotError, SnapshotDamaged):
                 # Refused before anything changed (wrong environment, damaged store): this
                 # rollback is over — leaving it unfinished would block every later command with
@@ -246,6 +249,11 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                 finally:
                     j.append(Finish(status=Finished.REFUSED, snapshot_id=snap.id))
                 raise
+        except Exception:
+            # The undo snapshot's taken-over files are still the environment's: made the store's
+            # own now. (A kill leaves them to the next snapshot or restore, which does it first.)
+            _settle_quietly(t)
+            raise
         finally:
             if prepared is not None:  # given up before its commit (an error, a signal)
                 prepared.discard()
@@ -280,7 +288,7 @@ def rollback(t: Target, ref: str | None = None, *, force: bool = False, undo: bo
                             root_cause=json_value(result.root_cause), downtime=json_value(result.downtime)))
             return result
         j.append(Finish(status=Finished.RESTORED, snapshot_id=snap.id, downtime=json_value(result.downtime)))
-        keep = protected_snapshots(t.store) | {snap.id} | ({undo_id} if undo_id else set())
+        keep = protected_snapshots(t.store, t.recipe.keep) | {snap.id} | ({undo_id} if undo_id else set())
         result.pruned = t.store.prune(t.recipe.keep, keep)
         if result.pruned:
             say("pruned old snapshots ([snapshots] keep): " + pruned_text(t.store, result.pruned))
@@ -333,6 +341,13 @@ def _rollback_downtime(down_t0: float | None, steps: list[StepRecord], svc: Serv
     return Downtime(max(0.0, end - down_t0), parts, ongoing)
 
 
+def _settle_quietly(t: Target) -> None:
+    try:
+        privatize.settle(t.store.env_dir)
+    except Exception:  # noqa: BLE001 - the rollback's own error is what is reported; settled next time
+        pass
+
+
 def _forget_quietly(store: Store, snapshot_id: str) -> None:
     try:
         store.delete(snapshot_id)
@@ -373,8 +388,10 @@ def _snapshot_replaced_state(t: Target, j: RunJournal, target: SnapshotMeta, ste
     t0 = time.monotonic()
     j.append(Step(name=StepName.SNAPSHOT, purpose="undo", served=served))
     try:
+        # Taken over (`privatize`): its files with bytes the store lacks are exactly those the
+        # restore replaces, so they are linked now, not copied, and settled once it is done.
         res = take_snapshot(t.env, t.store, label=f"before rollback {j.id} to {target.id}", status=PRE_ROLLBACK,
-                            run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude)
+                            run_id=j.id, progress=progress, exclude=t.recipe.snapshot_exclude, take_over=True)
     except Exception as exc:  # noqa: BLE001 - any failure: reported, the restore still goes ahead
         msg = getattr(exc, "message", None) or str(exc)
         j.append(Note(undo_snapshot_error=msg))
@@ -423,8 +440,9 @@ def close_superseded(env_dir: Path, by: RunJournal, *, skip: AbstractSet[str] = 
     with exit 4 or need a rollback of its own. Returns their ids."""
     closed = []
     for r in journal.list_runs(env_dir):
-        if r.id == by.id or r.id in skip or r.finished or not r.records:
+        # (one superseded already by a finished run after it gets its record now, naming that run)
+        if r.id == by.id or r.id in skip or r.last(Finish) is not None or not r.records:
             continue
-        r.append(Finish(status=Finished.SUPERSEDED, by_run=by.id))
+        r.append(Finish(status=Finished.SUPERSEDED, by_run=r.superseded_by or by.id))
         closed.append(r.id)
     return closed

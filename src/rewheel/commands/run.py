@@ -75,6 +75,14 @@ def run(t: Target, *, dry_run: bool = False, lock: str | None = None, no_revert:
             dest = cyc.j.dir / cyc.resolution.lock.name
             shutil.copyfile(cyc.resolution.lock, dest)
             cyc.resolution.moved(dest)
+        if cyc.frozen is not None and cyc.prepared is None:
+            # `--lock FILE` as read at the plan: its copy stays with the run, and says what it was.
+            import shutil
+
+            dest = cyc.j.dir / "pylock.toml"
+            shutil.copyfile(cyc.frozen.path, dest)
+            cyc.lock = str(dest)
+            cyc.j.append(Note(lock_source=cyc.frozen.source, lock_sha256=cyc.frozen.sha256, lock_copy=str(dest)))
         try:
             return _swap(cyc, no_revert)
         except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: the journal stays unfinished

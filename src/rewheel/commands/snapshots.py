@@ -13,14 +13,24 @@ from rewheel.snapshot import Progress, RestoreResult, SnapshotMeta, Store, take_
 from rewheel.statuses import Finished
 
 
-def protected_snapshots(store: Store) -> set[str]:
-    """Snapshots a pending rollback may need: those of unfinished runs, and the newest
-    pre-upgrade one (the default rollback target)."""
-    keep = {j.snapshot_id for j in journal.list_runs(store.env_dir) if not j.finished and j.snapshot_id}
-    pre = upgrades_in_place(store, store.list())
+def protected_snapshots(store: Store, keep: int | None = None) -> set[str]:
+    """Snapshots retention never prunes (besides the pinned ones and the newest `keep`): those
+    a pending rollback may need — of unfinished runs, and the newest pre-upgrade one (the
+    default rollback target) — and, given `keep`, every snapshot a run, rollback or resume
+    took (and named in its report: the `diff` of a failed build, an undo point) until more
+    than `keep` runs have started after it: what a report printed works through the next
+    `keep` runs, whatever else is taken meanwhile."""
+    runs = journal.list_runs(store.env_dir)
+    metas = store.list()
+    protect = {j.snapshot_id for j in runs if not j.finished and j.snapshot_id}
+    pre = upgrades_in_place(store, metas)
     if pre:
-        keep.add(pre[0].id)
-    return {k for k in keep if k}
+        protect.add(pre[0].id)
+    if keep is not None:
+        # (every run started after it counts, the one pruning now included)
+        started = [j.records[0].time for j in runs if j.kind == "run" and j.records]
+        protect |= {m.id for m in metas if m.run_id and sum(t > m.created for t in started) <= keep}
+    return {k for k in protect if k}
 
 
 def pruned_text(store: Store, ids: list[str]) -> str:
@@ -38,7 +48,7 @@ def snapshot_now(t: Target, *, label: str = "", progress: Progress | None = None
         journal.refuse_if_interrupted(t.store.env_dir, t.cli_ref)
         res = take_snapshot(t.env, t.store, label=label, status="manual", progress=progress,
                             exclude=t.recipe.snapshot_exclude)
-        pruned = t.store.prune(t.recipe.keep, protected_snapshots(t.store) | {res.meta.id})
+        pruned = t.store.prune(t.recipe.keep, protected_snapshots(t.store, t.recipe.keep) | {res.meta.id})
     return SnapshotCommandResult(res, pruned)
 
 
@@ -60,12 +70,14 @@ def history(t: Target) -> History:
 
 
 # How a run ends whose upgrade is not in place: its pre-upgrade snapshot is what the
-# environment already is again, so a plain rollback to it would undo nothing.
-UNDONE_RUNS = (Finished.REVERTED, Finished.REJECTED, Finished.ABORTED)
+# environment already is again (or a rollback replaced it: `rolled-back`), so a plain rollback
+# to it would undo nothing.
+UNDONE_RUNS = (Finished.REVERTED, Finished.REJECTED, Finished.ABORTED, Finished.ROLLED_BACK)
 
 
 def reverted_snapshots(store: Store, metas: list[SnapshotMeta]) -> set[str]:
-    """The pre-upgrade snapshots of runs whose upgrade was undone (reverted, rejected, aborted)."""
+    """The pre-upgrade snapshots of runs whose upgrade was undone (reverted, rejected, aborted,
+    or closed by a rollback)."""
     undone = {j.id for j in journal.list_runs(store.env_dir) if j.status in UNDONE_RUNS}
     return {m.id for m in metas if m.status == "pre-upgrade" and m.run_id in undone}
 

@@ -83,3 +83,23 @@ def refuse_broken_tls(t: Target) -> None:
         from rewheel.httpclient import check_tls_env
 
         check_tls_env()
+
+
+def service_record(t: Target) -> str:
+    """The record of the service rewheel started is one rewheel wrote (ServiceRecordDamaged,
+    exit 3, before anything is signalled or a journal opened): what `run`, `rollback` and
+    `resume` refuse before they act, and `check` with them (`preflight.target_checks`)."""
+    spec = t.recipe.service
+    if spec is None:
+        return "no service"
+    mgr = t.host.manager(spec, t.store.env_dir, t.recipe.python)
+    check = getattr(mgr, "check_record", None)
+    return str(check()) if check is not None else "kept by its manager"
+
+
+def target_refusals(t: Target) -> None:
+    """The refusals of `preflight.target_checks` a command that reclaims the environment
+    (rollback, resume) makes before it takes the lock: a service record rewheel did not write
+    (exit 3), before anything is signalled or a journal opened. (An interrupted run is what
+    they finish; the state folder was checked by `open_target`.)"""
+    service_record(t)

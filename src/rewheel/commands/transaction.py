@@ -129,7 +129,9 @@ class Transaction:
                 out.error = exc
                 out.root_cause, out.diagnosis = service_root_cause(svc, self.package())
         finally:
-            discard_displaced(res, self.t.store.home)  # the store's trash: deleted once this has exited
+            # The store's trash: deleted once this has exited, and then what an undo snapshot
+            # took over settled (`privatize`), by the same detached process.
+            discard_displaced(res, self.t.store.home, settle=self.t.store.env_dir)
         return out
 
 

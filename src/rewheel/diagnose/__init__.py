@@ -31,6 +31,8 @@ The package, by what each module recognises (each imports only those above it):
 - `tblines`     — what each line of a traceback is (frames, exception lines, chain markers,
                   group margins, the records that end a message)
 - `boxes`       — tracebacks drawn in a box by Rich, as the plain lines they stand for
+- `boxwrap`     — Rich's line wrap in a box, undone: whether a box line goes on with the one
+                  before, and with or without a space
 - `tracebacks`  — Python tracebacks in every shape: chains, exception groups, a traceback
                   begun mid-line, tracebacks inside an exception's message (Ray Serve,
                   DataLoader, torch.multiprocessing.spawn), ranks interleaved line by line, Ray's

@@ -47,12 +47,37 @@ class SmokeResult:
                 "timeout_s": self.timeout_s, "skipped": self.skipped}
 
     @property
+    def killed_by(self) -> str | None:
+        """The signal that ended the smoke test from outside (not rewheel's timeout), by name:
+        `SIGTERM`, `SIGKILL`; None when it exited on its own."""
+        import signal
+
+        if self.timed_out or self.returncode is None or self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    @property
+    def ended(self) -> str:
+        """How it ended, in a few words: `timed out after 30s`, `killed by SIGTERM`, `exited 1`."""
+        if self.timed_out:
+            return f"timed out after {self.timeout_s:g}s"
+        if self.killed_by:
+            return f"killed by {self.killed_by}"
+        return f"exited {self.returncode}"
+
+    @property
     def summary(self) -> str:
         if self.skipped:
             return "no smoke test in the recipe"
         if self.timed_out:
             return (f"smoke test did not finish within {self.timeout_s:g}s; its process group was "
                     f"killed (log: {self.log_path})")
+        if self.killed_by:
+            return (f"smoke test was killed by {self.killed_by} (from outside: not its own failure, nor "
+                    f"rewheel's timeout) (log: {self.log_path})")
         if not self.ok:
             return f"smoke test exited with status {self.returncode} (log: {self.log_path})"
         return f"smoke test passed in {self.seconds:.1f}s"

@@ -30,6 +30,7 @@ from typing import Any
 from rewheel.environment import Distribution, Environment
 from rewheel.errors import SnapshotError, UsageError
 from rewheel.paths import fsync_dir
+from rewheel.snapshot import privatize
 from rewheel.snapshot.capture_walk import CaptureWalk
 from rewheel.snapshot.ingest import Dists
 from rewheel.snapshot.manifest import Manifest
@@ -112,6 +113,7 @@ class SnapshotResult:
                 "label": m.label, "status": m.status, "nested_skipped": m.extra.get("nested_skipped", []),
                 "files_reused": m.extra.get("files_reused", 0), "bytes_reused": m.extra.get("bytes_reused", 0),
                 "files_unchanged": m.extra.get("files_unchanged", 0),
+                "files_taken_over": m.extra.get("files_taken_over", 0),
                 "files_private": m.extra.get("files_private", 0), "bytes_private": m.extra.get("bytes_private", 0)}
 
 
@@ -137,10 +139,14 @@ def estimate_snapshot(env: Environment, store: Store, *, dists: list[Distributio
 
 def take_snapshot(env: Environment, store: Store, *, label: str = "", status: str = "manual",
                   run_id: str | None = None, progress: Progress | None = None,
-                  dists: list[Distribution] | None = None, exclude: tuple[str, ...] = ()) -> SnapshotResult:
+                  dists: list[Distribution] | None = None, exclude: tuple[str, ...] = (),
+                  take_over: bool = False) -> SnapshotResult:
     """Capture the environment's files into a new snapshot in `store`. `exclude`: globs
-    (`[snapshots] exclude`) left out, and left alone by its restore."""
+    (`[snapshots] exclude`) left out, and left alone by its restore. `take_over`: a
+    rollback's undo snapshot, taken just before its restore — files whose bytes the store
+    lacks are linked, not copied, and settled after the restore (`privatize`)."""
     t0 = time.monotonic()
+    privatize.settle(store.env_dir)  # what an earlier undo snapshot left to settle, first
     lazy = Dists(env, dists)
     if exclude:
         _refuse_excluded_distributions(env, lazy.records, exclude)
@@ -152,7 +158,7 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
         raise _snapshot_failed(exc, env, store) from None
     try:
         with Objects(store.env_dir) as objs, _gc_paused():
-            w = CaptureWalk(env, store, lazy, exclude, objs)
+            w = CaptureWalk(env, store, lazy, exclude, objs, take_over=take_over)
             w.run(progress, lanes=capture_lanes())
         roots = w.roots
         Manifest(roots, w.folders, [os.path.realpath(r.path) for r in roots], list(exclude)).save(
@@ -169,7 +175,10 @@ def take_snapshot(env: Environment, store: Store, *, label: str = "", status: st
                    **({"files_unchanged": w.unchanged} if w.unchanged else {}),
                    **({"files_reused": ing.n_reused, "bytes_reused": ing.bytes_reused} if ing.n_reused else {}),
                    **({"files_private": ing.n_private, "bytes_private": ing.bytes_private} if ing.n_private else {}),
+                   **({"files_taken_over": ing.n_taken, "bytes_taken_over": ing.bytes_taken} if ing.n_taken else {}),
                    **({"links_refused": True} if not ing.can_link else {})})
+        if ing.taken:
+            privatize.write_record(tmp, ing.taken)
         meta.path = tmp
         meta.save()
         os.rename(tmp, store.snapshots_dir / snap_id)

@@ -30,7 +30,8 @@ _ZERO32 = bytes(32)
 _LANES_MIN_ENTRIES = 4000
 # What each lane counts, added up once the second has reported.
 _WALK_COUNTS = ("files", "bytes_total", "unchanged", "entries", "bytes_linked", "n_linked")
-_INGEST_COUNTS = ("n_copied", "bytes_copied", "n_reused", "bytes_reused", "n_private", "bytes_private")
+_INGEST_COUNTS = ("n_copied", "bytes_copied", "n_reused", "bytes_reused", "n_private", "bytes_private", "n_taken",
+                  "bytes_taken")
 
 
 def _by_name(de: os.DirEntry[str]) -> str:
@@ -43,11 +44,12 @@ class CaptureWalk:
     A folder in which nothing changed keeps the last snapshot's columns as they are."""
 
     def __init__(self, env: Environment, store: Store, dists: Dists, exclude: tuple[str, ...],
-                 objects: Objects | None, *, dry: bool = False, prev: SnapshotMeta | None = None) -> None:
+                 objects: Objects | None, *, dry: bool = False, prev: SnapshotMeta | None = None,
+                 take_over: bool = False) -> None:
         self.env, self.store, self.dists, self.exclude = env, store, dists, exclude
         self.roots = scope_of(env)
         self.prev = Previous(store, self.roots, prev)
-        self.ingest = Ingest(objects, dists, Aliased(store, self.roots), dry=dry)
+        self.ingest = Ingest(objects, dists, Aliased(store, self.roots), dry=dry, take_over=take_over)
         self.folders: dict[tuple[int, str], Folder] = {}
         self.nested: list[str] = []
         self.files = self.bytes_total = self.unchanged = self.entries = 0
@@ -200,7 +202,7 @@ class CaptureWalk:
                                           f.stored, list(f.inos), list(f.ctimes or ()), f.sha_bytes(), f.targets)))
         ing = self.ingest
         return {"folders": folders, "nested": self.nested, "dist_infos": sorted(self.dist_infos),
-                "can_link": self.ingest.can_link,
+                "can_link": self.ingest.can_link, "taken": ing.taken,
                 "dist_info_changed": self.dist_info_changed, "codes": sorted(self.codes),
                 "walk": [getattr(self, k) for k in _WALK_COUNTS],
                 "ingest": [getattr(ing, k) for k in _INGEST_COUNTS]}
@@ -220,6 +222,7 @@ class CaptureWalk:
         self.codes.update(got["codes"])
         ing = self.ingest
         ing.can_link = ing.can_link and got["can_link"]
+        ing.taken.extend(tuple(t) for t in got["taken"])
         for k, n in zip(_WALK_COUNTS, got["walk"], strict=True):
             setattr(self, k, getattr(self, k) + n)
         for k, n in zip(_INGEST_COUNTS, got["ingest"], strict=True):

@@ -133,16 +133,37 @@ def _uv_caches() -> list[str]:
     return [p for p in places if os.path.isdir(p)]
 
 
+def lock_folders() -> list[str]:
+    """rewheel's lock folders (`paths.lock_dir`): this user's under the base in use
+    (REWHEEL_LOCK_DIR, /run/lock, else the /tmp fallback) whether or not it exists yet, and
+    every `rewheel-locks-*` folder in any of those bases. Never debris: a run whose lock
+    folder its own cleanup moved would share the environment with the next command."""
+    from rewheel.paths import LOCK_BASES, lock_base
+
+    bases = list(dict.fromkeys([str(lock_base()), *LOCK_BASES, "/tmp"]))
+    found = [os.path.join(bases[0], f"rewheel-locks-{os.geteuid()}")]
+    for base in bases:
+        found += glob.glob(os.path.join(glob.escape(base), "rewheel-locks-*"))
+    return list(dict.fromkeys(found))
+
+
 def cleanup_matches(globs: list[str] | tuple[str, ...], protected: list[str]) -> list[str]:
     """What `[cleanup] paths` would move now; raises UsageError naming the glob and the path
     when a glob could only match system files (`cleanup_glob_refusal`) or any match is a
-    system folder or inside one, the environment, rewheel's state, or holds one."""
+    system folder or inside one, the environment, rewheel's state or lock folder, uv's
+    cache, or holds one."""
     found: list[str] = []
-    protected = [*protected, *_uv_caches()]
+    locks = lock_folders()
+    protected = [*protected, *_uv_caches(), *locks]
     for pattern in globs:
         why = cleanup_glob_refusal(pattern)
         if why is not None:
             raise UsageError(f"[cleanup] paths: {pattern!r} {why}; refusing to move it", hint=_GLOB_HINT)
+        # A lock folder made later (by the run's own lock, after `check`) would match too.
+        held = next((f"{a} (rewheel's lock folder {lk})" if a == lk else f"{a}, which holds rewheel's lock folder {lk}"
+                     for lk in locks for a in _and_above(lk) if glob_matches(a, pattern)), None)
+        if held is not None:
+            raise UsageError(f"[cleanup] paths: {pattern!r} matches {held}; refusing to move it", hint=_GLOB_HINT)
         for src in sorted(glob.glob(pattern)):
             why = cleanup_refusal(src, protected)
             if why is not None:
@@ -151,6 +172,12 @@ def cleanup_matches(globs: list[str] | tuple[str, ...], protected: list[str]) ->
             if os.path.lexists(src) and src not in found:
                 found.append(src)
     return found
+
+
+def _and_above(path: str) -> list[str]:
+    """`path` and every folder above it but the root."""
+    parts = path.rstrip("/").split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 1, -1)]
 
 
 def glob_matches(path: str, pattern: str) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 from rewheel.environment import Distribution, Environment, RecordEntry
 from rewheel.errors import SnapshotDamaged
 from rewheel.snapshot.manifest import Folder, Manifest, ManifestDamaged
-from rewheel.snapshot.objects import Objects
+from rewheel.snapshot.objects import Objects, object_name
 from rewheel.snapshot.store import SnapshotMeta, Store, aliased_files
 from rewheel.snapshot.tree import (TIE_HASH_MAX, Root, hand_editable, hash_file, provably_pristine, proven_sha,
                                    shared_paths)
@@ -166,8 +166,14 @@ class Dists:
 class Ingest:
     """What a changed file becomes in the store. `dry`: only count (the estimate)."""
 
-    def __init__(self, objects: Objects | None, dists: Dists, aliased: Aliased, *, dry: bool = False) -> None:
+    def __init__(self, objects: Objects | None, dists: Dists, aliased: Aliased, *, dry: bool = False,
+                 take_over: bool = False) -> None:
+        """`take_over`: a rollback's undo snapshot — a file whose bytes the store lacks is
+        linked, not copied, and listed in `taken` (see `privatize`)."""
         self.objects, self.dists, self.aliased, self.dry = objects, dists, aliased, dry
+        self.take_over = take_over and not dry
+        self.taken: list[tuple[str, str, int]] = []  # (object name, live path, inode)
+        self.n_taken = self.bytes_taken = 0
         self.reflink: bool | None = None  # probed on the first file stored
         self.can_link = True
         self.planned: set[str] = set()  # (dry) private objects the snapshot would write
@@ -202,10 +208,14 @@ class Ingest:
         size = st.st_size
         sha = self.proven(ri, rel, src, st)
         editable = hand_editable(rel.rpartition("/")[2], size)
+        objs = self.objects
+        if self.take_over and (editable or sha is None) and objs is not None and self.can_link:
+            got = self._take_over(objs, src, st, sha, editable)
+            if got is not None:
+                return got
         if editable and sha is not None:
             self.n_private += 1
             self.bytes_private += size
-        objs = self.objects
         if sha is None:
             # No RECORD proves it: a copy, hashed while it is made (kept when the store lacks it).
             if self.dry or objs is None:
@@ -260,6 +270,37 @@ class Ingest:
             return sha, "C", st.st_ino, st.st_ctime_ns
         self._copy(sha, src, st)
         return sha, "C", st.st_ino, st.st_ctime_ns
+
+    def _take_over(self, objs: Objects, src: str, st: os.stat_result, sha: str | None, editable: bool
+                   ) -> tuple[str | None, str, int, int] | None:
+        """A file the restore after this snapshot will replace: its bytes stored once (a
+        private object the store has), or its live inode linked and listed to be settled once
+        the restore is done (`privatize`). None where the caller stores it as usual (a
+        filesystem that clones: a clone costs no copy; links refused)."""
+        if self.reflink is None:
+            self.reflink = objs.can_clone(src)
+        if self.reflink:
+            return None
+        size = st.st_size
+        if sha is None:
+            sha = hash_file(src)  # read, not written
+        if objs.has_private(sha, size):
+            self._reused(size)
+            if editable:
+                self.n_private += 1
+                self.bytes_private += size
+            return sha, "C", st.st_ino, st.st_ctime_ns
+        ost = objs.link_in(src, sha, st)
+        if ost is None:
+            self.can_link = False  # the store is on another filesystem: copies from now on
+            return None
+        if (ost.st_dev, ost.st_ino) != (st.st_dev, st.st_ino):
+            self._reused(size)  # the same bytes and mtime, linked by an earlier snapshot
+            return sha, "L", ost.st_ino, st.st_ctime_ns
+        self.taken.append((object_name(sha, "L", st.st_mtime_ns), src, st.st_ino))
+        self.n_taken += 1
+        self.bytes_taken += size
+        return sha, "L", ost.st_ino, ost.st_ctime_ns
 
     def _copy(self, sha: str, src: str, st: os.stat_result) -> None:
         assert self.objects is not None

@@ -78,7 +78,10 @@ def decode(data: bytes) -> tuple[dict[str, Any], list[tuple[int, str, dict[str, 
                          else "not a manifest (no magic line)")
     at = len(MAGIC)
     hl = int.from_bytes(data[at:at + 4], "little")
-    head = json.loads(data[at + 4:at + 4 + hl])
+    try:
+        head = json.loads(data[at + 4:at + 4 + hl])
+    except RecursionError:  # a header nested thousands deep: not one `encode` wrote
+        raise ValueError("a malformed header (nested too deeply)") from None
     at += 4 + hl
     if not isinstance(head, dict):
         raise ValueError("the header is not an object")

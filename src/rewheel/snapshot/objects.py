@@ -303,6 +303,53 @@ class Objects:
             raise
         return self.lstat(name)
 
+    def privatize(self, name: str, ino: int) -> str:
+        """A linked object a snapshot took over from the environment (see `privatize`), made
+        the store's own. Returns "gone" (not there, or no longer inode `ino`), "alone" (the
+        store holds its only link: nothing to do), "copied" (replaced, by one rename, with a
+        copy of its bytes under the same name and mtime), or "changed" (its bytes are no
+        longer those its name says — edited while another link reached it: removed, so that
+        no snapshot keeps an edit; the snapshot then says that file is missing)."""
+        aa, _, rest = name.partition("/")
+        try:
+            fd_dir = self._dir(aa)
+            st = os.stat(rest, dir_fd=fd_dir, follow_symlinks=False)
+        except FileNotFoundError:
+            return "gone"
+        if st.st_ino != ino or not stat.S_ISREG(st.st_mode):
+            return "gone"
+        if st.st_nlink == 1:
+            return "alone"
+        tmp = self._tmp()
+        fi = os.open(rest, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd_dir)
+        try:
+            fo = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, OBJECT_MODE,
+                         dir_fd=fd_dir)
+            try:
+                sha, _ = copy_fd_hashed(fi, fo)
+                os.utime(fo, ns=(st.st_atime_ns, st.st_mtime_ns))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=fd_dir)
+                raise
+            finally:
+                os.close(fo)
+        finally:
+            os.close(fi)
+        if sha != aa + rest.partition("-")[0]:
+            os.unlink(tmp, dir_fd=fd_dir)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(rest, dir_fd=fd_dir, follow_symlinks=False).st_ino == ino:
+                    os.unlink(rest, dir_fd=fd_dir)
+            return "changed"
+        try:
+            os.rename(tmp, rest, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=fd_dir)
+            raise
+        return "copied"
+
     # Sweeping --------------------------------------------------------------------------
     def collect(self, referenced: Iterable[str]) -> tuple[int, int]:
         """Remove every object no name in `referenced` keeps, and what a killed copy left
@@ -318,7 +365,7 @@ class Objects:
             top = [(de.name, de.is_dir(follow_symlinks=False)) for de in it]
         for aa, is_dir in top:
             if not is_dir:
-                if aa.startswith(_TMP):
+                if aa.startswith(_TMP) and not _being_written(aa):
                     with contextlib.suppress(OSError):
                         os.unlink(aa, dir_fd=root)
                 continue
@@ -326,7 +373,7 @@ class Objects:
                 fd = self._dir(aa)
             except SnapshotError:
                 continue
-            gone = [rest for rest in os.listdir(fd) if f"{aa}/{rest}" not in keep]
+            gone = [rest for rest in os.listdir(fd) if f"{aa}/{rest}" not in keep and not _being_written(rest)]
             for rest in gone:
                 with contextlib.suppress(FileNotFoundError):
                     st = os.stat(rest, dir_fd=fd, follow_symlinks=False)
@@ -338,6 +385,23 @@ class Objects:
 
 
 _NO_LINK = (errno.EXDEV, errno.EMLINK, errno.EPERM, errno.ENOTSUP, errno.EACCES)
+
+
+def _being_written(name: str) -> bool:
+    """A temporary file of another process that is still running (the detached settling of
+    a rollback's undo snapshot, which needs no lock): not a leftover to sweep."""
+    if not name.startswith(_TMP):
+        return False
+    pid = name[len(_TMP):].partition("-")[0]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _not_a_folder(path: Path) -> SnapshotError:

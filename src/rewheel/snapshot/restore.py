@@ -26,6 +26,7 @@ from rewheel.snapshot.proof import SameBytes
 from rewheel.snapshot.restore_apply import LaneRestore
 from rewheel.snapshot.restore_checks import entry_problem, owned_now, raise_if_problems, remove_stale_staging
 from rewheel.snapshot.store import Found, SnapshotMeta, save_aliases
+from rewheel.snapshot import privatize
 from rewheel.snapshot.trash import TRASH, TRASH_STALE_S, discard_displaced, remove_displaced
 from rewheel.snapshot.tree import Progress, Root, exclusion, kind_of, scope_of, walk
 
@@ -126,6 +127,9 @@ class PreparedRestore:
         try:
             live_roots = scope_of(env)
             remove_stale_staging(live_roots)
+            # What an undo snapshot left to settle (a rollback killed before its restore):
+            # first, while the environment still is what that snapshot took over.
+            privatize.settle(snap.path.parent.parent)
             # The other lane is forked before the manifest is read: each reads its own copy
             # (in parallel), so neither pays for copy-on-write pages of the other's objects.
             self.peer = Peer.start(env, snap, live_roots, LaneWork(_prepare, _failed_midway)) if self.n == 2 else None

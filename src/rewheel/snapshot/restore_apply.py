@@ -92,7 +92,9 @@ class LaneRestore(LaneScan):
         """The file of uv's cache that is the inode e had when the snapshot was taken (see
         `cachelinks`), else None. Its own stored bytes are checked as well: should the cache
         change before the commit links it, the commit copies them instead."""
-        if self.cache is None or e.kind != "f":
+        if self.cache is None or e.kind != "f" or e.stored == "link":
+            # (A linked object is that very inode: linked into the environment, an edit there
+            # would reach the store.)
             return None
         hit = self.cache.find(ri, folder, e.path.rpartition("/")[2], e.ino, e.size, e.mtime_ns, e.mode)
         if hit is not None:

@@ -244,30 +244,25 @@ class Store:
             return objs.collect(names)
 
     def prune(self, keep: int, protect: Set[str] = frozenset()) -> builtins.list[str]:
-        """Keep the newest `keep` snapshots; never delete a protected or a pinned one
-        (pinned ones do not count towards `keep` either). Oldest go first, and failed builds
-        (kept to be inspected) only once no other snapshot can go. Returns the ids removed,
-        which every caller reports. Called under the environment's lock, it also clears
-        what killed snapshots and deletions left behind (`.tmp-*`, `.deleting-*`)."""
+        """One rule (docs/snapshots.md#retention): the newest `keep` snapshots stay, and besides
+        them every pinned one (which does not count towards `keep`) and every protected one
+        (what a pending rollback or resume needs, what a recent command's report named:
+        `commands.snapshots.protected_snapshots`). Everything else goes, oldest first. Returns the ids
+        removed, which every caller reports. Called under the environment's lock, it also
+        clears what killed snapshots and deletions left behind (`.tmp-*`, `.deleting-*`)."""
         killed = False  # a capture was killed: the objects it stored are named by no snapshot
         for leftover in self.snapshots_dir.iterdir():
             if leftover.name.startswith((".tmp-", ".deleting-")):
                 killed = True
                 shutil.rmtree(leftover, ignore_errors=True)
         removed = []
-        metas = [m for m in self.list() if not m.pinned]
-        surplus = len(metas) - keep
-        oldest_first = list(reversed(metas))
-        order = [m for m in oldest_first if not m.failed_build] + [m for m in oldest_first if m.failed_build]
-        for m in order:
-            if surplus <= 0:
-                break
+        metas = [m for m in self.list() if not m.pinned]  # newest first: the newest `keep` stay
+        for m in reversed(metas[max(keep, 0):]):
             if m.id in protect:
                 continue
             self.delete(m.id, collect=False)
             removed.append(m.id)
             self.pruned_meta[m.id] = m
-            surplus -= 1
         if removed or killed:
             self.collect()
         return removed

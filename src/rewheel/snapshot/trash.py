@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from rewheel import proc
 from rewheel.errors import RewheelError
+from rewheel.snapshot import privatize
 
 if TYPE_CHECKING:
     from rewheel.snapshot.restore import RestoreResult
@@ -38,7 +39,7 @@ def remove_displaced(res: RestoreResult) -> float:
     return res.removal_seconds
 
 
-def discard_displaced(res: RestoreResult, home: Path) -> float:
+def discard_displaced(res: RestoreResult, home: Path, *, settle: Path | None = None) -> float:
     """Take what a restore moved out of the environment away without waiting for its deletion.
 
     Each displaced folder leaves by one rename into a fresh folder of the store's `trash`
@@ -46,28 +47,42 @@ def discard_displaced(res: RestoreResult, home: Path) -> float:
     `rm -rf` deletes it there after this command has exited: thousands of unlinks that
     would otherwise hold up the rollback's end. The environment is exact when this returns.
     What cannot be moved (the store on another filesystem) is deleted here, as
-    `remove_displaced` does; so is everything when no `rm` can be started."""
+    `remove_displaced` does; so is everything when no `rm` can be started.
+    `settle`: an environment's store whose taken-over objects (`privatize`) are settled by
+    the same detached process, once the trash is gone (it links some of them)."""
     t0 = time.monotonic()
-    left = _into_trash(res.displaced, Path(home) / TRASH) if res.displaced else []
+    left, bins = _into_trash(res.displaced, Path(home) / TRASH) if res.displaced else ([], [])
     for p in left:
         shutil.rmtree(p, ignore_errors=True)
+    if settle is not None and privatize.pending(settle):
+        if not privatize.settle_detached(settle, bins):  # no process to start: all of it here
+            for p in bins:
+                shutil.rmtree(p, ignore_errors=True)
+            privatize.settle(settle)
+    elif bins:
+        try:
+            proc.detach(["rm", "-rf", "--", *bins])
+        except (OSError, RewheelError):  # no `rm` to start: deleted here
+            for p in bins:
+                shutil.rmtree(p, ignore_errors=True)
     res.displaced = []
     res.removal_seconds = time.monotonic() - t0
     return res.removal_seconds
 
 
-def _into_trash(paths: list[str], trash: Path) -> list[str]:
-    """Move `paths` into a new folder of `trash` and start its deletion; the paths not moved."""
+def _into_trash(paths: list[str], trash: Path) -> tuple[list[str], list[str]]:
+    """Move `paths` into a new folder of `trash`: (the paths not moved, the folders of the
+    trash to delete — this one and what a deletion stopped before its end left)."""
     try:
         trash.mkdir(mode=0o700, exist_ok=True)
         st = os.lstat(trash)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
             # A link (or someone else's folder) in its place: its stale entries are not the
             # store's to delete. What was displaced is deleted where it is instead.
-            return list(paths)
+            return list(paths), []
         bin_ = tempfile.mkdtemp(prefix="restore-", dir=trash)
     except OSError:
-        return list(paths)
+        return list(paths), []
     left = []
     for i, p in enumerate(paths):
         try:
@@ -77,7 +92,7 @@ def _into_trash(paths: list[str], trash: Path) -> list[str]:
     if len(left) == len(paths):
         with contextlib.suppress(OSError):
             os.rmdir(bin_)
-        return left
+        return left, []
     # What a deletion stopped before its end left (the host went down): swept with this one.
     stale = []
     now = time.time()
@@ -86,8 +101,4 @@ def _into_trash(paths: list[str], trash: Path) -> list[str]:
             with contextlib.suppress(OSError):
                 if d.path != bin_ and now - d.stat(follow_symlinks=False).st_mtime > TRASH_STALE_S:
                     stale.append(d.path)
-    try:
-        proc.detach(["rm", "-rf", "--", bin_, *stale])
-    except (OSError, RewheelError):  # no `rm` to start: deleted here
-        shutil.rmtree(bin_, ignore_errors=True)
-    return left
+    return left, [bin_, *stale]
