@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from rewheel import proc, records
-from rewheel.errors import InterruptedRun, JournalDamaged, JournalWriteError, LockHeld, PreflightError
-from rewheel.paths import fsync_dir, lock_dir
+from rewheel.errors import InterruptedRun, JournalDamaged, JournalWriteError, LinkInState, LockHeld, PreflightError
+from rewheel.paths import fsync_dir, lock_dir, lock_name
 from rewheel.records import (AnyRecord, ChildEnded, ChildStarted, ChildStarting, Finish, Installed, Note, R,
                              SnapshotTaken, Started, Step)
 from rewheel.statuses import Finished, StepName
@@ -92,7 +92,7 @@ class EnvLock:
                                  hint="remove or fix that folder (or set REWHEEL_LOCK_DIR for every "
                                       "rewheel on this machine); nothing was changed") from None
         owner = os.lstat(d).st_uid
-        return d / f"env-{st.st_dev:x}-{st.st_ino}.lock", owner
+        return d / lock_name(st), owner
 
     @staticmethod
     def _records(fd: int) -> list[dict[str, Any]]:
@@ -115,8 +115,9 @@ class EnvLock:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
-                    raise PreflightError(f"lock file {self.path} is a symlink: refusing to use it",
-                                         hint="remove it; nothing was changed") from None
+                    from rewheel.owned import linked
+
+                    raise linked(self.path) from None
                 raise
             fst = os.fstat(fd)
             if not stat.S_ISREG(fst.st_mode):
@@ -155,7 +156,7 @@ class EnvLock:
         try:
             path, _ = self._lock_path()
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except (OSError, PreflightError):
+        except (OSError, PreflightError, LinkInState):  # a link: refused where the lock is taken
             return None
         try:
             holder = self._holder(self._records(fd))

@@ -44,7 +44,7 @@ _NOT_WALKED = {("snapshots", "*", "tree"), ("snapshots", "*", "cleanup"), ("obje
 HOME_FOLDERS = ("envs", "trash", "crashes", "ci", "bisect", "throwaway")
 
 
-def _linked(path: Path) -> LinkInState:
+def linked(path: Path) -> LinkInState:
     try:
         to = os.readlink(path)
     except OSError:
@@ -69,7 +69,7 @@ def refuse_links(base: str | os.PathLike[str], path: str | os.PathLike[str]) -> 
         except NotADirectoryError:  # a file where a folder is expected: the write fails itself
             return path
         if stat.S_ISLNK(st.st_mode):
-            raise _linked(at)
+            raise linked(at)
     return path
 
 
@@ -87,8 +87,19 @@ def own_dir(base: str | os.PathLike[str], path: str | os.PathLike[str], *, mode:
             os.mkdir(at, mode)
         except FileExistsError:
             if os.path.islink(at):
-                raise _linked(at) from None
+                raise linked(at) from None
     return path
+
+
+def private_dir(path: str | os.PathLike[str]) -> Path:
+    """`paths.ensure_private_dir(path)` — and where `path` lies below the state home (`ci/`,
+    `bisect/`, `throwaway/`), made component by component, never through a link (`own_dir`)."""
+    from rewheel.paths import ensure_private_dir, state_home
+
+    path, home = Path(path), state_home()
+    if home in path.parents:
+        own_dir(ensure_private_dir(home), path)
+    return ensure_private_dir(path)  # and what it refuses of a folder that exists
 
 
 def check_state(home: str | os.PathLike[str], env_dir: str | os.PathLike[str] | None = None) -> None:
@@ -108,6 +119,19 @@ def check_state(home: str | os.PathLike[str], env_dir: str | os.PathLike[str] | 
         _walk(Path(env_dir), ())
 
 
+def check_lock(prefix: str | os.PathLike[str]) -> None:
+    """The environment's lock folder and lock file below the lock base (`paths.lock_file_of`):
+    no symlink (LinkInState, exit 3) — checked when a command opens its target, so that a
+    read-only command refuses before it reports rather than where it reads the lock's holder."""
+    from rewheel.paths import lock_file_of
+
+    try:
+        base, path = lock_file_of(Path(prefix))
+    except OSError:  # no prefix: the command refuses it itself
+        return
+    refuse_links(base, path)
+
+
 def _entries(folder: Path) -> list[os.DirEntry[str]]:
     """The entries of `folder` (none when it does not exist), a symlink among them refused."""
     try:
@@ -117,7 +141,7 @@ def _entries(folder: Path) -> list[os.DirEntry[str]]:
         return []
     for e in entries:
         if e.is_symlink():
-            raise _linked(Path(e.path))
+            raise linked(Path(e.path))
     return entries
 
 

@@ -156,3 +156,54 @@ def test_check_state_refuses_a_linked_environment_folder_and_trash_entry(tmp_pat
         check_state(home, env)
     os.unlink(env)
     check_state(home, env)  # not made yet: nothing to refuse
+
+
+def test_check_lock_refuses_a_linked_lock_folder_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rewheel.owned import check_lock
+    from rewheel.paths import lock_file_of
+
+    monkeypatch.setenv("REWHEEL_LOCK_DIR", str(tmp_path / "locks"))
+    (tmp_path / "locks").mkdir()
+    prefix = tmp_path / "venv"
+    prefix.mkdir()
+    check_lock(prefix)  # nothing made yet: nothing to refuse
+    _, lock = lock_file_of(prefix)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    lock.parent.symlink_to(outside)
+    with pytest.raises(LinkInState) as err:
+        check_lock(prefix)
+    assert err.value.path == str(lock.parent)
+    lock.parent.unlink()
+    lock.parent.mkdir()
+    lock.symlink_to(outside / "x.lock")
+    with pytest.raises(LinkInState) as err:
+        check_lock(prefix)
+    assert err.value.path == str(lock)
+    assert not any(outside.iterdir())
+
+
+def test_env_dir_is_never_made_through_a_link(tmp_path: Path) -> None:
+    from rewheel.paths import env_dir, env_key
+
+    home, outside, prefix = tmp_path / "home", tmp_path / "outside", tmp_path / "venv"
+    for d in (home, outside, prefix):
+        d.mkdir()
+    (home / "envs").symlink_to(outside)
+    with pytest.raises(LinkInState, match="envs"):
+        env_dir(home, prefix)
+    (home / "envs").unlink()
+    made = env_dir(home, prefix)
+    assert made == home / "envs" / env_key(prefix) and (made / "env.json").is_file()
+    assert not any(outside.iterdir())
+
+
+def test_atomic_write_replaces_a_link_rather_than_follow_it(tmp_path: Path) -> None:
+    from rewheel.paths import atomic_write
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep\n")
+    (tmp_path / "meta.json").symlink_to(victim)
+    atomic_write(tmp_path / "meta.json", "new\n")
+    assert victim.read_text() == "keep\n" and not (tmp_path / "meta.json").is_symlink()
+    assert (tmp_path / "meta.json").read_text() == "new\n"
