@@ -372,13 +372,15 @@ class Bench:
 
     def left_processes(self, wait_s: float = 30.0) -> list[tuple[int, str]]:
         """This host's processes but the service. The detached `rm` that deletes what a restore
-        moved into the store's trash (outside the environment) outlives rewheel by design: it
-        is waited for, and left only if it does not end."""
-        trash = f"rm -rf -- {self.home}/trash/"
+        moved into the store's trash (outside the environment), and the detached settling of
+        what a rollback's undo snapshot took over (`python -m rewheel.snapshot.privatize
+        <the store's env folder> [its trash]`), outlive rewheel by design: they are waited for,
+        and left only if they do not end."""
+        detached = (f"rm -rf -- {self.home}/trash/", f"-m rewheel.snapshot.privatize {self.home}/envs/")
         deadline = time.monotonic() + wait_s
         while True:
             left = [(p, c) for p, c in self.host_processes() if str(SERVER) not in c]
-            if not left or time.monotonic() >= deadline or any(trash not in c for _, c in left):
+            if not left or time.monotonic() >= deadline or any(not any(d in c for d in detached) for _, c in left):
                 return left
             time.sleep(0.1)
 

@@ -250,11 +250,12 @@ def play(demo: Demo) -> None:
     # The story's patch was written in place through uv's hard links: its clean wheel is
     # fetched again while the service serves (`rewarm`), so the swap stays offline.
     demo.check("the run was staged: prepared, pre-checked and snapshotted while the service served, "
-               "the patched package's clean wheel fetched before the stop, installed offline",
+               "the patched package's clean wheel fetched before the stop, the window's check passed (nothing taken again), "
+               "installed offline",
                bool(start.get("staged")) and bool(start.get("prepared"))
-               and steps[:4] == ["snapshot", "rewarm", "stop", "snapshot-check"]
+               and steps[:5] == ["snapshot", "rewarm", "stop", "snapshot-check", "reinstall"]
                and not (fin.get("fetched_after_stop") or run_fetched(run)),
-               f"staged={start.get('staged')}, first steps {steps[:4]}")
+               f"staged={start.get('staged')}, first steps {steps[:5]}")
     down = fin.get("downtime") or {}
     demo.check("the downtime is reported, until the old service answered again (with the revert)",
                down.get("seconds", 0) > 0 and down.get("parts", {}).get("revert", 0) > 0

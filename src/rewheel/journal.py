@@ -466,7 +466,11 @@ class RunJournal:
     @property
     def snapshot_id(self) -> str | None:
         """The snapshot this command restores (a rollback's target, a run's pre-upgrade one):
-        the first record that names one."""
+        a run's last `SnapshotTaken` (a pre-upgrade snapshot taken again replaced the first),
+        else the first record that names one."""
+        taken = [r.snapshot_id for r in self.records if isinstance(r, SnapshotTaken)]
+        if taken:
+            return taken[-1]
         for r in self.records:
             sid = r.snapshot_id if isinstance(r, Started | Step | SnapshotTaken | Finish) else None
             if sid:

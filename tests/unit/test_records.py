@@ -146,3 +146,20 @@ def test_a_planned_run_has_no_journal_status() -> None:
         Finished(s.value) for s in RunStatus if s != RunStatus.PLANNED]
     with pytest.raises(ValueError):
         Finished.of(RunStatus.PLANNED)
+
+
+def test_a_runs_snapshot_is_its_last_pre_upgrade_snapshot(tmp_path: Path) -> None:
+    """A staged run takes its pre-upgrade snapshot again (after the rewarm, or in the window when
+    the environment changed) and deletes the first: the journal names the one that exists."""
+    from rewheel.journal import RunJournal
+    from rewheel.records import SnapshotTaken, Step
+    from rewheel.statuses import StepName
+
+    j = RunJournal(tmp_path / "r1", [Started(kind="run", recipe="r.toml", time=1.0),
+                                     SnapshotTaken(snapshot_id="first", time=2.0),
+                                     Step(name=StepName.SNAPSHOT_CHECK, snapshot_id="first", time=3.0),
+                                     SnapshotTaken(snapshot_id="again", time=4.0)])
+    assert j.snapshot_id == "again"
+    roll = RunJournal(tmp_path / "r2", [Started(kind="rollback", snapshot_id="target", time=1.0),
+                                        Step(name=StepName.SNAPSHOT_CHECK, snapshot_id="undo", time=2.0)])
+    assert roll.snapshot_id == "target"

@@ -257,21 +257,33 @@ class Cycle(Staging, Reverting):
                 self.scan = patchmod.scan(self.t.env, store=self.t.store, fetcher=fetcher)
             finally:
                 fetcher.close()
-            res = take_snapshot(self.t.env, self.t.store, label=f"before run {self.j.id}",
-                                status="pre-upgrade", run_id=self.j.id, progress=self.progress, dists=dists,
-                                exclude=self.t.recipe.snapshot_exclude)
-            self.snap = res.meta
-            self.j.append(SnapshotTaken(snapshot_id=res.meta.id))
-            self.report.snapshot_id = res.meta.id
-            self.report.snapshot = res
-            self.say(f"snapshot {res.meta.id}: {res.meta.files:,} files, {res.files_linked:,} shared "
-                     f"by {res.meta.link_mode}, {res.files_copied:,} copied")
+            self._take(dists)
             run_dir = self.j.dir
             self.report.patches = list(self.scan.patches)
             self.report.patch_files = [str(p) for p in patchmod.save_patches(self.scan, run_dir)]
             self.report.hazards = sorted(patchmod.hazard_packages(self.scan))
             if not served:
                 self.stash_cleanup()
+
+    def _take(self, dists: Any = None) -> None:
+        """The pre-upgrade snapshot itself (the journal's last `SnapshotTaken` names the one a
+        revert or a resume restores)."""
+        res = take_snapshot(self.t.env, self.t.store, label=f"before run {self.j.id}",
+                            status="pre-upgrade", run_id=self.j.id, progress=self.progress, dists=dists,
+                            exclude=self.t.recipe.snapshot_exclude)
+        self.snap = res.meta
+        self.j.append(SnapshotTaken(snapshot_id=res.meta.id))
+        self.report.snapshot_id = res.meta.id
+        self.report.snapshot = res
+        self.say(f"snapshot {res.meta.id}: {res.meta.files:,} files, {res.files_linked:,} shared "
+                 f"by {res.meta.link_mode}, {res.files_copied:,} copied")
+
+    def _drop(self, stale: SnapshotMeta) -> None:
+        """A pre-upgrade snapshot taken again: the first one removed (the journal names the new one)."""
+        try:
+            self.t.store.delete(stale.id)
+        except (OSError, SnapshotError):
+            pass  # retention removes it later
 
     def stash_cleanup(self) -> None:
         from rewheel.snapshot import stash_cleanup
@@ -295,10 +307,7 @@ class Cycle(Staging, Reverting):
             stale = self.snap
             self.say(f"the environment changed while the service served: snapshot {stale.id} is taken again")
             self.snapshot()
-            try:
-                self.t.store.delete(stale.id)
-            except (OSError, SnapshotError):
-                pass  # retention removes it later
+            self._drop(stale)
         else:
             self.stash_cleanup()
 
@@ -363,11 +372,13 @@ class Cycle(Staging, Reverting):
                 if self.prepared is not None:
                     self.say("fetched after the stop (not in uv's cache): " + ", ".join(fetched))
 
-    def rewarm(self) -> None:
+    def rewarm(self, served: bool = False) -> None:
         """Staged, before the stop: uv's cache entries of patched packages (`hazards`: the
         patch written in place changed the cached bytes too) are cleaned, and the prepared
         lock built again in a throwaway environment — which fetches their clean wheels — so
-        that the swap installs offline, nothing fetched in the window."""
+        that the swap installs offline, nothing fetched in the window. `served`: the
+        pre-upgrade snapshot was taken while the service serves, and is taken again after
+        the cleaning (see below)."""
         import shutil
 
         from rewheel import staging
@@ -393,6 +404,14 @@ class Cycle(Staging, Reverting):
                 raise InstallError("the clean wheels of " + ", ".join(hazards) + " could not be fetched again: "
                                    + (failed.detail.splitlines()[0] if failed and failed.detail else "uv failed"),
                                    hint="check the indexes; the service was not stopped")
+            if served and self.snap is not None:
+                # Cleaning uv's cache unlinked its side of the patched packages' files: their
+                # link counts, so their ctimes, changed after the snapshot recorded them, and
+                # the window's check would take it all again. Taken again now, while the
+                # service serves (the files themselves are the same: cheap).
+                stale = self.snap
+                self._take()
+                self._drop(stale)
 
     def diff(self) -> None:
         from rewheel import diff as diffmod

@@ -105,7 +105,7 @@ def _swap(cyc: Cycle, no_revert: bool) -> RunReport:
     try:
         if cyc.prepared is not None and t.recipe.service is not None:
             cyc.snapshot(served=True)
-            cyc.rewarm()
+            cyc.rewarm(served=True)
             cyc.stop()
             cyc.check_snapshot()
         else:

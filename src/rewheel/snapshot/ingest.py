@@ -230,6 +230,16 @@ class Ingest:
                     self.n_copied += 1
                     self.bytes_copied += min(size, st.st_blocks * 512)
                 return sha, "C", st.st_ino, st.st_ctime_ns
+            if self.reflink is None:
+                self.reflink = objs.can_clone(src)
+            cloned = objs.clone_hashed_in(src) if self.reflink else None
+            if cloned is not None:
+                sha, _, new = cloned
+                if new:
+                    self.n_copied += 1
+                else:
+                    self._reused(size)
+                return sha, "R", st.st_ino, st.st_ctime_ns
             sha, _, new = objs.copy_hashed_in(src)
             if new:
                 self.n_copied += 1

@@ -233,6 +233,37 @@ class Objects:
         root = self._root()
         tmp = self._tmp()
         sha, size = self._write(root, tmp, src, copy_fd_hashed)
+        return self._named(root, tmp, sha, size)
+
+    def clone_hashed_in(self, src: str) -> tuple[str, int, bool] | None:
+        """`copy_hashed_in` by a copy-on-write clone: the clone is hashed (what it holds is
+        what the object is named by, whatever `src` becomes meanwhile). None where the
+        filesystem has no clones (nothing is left behind)."""
+        root = self._root()
+        tmp = self._tmp()
+        try:
+            self._write(root, tmp, src, _clone)
+        except OSError:
+            return None
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+            try:
+                h = hashlib.sha256()
+                size = 0
+                while chunk := os.read(fd, CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
+            finally:
+                os.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=root)
+            raise
+        return self._named(root, tmp, h.hexdigest(), size)
+
+    def _named(self, root: int, tmp: str, sha: str, size: int) -> tuple[str, int, bool]:
+        """The whole object `tmp` renamed to its name `sha` where the store lacks that
+        content, else removed: (sha256, size, whether it was new)."""
         try:
             aa, rest = sha[:2], sha[2:]
             new = not self.has_private(sha, size)
