@@ -36,9 +36,16 @@ from rewheel.errors import LinkInState
 # environment holds symlinks), a throwaway environment's (`work/` of a prepare), or the
 # smoke test's link to rewheel (`pythonpath/`); and the objects' folders, whose files are
 # opened relative to a folder opened without following a link (`snapshot.objects`) and read
-# by lstat. Each of these folders is checked itself; what is inside is not walked.
+# by lstat. Each of these folders is checked itself (a link there is refused); what is inside
+# is not walked.
 _NOT_WALKED = {("snapshots", "*", "tree"), ("snapshots", "*", "cleanup"), ("objects", "*"),
                ("prepared.new", "work"), ("prepared", "work"), ("*", "*", "pythonpath"), ("smoke", "pythonpath")}
+# Runs: every run's folder is checked itself, but only the newest few are walked. A run writes
+# in its own folder, made anew; after it only an interrupted run's folder is written in (by
+# `resume`, `rollback`), and that is the newest run: every command refuses to start another
+# while it waits. A home keeps hundreds of finished runs, read only (their journals opened
+# without following a link), and walking each would cost every command tens of milliseconds.
+RECENT_RUNS = 3
 # The home's folders besides `envs/`: checked themselves (and `trash/`'s entries, which a
 # restore sweeps); their contents belong to the command that writes them (`own_dir`).
 HOME_FOLDERS = ("envs", "trash", "crashes", "ci", "bisect", "throwaway")
@@ -105,8 +112,8 @@ def private_dir(path: str | os.PathLike[str]) -> Path:
 def check_state(home: str | os.PathLike[str], env_dir: str | os.PathLike[str] | None = None) -> None:
     """What every command on an environment checks before it writes anything: no symlink in
     the home's own folders (`HOME_FOLDERS`, and the entries of `trash/`) nor anywhere in the
-    environment's state folder `env_dir` (snapshots and their files, runs and their journals and
-    logs, objects' folders, the resolution, a prepared upgrade, the service's records), but
+    environment's state folder `env_dir` (snapshots and their files, runs (the newest
+    `RECENT_RUNS` walked) and their journals and logs, objects' folders, the resolution, a prepared upgrade, the service's records), but
     inside the folders that keep the environment's own entries (`_NOT_WALKED`). LinkInState
     (exit 3) naming the first link found. Folders that do not exist yet are fine. One
     `scandir` per folder: the kind of each entry comes with the listing, no stat per entry."""
@@ -151,6 +158,9 @@ def _walked(rel: tuple[str, ...]) -> bool:
 
 
 def _walk(folder: Path, rel: tuple[str, ...]) -> None:
-    for e in _entries(folder):
+    entries = _entries(folder)
+    if rel == ("runs",):  # run ids sort by their start time
+        entries = sorted(entries, key=lambda e: e.name)[-RECENT_RUNS:]
+    for e in entries:
         if e.is_dir(follow_symlinks=False) and _walked((*rel, e.name)):
             _walk(Path(e.path), (*rel, e.name))

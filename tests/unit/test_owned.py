@@ -123,6 +123,7 @@ def test_check_state_walks_every_level_but_the_environments_own_entries(tmp_path
     # Inside (not walked): what lies below a folder that keeps the environment's own entries,
     # below an object folder, a trash entry, or the home's other folders.
     walls = ("tree", "cleanup", "work", "pythonpath", "restore-x", "ab", "ci")
+
     own = [p for p in levels if not any(part in walls for part in p.relative_to(home).parts[:-1])]
     inside = [p for p in levels if p not in own]
     assert len(own) >= 30 and len(inside) >= 8
@@ -207,3 +208,27 @@ def test_atomic_write_replaces_a_link_rather_than_follow_it(tmp_path: Path) -> N
     atomic_write(tmp_path / "meta.json", "new\n")
     assert victim.read_text() == "keep\n" and not (tmp_path / "meta.json").is_symlink()
     assert (tmp_path / "meta.json").read_text() == "new\n"
+
+
+def test_only_the_newest_runs_are_walked(tmp_path: Path) -> None:
+    """Every run's folder is checked itself, the newest `RECENT_RUNS` walked: an older run's
+    journal a link is left to where it is opened (without following a link)."""
+    from rewheel.owned import RECENT_RUNS
+
+    home = tmp_path / "home"
+    env = home / "envs" / "env-0123"
+    ids = [f"20260101-0000{i:02d}-abcd" for i in range(RECENT_RUNS + 2)]
+    for rid in ids:
+        (env / "runs" / rid).mkdir(parents=True)
+    old_journal, new_journal = (env / "runs" / ids[0] / "journal.jsonl", env / "runs" / ids[-1] / "journal.jsonl")
+    old_journal.symlink_to(tmp_path)
+    check_state(home, env)
+    new_journal.symlink_to(tmp_path)
+    with pytest.raises(LinkInState, match=ids[-1]):
+        check_state(home, env)
+    new_journal.unlink()
+    old_journal.unlink()
+    (env / "runs" / ids[0]).rmdir()
+    (env / "runs" / ids[0]).symlink_to(tmp_path)  # an old run's folder itself: refused
+    with pytest.raises(LinkInState, match=ids[0]):
+        check_state(home, env)
