@@ -353,7 +353,8 @@ class RunJournal:
         crash or a full disk, or garbage from any cause — is skipped and remembered in
         `damaged` (line number, its start), and the records after it still count: one bad line
         must never hide the `finished` record that closes the run. A journal that is not a
-        regular file is refused (exit 2), never read: a FIFO would hang, a folder has no lines."""
+        regular file is refused (exit 2), never read: a FIFO would hang, a folder has no lines;
+        a symlink is LinkInState (exit 3), as any link in rewheel's own folders."""
         j = cls(run_dir)
         path = run_dir / "journal.jsonl"
         try:
@@ -361,7 +362,11 @@ class RunJournal:
         except FileNotFoundError:
             return j
         except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.EISDIR):
+            if exc.errno == errno.ELOOP:  # a link in rewheel's own folders (`owned`): exit 3
+                from rewheel.owned import linked
+
+                raise linked(path) from None
+            if exc.errno != errno.EISDIR:
                 raise JournalDamaged(f"cannot read the journal {path}: {exc.strerror or exc}",
                                      hint=f"fix its permissions, or move the run folder {run_dir} "
                                           "out of the store") from None
