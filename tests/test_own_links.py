@@ -326,20 +326,21 @@ def _report(title: str, outcomes: list[Outcome], n_commands: int) -> None:
     ran = [o for o in outcomes if o.rc != -1]
     bad = [o for o in ran if o.problems]
     levels = {o.level for o in ran}
-    # Every command ran, every level ran, and most cases were refused at the link.
-    assert len({o.command for o in ran}) == n_commands and len(levels) >= 30
-    assert sum(o.refused for o in ran) >= len(ran) // 2, Counter(o.rc for o in ran)
-    print(f"\n{title}: {len(levels)} levels x {len({o.command for o in ran})} commands = {len(ran)} cases; "
+    summary = (f"{title}: {len(levels)} levels x {len({o.command for o in ran})} commands = {len(ran)} cases; "
           f"refused (LinkInState) {sum(o.refused for o in ran)}, "
           f"exit codes {dict(Counter(o.rc for o in ran))}; failed {len(bad)}; not refused, by kind: "
           f"{dict(Counter(o.klass for o in ran if not o.refused))}")
+    print("\n" + summary)
     by: dict[tuple[str, str], list[Outcome]] = {}
     for o in bad:
         by.setdefault((o.klass, o.command), []).append(o)
     shown = [f"{k} / {c} ({len(os_)} cases): {'; '.join(os_[0].problems)[:700]}" for (k, c), os_ in sorted(by.items())]
-    if os.environ.get("REWHEEL_TESTS_LINKS_LOG"):
+    if os.environ.get("REWHEEL_TESTS_LINKS_LOG"):  # the counts (and failures) where -s shows nothing (xdist)
         with open(os.environ["REWHEEL_TESTS_LINKS_LOG"], "a") as f:
-            f.write(f"== {title}\n" + "\n".join(shown) + "\n")
+            f.write(f"== {summary}\n" + "\n".join(shown) + "\n")
+    # Every command ran, every level ran, and most cases were refused at the link.
+    assert len({o.command for o in ran}) == n_commands and len(levels) >= 30
+    assert sum(o.refused for o in ran) >= len(ran) // 2, Counter(o.rc for o in ran)
     assert not bad, f"{len(bad)} failed cases in {len(by)} (level, command) classes:\n" + "\n".join(shown[:40])
 
 

@@ -10,9 +10,11 @@ the store — is refused (`LinkInState`, exit 3, naming the link) before the com
 anything; a link where a file is about to be replaced by a rename is replaced, never followed.
 
 Owns: `refuse_links` (each component below a base, by lstat), `own_dir` (make a folder below
-a base, component by component, never through a link), and `check_state` (what every command
-on an environment checks first: its state folder, to every depth but the environment's own
-entries a snapshot keeps, and the home's folders).
+a base, component by component, never through a link), `private_dir` (a folder of the home's,
+`ci/`, `bisect/`, `throwaway/`), and the checks every command on an environment makes where
+it opens its target (`commands.open_target`, the store's opening): `check_state` (its state
+folder, to every depth but the environment's own entries a snapshot keeps and older runs,
+and the home's folders) and `check_lock` (its lock folder and lock file).
 
 Checked by lstat from the base down rather than by descriptors (openat with O_NOFOLLOW, as
 `snapshot.objects` does for the objects): what rewheel writes there is mostly written by
