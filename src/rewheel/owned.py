@@ -155,6 +155,8 @@ def _entries(folder: Path) -> list[os.DirEntry[str]]:
 
 
 def _walked(rel: tuple[str, ...]) -> bool:
+    if rel[-1] == "pythonpath":  # a smoke test's link to rewheel, wherever its log folder is
+        return False
     return not any(len(rel) == len(p) and all(a == b or b == "*" for a, b in zip(rel, p, strict=True))
                    for p in _NOT_WALKED)
 
