@@ -14,7 +14,7 @@ import pytest
 import tomli_w
 
 from support_env import make_venv
-from rewheel.errors import LockHeld, PreflightError
+from rewheel.errors import LinkInState, LockHeld
 from rewheel.journal import EnvLock
 import support_cli
 
@@ -93,7 +93,7 @@ def test_a_symlinked_lock_file_or_folder_is_refused(tmp_path: Path, monkeypatch:
     folder = base / f"rewheel-locks-{os.geteuid()}"
     folder.mkdir(mode=0o700)
     (folder / f"env-{st.st_dev:x}-{st.st_ino}.lock").symlink_to(victim)
-    with pytest.raises(PreflightError, match="symlink"):
+    with pytest.raises(LinkInState, match="is a symlink"):  # exit 3, as any link in rewheel's folders
         with EnvLock(tmp_path / "home", "x", prefix=prefix):
             pass
     assert victim.read_text() == "precious\n"
@@ -103,7 +103,7 @@ def test_a_symlinked_lock_file_or_folder_is_refused(tmp_path: Path, monkeypatch:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     folder.symlink_to(elsewhere)
-    with pytest.raises(PreflightError, match="not a folder"):
+    with pytest.raises(LinkInState, match=f"{folder} is a symlink"):
         with EnvLock(tmp_path / "home", "x", prefix=prefix):
             pass
     assert not any(elsewhere.iterdir())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rewheel.errors import JournalDamaged, JournalWriteError
+from rewheel.errors import JournalDamaged, JournalWriteError, LinkInState
 from rewheel.journal import RunJournal, interrupted_run, list_runs
 from rewheel.records import Finish, Note, Started, Step
 from rewheel.statuses import Finished, StepName
@@ -76,6 +76,11 @@ def test_a_journal_that_is_not_a_regular_file_is_refused_not_read(tmp_path: Path
     else:
         (tmp_path / "elsewhere").write_text(_rec("started", 1.0, kind="run"))
         path.symlink_to(tmp_path / "elsewhere")
+    if kind == "symlink":  # a link in rewheel's own folders: exit 3, naming it (rewheel.owned)
+        with pytest.raises(LinkInState) as linked:
+            RunJournal.load(run)
+        assert linked.value.path == str(path) and linked.value.exit_code == 3
+        return
     with pytest.raises(JournalDamaged) as err:
         RunJournal.load(run)
     assert str(path) in err.value.message and str(run) in (err.value.hint or "")

@@ -101,7 +101,9 @@ def test_a_meta_json_that_is_a_fifo_does_not_hang_anything(tmp_path: Path, index
     assert time.monotonic() - t0 < 120  # answered, not blocked on the FIFO (the calls time out at 300 s)
 
 
-def test_a_trash_folder_replaced_by_a_link_is_not_swept(tmp_path: Path, index_url: str) -> None:  # noqa: F811
+def test_a_trash_folder_replaced_by_a_link_is_refused(tmp_path: Path, index_url: str) -> None:  # noqa: F811
+    """The home's `trash/` a link: refused before the rollback moves anything (LinkInState,
+    exit 3, naming it — `rewheel.owned`); nothing is moved into the link's target nor swept there."""
     c = Ctx(tmp_path, index_url)
     py = c.python()
     snap = _snapshot(py)["id"]
@@ -119,8 +121,8 @@ def test_a_trash_folder_replaced_by_a_link_is_not_swept(tmp_path: Path, index_ur
     assert not trash.exists()
     trash.symlink_to(elsewhere)
     cp = cli("rollback", "--python", str(py), snap, "--yes", "--no-undo")
-    assert cp.returncode == 0, cp.stderr
-    assert not new.exists()
+    assert cp.returncode == 3 and f"{trash} is a symlink" in cp.stderr, cp.stderr
+    assert sorted(p.name for p in new.iterdir()) == sorted(f"m{i}.py" for i in range(20))  # nothing changed
     time.sleep(1)  # a detached deletion would have begun
     assert (elsewhere / "restore-old" / "keep.txt").read_text() == "not the store's"
     assert [p.name for p in elsewhere.iterdir()] == ["restore-old"]

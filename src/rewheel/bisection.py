@@ -38,7 +38,8 @@ from rewheel import versions as vers
 from rewheel.errors import EXIT_OK, EXIT_REVERTED, InstallError, RewheelError, UsageError
 from rewheel.installer import redact
 from rewheel.journal import EnvLock, RunJournal
-from rewheel.paths import ensure_private_dir, state_home
+from rewheel.owned import private_dir
+from rewheel.paths import state_home
 from rewheel.recipe import Recipe
 from rewheel.records import Candidates, Finish, Started, Step, BuildVerdict
 from rewheel.statuses import BisectStatus, StepName
@@ -216,7 +217,7 @@ class _Bisection:
             build.version = str((match or vs)[-1])
         self.say(f"── testing {self.name} {build.label}"
                  + (f" (commit {build.commit[:12]})" if build.commit else ""))
-        logs = ensure_private_dir(self.state / "logs")
+        logs = private_dir(self.state / "logs")
         label = re.sub(r"[^A-Za-z0-9_.+-]+", "-", build.label)
         install_log, smoke_log = logs / f"{label}.install.log", logs / f"{label}.smoke.log"
         for p in (install_log, smoke_log):
@@ -285,7 +286,7 @@ def bisect(recipe: Recipe, *, good: str, bad: str, package: str | None = None,
     state = state_dir_for(recipe, name, good, bad)
     if restart and state.exists():
         shutil.rmtree(state)
-    ensure_private_dir(state)
+    private_dir(state)
     with EnvLock(state, "bisect"):
         # A killed run leaves its throwaway environment behind; nothing in it is needed.
         shutil.rmtree(state / "envs", ignore_errors=True)

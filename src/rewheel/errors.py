@@ -207,6 +207,26 @@ class DiskFull(RewheelError):
                               "under way (`rewheel status TARGET` shows it)")
 
 
+class LinkInState(RewheelError):
+    """A symlink where a folder or file of rewheel's own is expected, below the state home or
+    the lock folders' base (`owned`): refused before anything is written through it (exit 3,
+    naming the link; a person must look at what put it there)."""
+
+    exit_code = EXIT_UNRESTORED
+
+    def __init__(self, path: object, target: str) -> None:
+        super().__init__(f"{path} is a symlink (to {target}) inside rewheel's own folders: refusing to read "
+                         "or write through it",
+                         hint="remove the link: rewheel's folders are its own and it never makes a link there "
+                              "(if the link stands for something rewheel kept, move that back in its place); "
+                              "nothing was changed")
+        self.path = str(path)
+        self.target = target
+
+    def to_json(self) -> dict[str, object]:
+        return {**super().to_json(), "path": self.path, "target": self.target}
+
+
 def out_of_space(exc: BaseException | None) -> bool:
     """Whether a failure comes from a full disk (ENOSPC, a quota): the exception itself or any
     it was raised from. Such a failure is the host's passing state, not a verdict: the command

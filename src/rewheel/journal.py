@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from rewheel import proc, records
-from rewheel.errors import InterruptedRun, JournalDamaged, JournalWriteError, LockHeld, PreflightError
-from rewheel.paths import fsync_dir, lock_dir
+from rewheel.errors import InterruptedRun, JournalDamaged, JournalWriteError, LinkInState, LockHeld, PreflightError
+from rewheel.paths import fsync_dir, lock_dir, lock_name
 from rewheel.records import (AnyRecord, ChildEnded, ChildStarted, ChildStarting, Finish, Installed, Note, R,
                              SnapshotTaken, Started, Step)
 from rewheel.statuses import Finished, StepName
@@ -92,7 +92,7 @@ class EnvLock:
                                  hint="remove or fix that folder (or set REWHEEL_LOCK_DIR for every "
                                       "rewheel on this machine); nothing was changed") from None
         owner = os.lstat(d).st_uid
-        return d / f"env-{st.st_dev:x}-{st.st_ino}.lock", owner
+        return d / lock_name(st), owner
 
     @staticmethod
     def _records(fd: int) -> list[dict[str, Any]]:
@@ -115,8 +115,9 @@ class EnvLock:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
-                    raise PreflightError(f"lock file {self.path} is a symlink: refusing to use it",
-                                         hint="remove it; nothing was changed") from None
+                    from rewheel.owned import linked
+
+                    raise linked(self.path) from None
                 raise
             fst = os.fstat(fd)
             if not stat.S_ISREG(fst.st_mode):
@@ -155,7 +156,7 @@ class EnvLock:
         try:
             path, _ = self._lock_path()
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except (OSError, PreflightError):
+        except (OSError, PreflightError, LinkInState):  # a link: refused where the lock is taken
             return None
         try:
             holder = self._holder(self._records(fd))
@@ -352,7 +353,8 @@ class RunJournal:
         crash or a full disk, or garbage from any cause — is skipped and remembered in
         `damaged` (line number, its start), and the records after it still count: one bad line
         must never hide the `finished` record that closes the run. A journal that is not a
-        regular file is refused (exit 2), never read: a FIFO would hang, a folder has no lines."""
+        regular file is refused (exit 2), never read: a FIFO would hang, a folder has no lines;
+        a symlink is LinkInState (exit 3), as any link in rewheel's own folders."""
         j = cls(run_dir)
         path = run_dir / "journal.jsonl"
         try:
@@ -360,7 +362,11 @@ class RunJournal:
         except FileNotFoundError:
             return j
         except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.EISDIR):
+            if exc.errno == errno.ELOOP:  # a link in rewheel's own folders (`owned`): exit 3
+                from rewheel.owned import linked
+
+                raise linked(path) from None
+            if exc.errno != errno.EISDIR:
                 raise JournalDamaged(f"cannot read the journal {path}: {exc.strerror or exc}",
                                      hint=f"fix its permissions, or move the run folder {run_dir} "
                                           "out of the store") from None

@@ -40,7 +40,8 @@ from rewheel import httpclient, proc
 from rewheel.errors import PreflightError, UsageError
 from rewheel.installer import find_uv
 from rewheel.installer.indexes import _ACCEPT, INDEX_TIMEOUT_S, redact
-from rewheel.paths import ensure_private_dir, state_home
+from rewheel.owned import private_dir
+from rewheel.paths import state_home
 from rewheel.recipe import Recipe
 
 GITHUB_API = "https://api.github.com"
@@ -62,7 +63,7 @@ def throwaway_env(recipe: Recipe, *, parent: Path | None = None,
 
     `interpreter` overrides the recipe's (a path or a version uv understands, e.g. "3.12"):
     for a CI runner that does not have the host's interpreter path."""
-    base = ensure_private_dir(parent or state_home() / "throwaway")
+    base = private_dir(parent or state_home() / "throwaway")
     root = Path(tempfile.mkdtemp(prefix="env-", dir=base))
     try:
         yield make_venv(recipe, root / "venv", interpreter=interpreter)

@@ -124,12 +124,15 @@ def env_key(prefix: Path) -> str:
 
 
 def env_dir(home: Path, prefix: Path) -> Path:
+    """The environment's state folder, made (0700) where missing, never through a symlink
+    (`owned.own_dir`: LinkInState, exit 3)."""
+    from rewheel.owned import own_dir
+
     ensure_private_dir(home)
-    ensure_private_dir(home / "envs")
-    d = ensure_private_dir(home / "envs" / env_key(prefix))
+    d = own_dir(home, home / "envs" / env_key(prefix))
     info = d / "env.json"
-    if not info.exists():
-        info.write_text(json.dumps({"prefix": str(Path(prefix).resolve())}) + "\n")
+    if not os.path.lexists(info):
+        atomic_write(info, json.dumps({"prefix": str(Path(prefix).resolve())}) + "\n", durable=False)
     return d
 
 
@@ -165,7 +168,8 @@ def atomic_write(path: Path, data: str | bytes, *, mode: int = 0o600, durable: b
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     raw = data.encode() if isinstance(data, str) else data
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    # Never through a link at the temporary name; the rename replaces a link at `path`.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
         try:
             write_all(fd, raw)
@@ -211,14 +215,32 @@ def lock_base() -> Path:
     return Path("/tmp")
 
 
+def lock_owner(owner: int) -> int:
+    """Whose lock folder a user takes the lock of an environment owned by `owner` in: the
+    owner's for the owner and root, their own for anyone else."""
+    me = os.geteuid()
+    return owner if me in (0, owner) else me
+
+
+def lock_file_of(prefix: Path) -> tuple[Path, Path]:
+    """(the lock base, the environment's lock file below it), as `journal.EnvLock` names it;
+    nothing is made. OSError when the prefix cannot be stat'ed."""
+    st = os.stat(prefix)
+    return lock_base(), lock_base() / f"rewheel-locks-{lock_owner(st.st_uid)}" / lock_name(st)
+
+
+def lock_name(st: os.stat_result) -> str:
+    """An environment's lock file, by its prefix's device and inode."""
+    return f"env-{st.st_dev:x}-{st.st_ino}.lock"
+
+
 def lock_dir(owner: int) -> Path:
     """`<base>/rewheel-locks-<uid>` for the environment's owner `owner`, so its owner and root
     share one lock: a folder (never a symlink) owned by that user, mode 0700, made so when
-    missing. A user who is neither the owner nor root uses their own folder. Raises
-    PermissionError naming the folder when it is not what it must be (someone else made it)."""
+    missing. A user who is neither the owner nor root uses their own folder. A symlink there
+    is LinkInState (exit 3, `owned`). Raises PermissionError naming the folder when it is not what it must be (someone else made it)."""
     me = os.geteuid()
-    if me not in (0, owner):
-        owner = me
+    owner = lock_owner(owner)
     d = lock_base() / f"rewheel-locks-{owner}"
     try:
         os.mkdir(d, 0o700)
@@ -227,8 +249,12 @@ def lock_dir(owner: int) -> Path:
     except FileExistsError:
         pass
     st = os.lstat(d)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"lock folder {d} is not a folder (a symlink?): refusing to use it")
+    if stat.S_ISLNK(st.st_mode):
+        from rewheel.owned import linked
+
+        raise linked(d)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"lock folder {d} is not a folder: refusing to use it")
     if st.st_uid != owner:
         raise PermissionError(f"lock folder {d} belongs to uid {st.st_uid}, not {owner}: refusing to use it")
     if st.st_mode & 0o077:

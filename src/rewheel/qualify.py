@@ -42,7 +42,8 @@ from rewheel import nightly
 from rewheel.errors import EXIT_OK, EXIT_REVERTED, InstallError, PreflightError, RewheelError, UsageError
 from rewheel.installer import error_lines, install
 from rewheel.journal import new_run_id
-from rewheel.paths import atomic_write, ensure_private_dir, pseudo_fs_of, state_home
+from rewheel.owned import private_dir
+from rewheel.paths import atomic_write, pseudo_fs_of, state_home
 from rewheel.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -279,7 +280,7 @@ def qualify(recipe: Recipe, *, lockfiles: Path = Path("lockfiles"), promote: boo
         _check_lockfiles(lockfiles)
     name = nightly.package_name(recipe, package)
     rep = CiReport(status="failed", recipe=recipe.source, recipe_name=recipe.name, package=name)
-    run_dir = ensure_private_dir(work_dir or state_home() / "ci" / _slug(recipe.name)) / new_run_id()
+    run_dir = private_dir(work_dir or state_home() / "ci" / _slug(recipe.name)) / new_run_id()
     run_dir.mkdir(parents=True)
     rep.run_dir = str(run_dir)
     baseline = lockfiles / nightly.lock_name(recipe)

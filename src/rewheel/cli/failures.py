@@ -155,13 +155,17 @@ def internal_error(exc: BaseException) -> RewheelError:
     for folder in (state_home() / "crashes", Path(tempfile.gettempdir())):
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if folder.name == "crashes":
+                from rewheel.owned import refuse_links
+
+                refuse_links(folder.parent, folder)  # a link there: the temporary folder instead
             path = folder / (name if folder.name == "crashes" else f"rewheel-crash-{name}")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             where = str(path)
             break
-        except OSError:
+        except (OSError, RewheelError):
             continue
     what = f"{type(exc).__name__}: {exc}"
     return InternalError(f"internal error (a bug in rewheel): {what}",

@@ -44,10 +44,16 @@ class Target:
 
 def open_target(recipe: Recipe, host: Host | None = None) -> Target:
     """The recipe's environment, its store, and the host the commands act through (the
-    real one unless a caller hands another)."""
+    real one unless a caller hands another). A symlink in the environment's state folder, the
+    home's own folders or its lock folder is refused here, before any command writes
+    (`owned`: LinkInState, exit 3)."""
     restore_lanes_setting()  # a bad value is refused before any command acts
+    from rewheel.owned import check_lock
+
     env = Environment.inspect(recipe.python)
-    return Target(recipe, env, Store(env.prefix, _checked_home(recipe, env.prefix)), host or Host.real())
+    store = Store(env.prefix, _checked_home(recipe, env.prefix))  # its state folder: no link (`owned`)
+    check_lock(env.prefix)
+    return Target(recipe, env, store, host or Host.real())
 
 
 def _checked_home(recipe: Recipe, prefix: Path) -> Path:

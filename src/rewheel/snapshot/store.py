@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rewheel.errors import SnapshotDamaged, SnapshotError
-from rewheel.paths import atomic_write, ensure_private_dir, env_dir, state_home
+from rewheel.paths import atomic_write, ensure_private_dir, env_dir, env_key, state_home
 
 # --------------------------------------------------------------------------------------
 # Metadata
@@ -146,7 +146,11 @@ class Store:
     """Snapshots and runs of one environment."""
 
     def __init__(self, prefix: Path, home: Path | None = None) -> None:
+        from rewheel.owned import check_state
+
         self.home = ensure_private_dir(home or state_home())
+        # No symlink in rewheel's own folders, before the first write (LinkInState, exit 3).
+        check_state(self.home, self.home / "envs" / env_key(prefix))
         self.env_dir = env_dir(self.home, prefix)
         self.prefix = Path(prefix)  # what messages name: the environment, not its folder's key
         self.snapshots_dir = self.env_dir / "snapshots"
