@@ -140,7 +140,7 @@ def edit_everything(files: list[Path]) -> dict[str, int]:
 
 
 def uv_cache_inodes(cache: Path) -> set[tuple[int, int]]:
-    """(device, inode) of every file in a uv cache."""
+    """(device, inode) of every file under a folder (a uv cache, an environment)."""
     found = set()
     for dirpath, _, names in os.walk(cache):
         for n in names:

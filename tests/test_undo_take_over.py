@@ -12,7 +12,6 @@ no edit, in any of these orders, reaches a snapshot.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -53,15 +52,6 @@ def settled(home: Path, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def env_inodes(prefix: Path) -> set[tuple[int, int]]:
-    out = set()
-    for dirpath, _, names in os.walk(prefix):
-        for n in names:
-            st = os.lstat(os.path.join(dirpath, n))
-            out.add((st.st_dev, st.st_ino))
-    return out
-
-
 def test_a_runs_build_is_taken_over_without_a_copy_and_no_edit_reaches_it(
         host_factory, rewheel_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # rewheel's run installs by copies: once the restore replaced them, the store holds the
@@ -79,7 +69,7 @@ def test_a_runs_build_is_taken_over_without_a_copy_and_no_edit_reaches_it(
     objs = taken_over(rewheel_home, undo)
     assert len(objs) >= meta["extra"]["files_taken_over"]
     settled(rewheel_home)
-    live = env_inodes(h.prefix)
+    live = uv_cache_inodes(h.prefix)
     for obj, ino, _ in objs:
         st = obj.lstat()
         # The very inode the build had (no copy made), now the store's alone.
@@ -161,7 +151,7 @@ def test_a_rollback_that_stops_before_its_restore_settles_by_copies(
     assert len(undo) == 1
     objs = taken_over(rewheel_home, undo[0].id)
     assert objs
-    live = env_inodes(prefix)
+    live = uv_cache_inodes(prefix)
     assert all(o.lstat().st_nlink == 1 and (o.lstat().st_dev, o.lstat().st_ino) not in live for o, _, _ in objs)
     edit_everything([p for p in text_files(prefix) if "site-packages/toy" in str(p)])
     # (In this process: the rollback stopped by an error is still open in its journal.)
