@@ -195,12 +195,7 @@ class Objects:
         tmp_dir = fd_dir if from_dir is None else from_dir
         tmp = self._tmp()
         got = self._write(tmp_dir, tmp, src, fill)
-        try:
-            os.rename(tmp, rest, src_dir_fd=tmp_dir, dst_dir_fd=fd_dir)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=tmp_dir)
-            raise
+        _rename_over(tmp, tmp_dir, rest, fd_dir)
         return got
 
     def copy_in(self, src: str, sha: str, size: int) -> bool:
@@ -373,12 +368,7 @@ class Objects:
                 if os.stat(rest, dir_fd=fd_dir, follow_symlinks=False).st_ino == ino:
                     os.unlink(rest, dir_fd=fd_dir)
             return "changed"
-        try:
-            os.rename(tmp, rest, src_dir_fd=fd_dir, dst_dir_fd=fd_dir)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=fd_dir)
-            raise
+        _rename_over(tmp, fd_dir, rest, fd_dir)
         return "copied"
 
     # Sweeping --------------------------------------------------------------------------
@@ -439,6 +429,17 @@ def _not_a_folder(path: Path) -> SnapshotError:
     return SnapshotError(f"{path} is not a folder of the store (a symlink or a file in its place)",
                          hint="move it out of the way; rewheel writes only into folders of its own and never "
                               "through a link it did not make")
+
+
+def _rename_over(tmp: str, tmp_dir: int, rest: str, fd_dir: int) -> None:
+    """A whole temporary object renamed over its name (whatever was there); removed when the
+    rename fails, so that no `.tmp-*` outlives the call."""
+    try:
+        os.rename(tmp, rest, src_dir_fd=tmp_dir, dst_dir_fd=fd_dir)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=tmp_dir)
+        raise
 
 
 def _clone(fi: int, fo: int) -> None:
