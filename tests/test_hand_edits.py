@@ -23,6 +23,7 @@ import os
 import stat
 import subprocess
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -156,13 +157,19 @@ def private_uv_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
 
 
-def test_an_in_place_edit_of_every_text_file_after_a_restore_reaches_no_snapshot(
-        host_factory, rewheel_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def upgraded_host(host_factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, str, dict]:
+    """A toy service upgraded 1.0.0 → 2.0.0 by `rewheel run`, on a uv cache of its own (see
+    `private_uv_cache`): (the host, its recipe, the run's report)."""
     private_uv_cache(tmp_path, monkeypatch)
     h = host_factory("2.0.0", "good", binary=True)
-    target = str(h.recipe)
     code, rep = h.run_json()
     assert code == 0 and rep["status"] == "upgraded", rep["_stderr"]
+    return h, str(h.recipe), rep
+
+
+def test_an_in_place_edit_of_every_text_file_after_a_restore_reaches_no_snapshot(
+        host_factory, rewheel_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h, target, rep = upgraded_host(host_factory, tmp_path, monkeypatch)
     pre = rep["snapshot_id"]
     doc = json_of(rewheel("rollback", target, "--yes", "--json"))
     assert doc["snapshot_id"] == pre and h.served_version() == "1.0.0"
@@ -304,11 +311,7 @@ def test_an_edit_between_the_restore_and_the_work_after_it_reaches_no_snapshot(
     import signal
     import time
 
-    private_uv_cache(tmp_path, monkeypatch)
-    h = host_factory("2.0.0", "good", binary=True)
-    target = str(h.recipe)
-    code, rep = h.run_json()
-    assert code == 0 and rep["status"] == "upgraded", rep["_stderr"]
+    h, target, rep = upgraded_host(host_factory, tmp_path, monkeypatch)
     upgraded = h.state()
     out = tmp_path / "rollback.json"
     with open(out, "w") as fo:

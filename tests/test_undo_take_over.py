@@ -19,7 +19,7 @@ import pytest
 
 from support_env import make_venv, tree_state, uv_install
 from test_hand_edits import (edit_everything, json_of, private_uv_cache, r_plus, rewheel, text_files,
-                             uv_cache_inodes)
+                             upgraded_host, uv_cache_inodes)
 from rewheel.commands import open_target, rollback, snapshot_now
 from rewheel.recipe import Recipe
 from rewheel.snapshot import Manifest, SnapshotMeta, hand_editable, privatize, restore as restore_mod
@@ -56,11 +56,7 @@ def test_a_runs_build_is_taken_over_without_a_copy_and_no_edit_reaches_it(
         host_factory, rewheel_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # rewheel's run installs by copies: once the restore replaced them, the store holds the
     # new build's files alone, and settling them copies nothing.
-    private_uv_cache(tmp_path, monkeypatch)
-    h = host_factory("2.0.0", "good", binary=True)
-    target = str(h.recipe)
-    code, rep = h.run_json()
-    assert code == 0 and rep["status"] == "upgraded", rep["_stderr"]
+    h, target, _ = upgraded_host(host_factory, tmp_path, monkeypatch)
     upgraded = h.state()
     doc = json_of(rewheel("rollback", target, "--yes", "--json"))
     undo = doc["undo_snapshot_id"]

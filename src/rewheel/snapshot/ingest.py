@@ -230,9 +230,7 @@ class Ingest:
                     self.n_copied += 1
                     self.bytes_copied += min(size, st.st_blocks * 512)
                 return sha, "C", st.st_ino, st.st_ctime_ns
-            if self.reflink is None:
-                self.reflink = objs.can_clone(src)
-            cloned = objs.clone_hashed_in(src) if self.reflink else None
+            cloned = objs.clone_hashed_in(src) if self._clones(objs, src) else None
             if cloned is not None:
                 sha, _, new = cloned
                 if new:
@@ -248,11 +246,7 @@ class Ingest:
                 self._reused(size)
             return sha, "C", st.st_ino, st.st_ctime_ns
         if not self.dry and objs is not None:
-            if self.reflink is None:
-                # Whether this filesystem clones (XFS, btrfs): probed once, on the first file
-                # stored. Where it does, every file is a clone of its own (none is linked).
-                self.reflink = objs.can_clone(src)
-            if self.reflink:
+            if self._clones(objs, src):
                 if objs.has_private(sha, size):
                     self._reused(size)
                 elif objs.clone_in(src, sha):
@@ -281,15 +275,20 @@ class Ingest:
         self._copy(sha, src, st)
         return sha, "C", st.st_ino, st.st_ctime_ns
 
+    def _clones(self, objs: Objects, src: str) -> bool:
+        """Whether this filesystem clones (XFS, btrfs): probed once, on the first file stored.
+        Where it does, every file is a clone of its own (none is linked)."""
+        if self.reflink is None:
+            self.reflink = objs.can_clone(src)
+        return self.reflink
+
     def _take_over(self, objs: Objects, src: str, st: os.stat_result, sha: str | None, editable: bool
                    ) -> tuple[str | None, str, int, int] | None:
         """A file the restore after this snapshot will replace: its bytes stored once (a
         private object the store has), or its live inode linked and listed to be settled once
         the restore is done (`privatize`). None where the caller stores it as usual (a
         filesystem that clones: a clone costs no copy; links refused)."""
-        if self.reflink is None:
-            self.reflink = objs.can_clone(src)
-        if self.reflink:
+        if self._clones(objs, src):
             return None
         size = st.st_size
         if sha is None:
