@@ -976,3 +976,38 @@ def test_the_window_check_sees_any_change_since_the_snapshot(venv: Path) -> None
     assert unchanged_since(env, store, snap) is True  # as a snapshot leaves it out, so does the check
     (venv.parent.parent / "stray.txt").write_text("this environment's\n")
     assert unchanged_since(env, store, snap) is False
+
+
+@pytest.mark.parametrize("take_over", [False, True])
+def test_two_files_with_the_same_bytes_are_each_found_unchanged(tmp_path: Path, take_over: bool) -> None:
+    """Two installed files with the same bytes and mtime under two inodes (a wheel's duplicate
+    kernels, uv's copies): the store links the first and has the second's bytes already. The
+    manifest records each one's own inode, so the next snapshot finds every file unchanged
+    and the window's check (`unchanged_since`) finds the environment is still the snapshot —
+    it once recorded the object's inode for the second and took the undo snapshot again in
+    the window. Sweeps the plain snapshot and the undo snapshot's take-over."""
+    from devtools.wheelbuild import build_wheel
+    from rewheel.snapshot.capture import take_snapshot
+    from rewheel.snapshot.capture_walk import unchanged_since
+
+    blob = os.urandom(3 << 20)  # a binary: linked, never copied (not hand-editable)
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "twins", "1.0.0", {"twins/__init__.py": "", "twins/_a.so": blob, "twins/_b.so": blob})
+    py = make_venv(tmp_path / "venv")
+    uv_install(py, "twins==1.0.0", find_links=wheels, extra=COPY)
+    pkg = site_packages(py) / "twins"
+    a, b = pkg / "_a.so", pkg / "_b.so"
+    old = a.stat().st_mtime_ns - 10**9  # older than RECORD: proven by it, not read
+    for p in (a, b):
+        os.utime(p, ns=(old, old))
+    assert a.stat().st_ino != b.stat().st_ino
+    t = open_target(Recipe.for_python(py))
+    first = take_snapshot(t.env, t.store, take_over=take_over)
+    linked = {stored_file(first.meta.path, p.relative_to(py.parent.parent)).stat().st_ino for p in (a, b)}
+    assert len(linked) == 1  # one object holds both files' bytes
+    assert unchanged_since(t.env, t.store, first.meta) is True
+    if not take_over:  # (a take-over is settled first: its copies change the live ctimes)
+        again = take_snapshot(t.env, t.store).to_json()
+        assert again["files_unchanged"] == again["files"] and again["files_copied"] == 0
+    os.truncate(b, 0)  # a real change is still seen
+    assert unchanged_since(t.env, t.store, first.meta) is False
