@@ -16,6 +16,8 @@ import pytest
 
 from support_env import make_venv, uv_install
 from rewheel import diff as diffmod
+# The thresholds and the halves a diff shares are read in `trees`: tests replace them there.
+from rewheel.diff import sides, trees
 from rewheel.texts import count_changed_lines, count_lines, splits_like_bytes, unified_diff
 from rewheel.recipe import Recipe
 from rewheel.commands import open_target, snapshot_now
@@ -132,12 +134,12 @@ def test_large_added_file_counts_and_diff_fast() -> None:
 def test_a_nul_in_the_head_is_binary_without_reading_the_rest(tmp_path: Path) -> None:
     f = tmp_path / "lib.so"
     f.write_bytes(b"\x7fELF\0" + b"a" * 100_000)
-    assert diffmod._read_bytes(str(f), "not this hash") is diffmod.BINARY
+    assert sides._read_bytes(str(f), "not this hash") is sides.BINARY
     t = tmp_path / "t.py"
     t.write_bytes(b"x = 1\n")
-    assert diffmod._read_bytes(str(t), None) == b"x = 1\n"
-    assert diffmod._read_bytes(str(t), "0" * 64) is None  # not the bytes the manifest names
-    assert diffmod._read_bytes(str(tmp_path / "gone"), None) is None
+    assert sides._read_bytes(str(t), None) == b"x = 1\n"
+    assert sides._read_bytes(str(t), "0" * 64) is None  # not the bytes the manifest names
+    assert sides._read_bytes(str(tmp_path / "gone"), None) is None
 
 
 # --------------------------------------------------------------------------------------
@@ -222,7 +224,7 @@ def test_cli_json_and_stat_carry_counts_not_diffs(edited: dict) -> None:
 def always_split(monkeypatch: pytest.MonkeyPatch) -> None:
     """From here on every diff that only counts is split, on any machine (as from
     SPLIT_MIN_FILES changed files on, with two CPUs)."""
-    monkeypatch.setattr(diffmod, "SPLIT_MIN_FILES", 1)
+    monkeypatch.setattr(trees, "SPLIT_MIN_FILES", 1)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
 
 
@@ -240,13 +242,13 @@ def test_a_split_diff_counts_what_one_process_counts(edited: dict, tmp_path: Pat
     assert len(one) == 5
     calls = tmp_path / "calls"
     calls.mkdir()
-    real_fill = diffmod._fill_text
+    real_fill = trees._fill_text
 
     def recording(fc, *args, **kw):  # the pid of each file's reader, one file per file
         (calls / fc.path.replace("/", "_")).write_text(str(os.getpid()))
         return real_fill(fc, *args, **kw)
 
-    monkeypatch.setattr(diffmod, "_fill_text", recording)
+    monkeypatch.setattr(trees, "_fill_text", recording)
     always_split(monkeypatch)
     two = counted(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
     assert two == one
@@ -259,7 +261,7 @@ def test_a_shown_diff_is_never_split(edited: dict, monkeypatch: pytest.MonkeyPat
     counts travel back from the second one."""
     t, snap = edited["target"], edited["snap"]
     always_split(monkeypatch)
-    monkeypatch.setattr(diffmod, "_fill_split", lambda *a: pytest.fail("a shown diff was split"))
+    monkeypatch.setattr(trees, "_fill_split", lambda *a: pytest.fail("a shown diff was split"))
     res = diffmod.diff_target(t.env, t.store, snap.id, path_glob="*/toypkg/*.py", with_diffs=True)
     assert all(f.diff for f in res.files) and len(res.files) == 4
 
@@ -270,7 +272,7 @@ def test_a_shown_diff_is_never_split(edited: dict, monkeypatch: pytest.MonkeyPat
 def share_every_walk(monkeypatch: pytest.MonkeyPatch) -> None:
     """From here on every diff against the live environment walks it in a second process, on
     any machine (as from WALK_SHARE_MIN_FILES files in the snapshot on, with two CPUs)."""
-    monkeypatch.setattr(diffmod, "WALK_SHARE_MIN_FILES", 1)
+    monkeypatch.setattr(trees, "WALK_SHARE_MIN_FILES", 1)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
 
 
@@ -287,13 +289,13 @@ def test_a_walk_in_a_second_process_finds_what_one_process_finds(edited: dict, t
     assert {f["path"] for f in one["files"]} >= {"toypkg/mod.py", "toypkg/added.py", "toypkg/gone.py"}
     walkers = tmp_path / "walkers"
     walkers.mkdir()
-    real_walk = diffmod._walk_live
+    real_walk = trees._walk_live
 
     def recording(*args, **kw):
         (walkers / str(os.getpid())).touch()
         return real_walk(*args, **kw)
 
-    monkeypatch.setattr(diffmod, "_walk_live", recording)
+    monkeypatch.setattr(trees, "_walk_live", recording)
     share_every_walk(monkeypatch)
     assert whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)})) == one
     assert [p.name for p in walkers.iterdir()] != [str(os.getpid())] and len(list(walkers.iterdir())) == 1
@@ -308,8 +310,8 @@ def test_a_diff_whose_second_process_fails_does_its_share_itself(edited: dict, s
     once overdue: its share is done here, and the diff is the same."""
     t, snap = edited["target"], edited["snap"]
     one = whole(diffmod.diff_trees(t.env, snap, None, skip={str(t.store.home)}))
-    monkeypatch.setattr(diffmod, share, fails_in_a_forked_child(getattr(diffmod, share), fault))
-    monkeypatch.setattr(diffmod, "SPLIT_WAIT_MIN_S", 0.5)
+    monkeypatch.setattr(trees, share, fails_in_a_forked_child(getattr(trees, share), fault))
+    monkeypatch.setattr(trees, "SPLIT_WAIT_MIN_S", 0.5)
     always_split(monkeypatch)
     share_every_walk(monkeypatch)
     t0 = time.monotonic()

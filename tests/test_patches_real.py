@@ -12,6 +12,7 @@ import pytest
 
 from support_env import make_venv, pip_venv, uv_install
 from rewheel import patches
+from rewheel.patches import hashes as patch_hashes
 from rewheel.environment import Environment
 from devtools.localindex import serve_index
 from devtools.wheelbuild import build_wheel
@@ -244,7 +245,7 @@ def test_reapply_skips_a_patch_listed_as_record_inconsistent(tmp_path: Path) -> 
     target.parent.mkdir(parents=True)
     target.write_bytes(b"new version")
     p = patches.Patch("liar/_ext.so", str(target), "liar", "1.0", "modified",
-                      patches._sha256(b"old shipped"), 11, 0o644, record_sha256="0" * 64,
+                      patch_hashes._sha256(b"old shipped"), 11, 0o644, record_sha256="0" * 64,
                       patched_bytes=b"old shipped")
     scan_ = patches.PatchScan(str(tmp_path), [p], record_inconsistent=[
         {"path": "liar/_ext.so", "distribution": "liar", "reason": "RECORD inconsistent, matches its wheel"}])

@@ -285,7 +285,7 @@ def recover_snapshot(env: Environment, snap: SnapshotMeta, *, check: VerifyResul
 
 def _in_unpacked(folder: Path, owner: _Owner) -> Path | None:
     """The file in a wheel fetched and unpacked like site-packages (`uv pip install --target`)."""
-    from rewheel.patches import _wheel_rows
+    from rewheel.patches.uvcache import _wheel_rows
 
     row = _wheel_rows(folder, owner.dist.dist_info.name).get(owner.site_rel)
     p = folder / (row[0] if row is not None else owner.site_rel)

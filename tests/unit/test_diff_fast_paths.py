@@ -13,7 +13,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rewheel import diff as diffmod
+from rewheel.diff import owners as diff_owners
+from rewheel.diff import sides as diff_sides
 from rewheel import texts
 from rewheel.environment import Distribution, RecordEntry
 from rewheel.snapshot import Manifest
@@ -128,11 +129,11 @@ def test_the_manifest_read_from_its_columns_is_read_from_its_entries(man: Manife
             if e.kind == "f":
                 want_mtimes[full] = e.mtime_ns
     mtimes: dict[str, int] = {}
-    got = diffmod._manifest_items(man, mtimes)
+    got = diff_sides._manifest_items(man, mtimes)
     assert {p: (i.kind, i.mode, i.size, i.sha, i.target) for p, i in got.items()} == want
     assert mtimes == want_mtimes
-    assert diffmod._record_files(man) == [(e.root, e.path) for e in man.entries
-                                          if e.kind == "f" and e.path.endswith(".dist-info/RECORD")]
+    assert diff_owners._record_files(man) == [(e.root, e.path) for e in man.entries
+                                              if e.kind == "f" and e.path.endswith(".dist-info/RECORD")]
 
 
 def test_record_files_are_found_in_their_folders() -> None:
@@ -142,7 +143,7 @@ def test_record_files_are_found_in_their_folders() -> None:
         [0, "lib/site/c-1.dist-info/METADATA", "f", 0o644, 1, 1, "c" * 64, "copy", None, None],
         [0, "lib/site/RECORD", "f", 0o644, 1, 1, "c" * 64, "copy", None, None],  # not in a .dist-info
     ], None)
-    assert diffmod._record_files(man) == [(0, "lib/site/a-1.dist-info/RECORD")]
+    assert diff_owners._record_files(man) == [(0, "lib/site/a-1.dist-info/RECORD")]
 
 
 # --------------------------------------------------------------------------------------
@@ -162,7 +163,7 @@ def fake_dist(name: str, installed: int, paths: list[str], tag: str) -> Distribu
                 max_size=6))
 def test_the_owner_installed_last_proves_a_path_as_record_index_says(spec: list[tuple[int, list[str]]]) -> None:
     dists = [fake_dist(f"d{i}", t, [f"/x/{p}" for p in paths], f"D{i}_") for i, (t, paths) in enumerate(spec)]
-    got = diffmod._record_owners(dists)
+    got = diff_owners._record_owners(dists)
     want = record_index(dists)
     assert got.keys() == want.keys()
     for path, (entry, installed) in got.items():
@@ -171,8 +172,8 @@ def test_the_owner_installed_last_proves_a_path_as_record_index_says(spec: list[
 
 def test_a_tie_goes_to_the_later_distribution() -> None:
     a, b = fake_dist("a", 5, ["/x/p"], "A"), fake_dist("b", 5, ["/x/p"], "B")
-    assert diffmod._record_owners([a, b])["/x/p"][0].hash == "sha256=B0"
-    assert diffmod._record_owners([b, a])["/x/p"][0].hash == "sha256=A0"
+    assert diff_owners._record_owners([a, b])["/x/p"][0].hash == "sha256=B0"
+    assert diff_owners._record_owners([b, a])["/x/p"][0].hash == "sha256=A0"
     newer = fake_dist("n", 9, ["/x/p"], "N")
-    assert all(diffmod._record_owners(list(order))["/x/p"][0].hash == "sha256=N0"
+    assert all(diff_owners._record_owners(list(order))["/x/p"][0].hash == "sha256=N0"
                for order in itertools.permutations([a, b, newer]))

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rewheel import patches, paths
+from rewheel import paths
+from rewheel.patches import carry
 
 
 def one_byte_at_a_time(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -52,10 +53,10 @@ def test_the_patch_writer_writes_everything_and_syncs_its_folder(tmp_path: Path,
         synced.append(Path(path))
         real_fsync_dir(path)
 
-    monkeypatch.setattr(patches, "fsync_dir", record)
+    monkeypatch.setattr(carry, "fsync_dir", record)  # where `_write_replacing` reads it
     data = b"patched = True\n" * 500
     calls = one_byte_at_a_time(monkeypatch)
-    patches._write_replacing(str(installed), data, 0o644)
+    carry._write_replacing(str(installed), data, 0o644)
     assert installed.read_bytes() == data
     assert len(calls) == len(data)
     assert cache_copy.read_bytes() == b"old\n"  # written through a new inode, not into the cache's

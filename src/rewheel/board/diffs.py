@@ -163,7 +163,7 @@ def _lane(files: list[diffmod.FileChange], idx: range, texts: Texts, budget: int
 
 def _read_all(files: list[diffmod.FileChange], texts: Texts) -> list[Done]:
     """Every file's counts and (within TOTAL_BYTES) diff, in file order: the odd files in a
-    forked process when there are many (as `diff._fill_split` counts lines); if it dies or
+    forked process when there are many (as `diff.trees._fill_split` counts lines); if it dies or
     stays silent long after this one's half is done, its half is done here."""
     if len(files) < SPLIT_MIN_FILES or (os.cpu_count() or 1) < 2:
         return [d for _, d in _lane(files, range(len(files)), texts, TOTAL_BYTES)]
