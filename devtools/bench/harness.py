@@ -47,6 +47,9 @@ EXTRA_DISK_TARGET_PCT = 1.0
 WHY_RSS_TARGET_MB = 256.0
 
 
+SKIPPABLE = frozenset({"startup", "downtime", "board"})  # real mode's sections BENCH_SKIP may leave out
+
+
 @dataclass
 class BenchConfig:
     scale: float = DEFAULT_SCALE
@@ -70,6 +73,9 @@ class BenchConfig:
     # Which sections run: "all", "downtime" (the staged-vs-unstaged downtime section alone) or
     # "board" (the board's row alone).
     only: str = "all"
+    # Real mode: sections left out (BENCH_SKIP, names separated by spaces or commas: "startup",
+    # "downtime", "board"), to measure the store's rows alone; the results name them.
+    skip: frozenset[str] = frozenset()
     # The board's row (devtools/bench/board.py): runs in its synthetic home (0: no row, as in
     # the tests' configs; `make bench` and `--only board` take BENCH_BOARD_RUNS, default 1,000)
     # and files in its diff (BENCH_BOARD_FILES, default 9,000).
@@ -90,6 +96,9 @@ class BenchConfig:
             cfg.root = Path(e["BENCH_DIR"])
         cfg.real = e.get("BENCH_REAL", "") not in ("", "0")
         cfg.only = e.get("BENCH_ONLY", cfg.only)
+        cfg.skip = frozenset(e.get("BENCH_SKIP", "").replace(",", " ").split())
+        if cfg.skip - SKIPPABLE:
+            raise SystemExit(f"BENCH_SKIP={e['BENCH_SKIP']!r}: expected names among {', '.join(sorted(SKIPPABLE))}")
         cfg.real_old = e.get("BENCH_REAL_OLD", cfg.real_old)
         cfg.real_new = e.get("BENCH_REAL_NEW", cfg.real_new)
         cfg.real_uv_args = tuple(shlex.split(e.get("BENCH_REAL_UV_ARGS", "")))

@@ -339,14 +339,18 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
     rows += story["rows"]
     from devtools.bench.startup import bench_startup
 
-    startup = bench_startup(cfg, python=rb.python, home=rb.home)
-    rows += startup["rows"]
+    startup: dict[str, Any] = {"startup": None}
+    if "startup" not in cfg.skip:
+        startup = bench_startup(cfg, python=rb.python, home=rb.home)
+        rows += startup["rows"]
     from devtools.bench.downtime import run_real_downtime
 
-    downtime = run_real_downtime(cfg)
-    rows += downtime["rows"]
+    downtime: dict[str, Any] = {"downtime": None}
+    if "downtime" not in cfg.skip:
+        downtime = run_real_downtime(cfg)
+        rows += downtime["rows"]
     board: dict[str, Any] | None = None
-    if cfg.board_runs:
+    if cfg.board_runs and "board" not in cfg.skip:
         from devtools.bench.board import board_row
 
         row, board = board_row(cfg)  # synthetic: a home of that many runs, not this environment's
@@ -361,6 +365,7 @@ def run_real(cfg: BenchConfig) -> dict[str, Any]:
         "story": story["story"], "startup": startup["startup"],
         "downtime": downtime["downtime"], "board": board,
         "seconds": {"prepare": round(t_prepared - t_start, 1), "total": round(time.perf_counter() - t_start, 1)},
+        "skipped": sorted(cfg.skip),
     }
     checks = [r["pass"] for r in result["rows"] if r["pass"] is not None]
     if board is not None:
@@ -413,6 +418,8 @@ def render_real(result: dict[str, Any]) -> str:
     for r in result["rows"]:
         if r["note"]:
             lines.append(f"  {r['step']}: {r['note']}")
+    if result.get("skipped"):
+        lines.append(f"sections left out (BENCH_SKIP): {', '.join(result['skipped'])}")
     lines.append(f"all targets: {'PASS' if result['all_pass'] else 'FAIL'}   "
                  f"(prepare {result['seconds']['prepare']}s, total {result['seconds']['total']}s)")
     return "\n".join(lines)
