@@ -934,6 +934,12 @@ def test_a_snapshot_in_two_processes_is_the_one_one_process_takes(venv: Path, tm
     for pkg in ("toypkg", "toyhelper"):  # files of both processes' shares change
         (site_packages(venv) / pkg / "added.py").write_text(f"# added to {pkg}\n")
     assert take(2, two) == take(1, one)
+    # Nothing changed since a snapshot one process took: the next, in two, writes that manifest's
+    # bytes again, not encoded anew, although its folders came together in another order.
+    take(1, two)
+    take(2, two)
+    newest, last = snapmod.Store(env.prefix, two).list()[:2]
+    assert (newest.path / "manifest.bin").read_bytes() == (last.path / "manifest.bin").read_bytes()
     for home in (one, two):
         check = verify_store_of(env, home)
         assert check.ok, [d.to_json() for r in check.results for d in r.damaged]

@@ -239,12 +239,13 @@ class Manifest:
         """Write this manifest into a snapshot's folder: version 3, `manifest.bin` (durably;
         a version 1 or 2 `manifest.json` there is replaced by it). `same_as`: a manifest read
         from disk whose folders — the very objects — this one holds, all of them and no other:
-        its bytes are written as they were read, not encoded again."""
+        its bytes are written as they were read, not encoded again (in the order they were read:
+        a walk's order either way: two lanes may have merged them in another)."""
         header = {"roots": [r.__dict__ for r in self.roots], "real_roots": self.real_roots, "exclude": self.exclude}
         if (same_as is not None and same_as.raw is not None and same_as.roots == self.roots
                 and same_as.real_roots == self.real_roots and same_as.exclude == self.exclude
-                and list(same_as.folders) == list(self.folders)
-                and all(f is same_as.folders[k] for k, f in self.folders.items())):
+                and len(same_as.folders) == len(self.folders)
+                and all(same_as.folders.get(k) is f for k, f in self.folders.items())):
             data = same_as.raw
         else:
             data = manifest_codec.encode(header, [(ri, rel, f) for (ri, rel), f in self.folders.items()])
