@@ -54,20 +54,26 @@ def discard_displaced(res: RestoreResult, home: Path, *, settle: Path | None = N
     left, bins = _into_trash(res.displaced, Path(home) / TRASH) if res.displaced else ([], [])
     for p in left:
         shutil.rmtree(p, ignore_errors=True)
-    if settle is not None and privatize.pending(settle):
-        if not privatize.settle_detached(settle, bins):  # no process to start: all of it here
-            for p in bins:
-                shutil.rmtree(p, ignore_errors=True)
-            privatize.settle(settle)
-    elif bins:
-        try:
-            proc.detach(["rm", "-rf", "--", *bins])
-        except (OSError, RewheelError):  # no `rm` to start: deleted here
-            for p in bins:
-                shutil.rmtree(p, ignore_errors=True)
+    store = settle if settle is not None and privatize.pending(settle) else None
+    detached = privatize.settle_detached(store, bins) if store is not None else (not bins or _detach_rm(bins))
+    if not detached:  # no process to start: all of it here
+        for p in bins:
+            shutil.rmtree(p, ignore_errors=True)
+        if store is not None:
+            privatize.settle(store)
     res.displaced = []
     res.removal_seconds = time.monotonic() - t0
     return res.removal_seconds
+
+
+def _detach_rm(bins: list[str]) -> bool:
+    """`rm -rf` of the trash's folders, left running after this command; False where no `rm`
+    could be started."""
+    try:
+        proc.detach(["rm", "-rf", "--", *bins])
+    except (OSError, RewheelError):
+        return False
+    return True
 
 
 def _into_trash(paths: list[str], trash: Path) -> tuple[list[str], list[str]]:
