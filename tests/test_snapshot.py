@@ -1017,3 +1017,39 @@ def test_two_files_with_the_same_bytes_are_each_found_unchanged(tmp_path: Path, 
         assert again["files_unchanged"] == again["files"] and again["files_copied"] == 0
     os.truncate(b, 0)  # a real change is still seen
     assert unchanged_since(t.env, t.store, first.meta) is False
+
+
+def test_collect_reads_each_distinct_manifest_once_and_keeps_what_any_names(venv: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three snapshots of an unchanged environment (one manifest, three copies of its bytes),
+    then a change and a fourth. Deleting the one holding the changed file's object: the
+    sweep reads two manifests, not three, removes exactly that object and keeps every object
+    the others name; a manifest it cannot read stops it from removing anything."""
+    from rewheel.snapshot.manifest import Manifest
+
+    t = open_target(Recipe.for_python(venv))
+    same = [snapmod.take_snapshot(t.env, t.store).meta for _ in range(3)]
+    assert len({(m.path / "manifest.bin").read_bytes() for m in same}) == 1
+    (site_packages(venv) / "toypkg" / "notes.txt").write_text("only in the fourth snapshot\n")
+    fourth = snapmod.take_snapshot(t.env, t.store).meta
+    objects = t.store.env_dir / "objects"
+    before = {p for p in objects.rglob("*") if p.is_file()}
+    t.store.delete(fourth.id, collect=False)
+    loads: list[str] = []
+    real_load = Manifest.load.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(Manifest, "load", classmethod(lambda cls, snap, **kw: (loads.append(snap.id),
+                                                                               real_load(cls, snap, **kw))[1]))
+    removed, _ = t.store.collect()
+    assert len(loads) == 1  # the three copies read once
+    after = {p for p in objects.rglob("*") if p.is_file()}
+    assert removed == 1 and len(before - after) == 1 and after < before
+    man = Manifest.load(same[0], validate=False)
+    assert {objects / n for n in man.objects()} <= after  # everything the others name is kept
+    # An unreadable manifest (a link in its place) might name anything: nothing is removed.
+    (site_packages(venv) / "toypkg" / "notes.txt").write_text("again, another object\n")
+    fifth = snapmod.take_snapshot(t.env, t.store).meta
+    t.store.delete(fifth.id, collect=False)
+    victim = same[1].path / "manifest.bin"
+    victim.unlink()
+    victim.symlink_to(same[0].path / "manifest.bin")
+    assert t.store.collect() == (0, 0)

@@ -233,17 +233,32 @@ class Store:
         """Remove the objects no snapshot names (what deleted snapshots, and captures that
         were killed, left). Under the environment's lock only. An object is removed only
         when every manifest of the store was read: one that cannot be read (damaged) might
-        name any, so then nothing is removed. Returns (objects, bytes freed)."""
-        from rewheel.snapshot.manifest import Manifest, ManifestDamaged
+        name any, so then nothing is removed. Returns (objects, bytes freed).
+
+        A manifest with the same bytes as one read already names the same objects: read once.
+        (Snapshots of an environment unchanged between them are such copies, and a store that
+        has reached `keep` prunes on every snapshot.)"""
+        import hashlib
+
+        from rewheel.snapshot.manifest import MANIFEST, Manifest, ManifestDamaged
         from rewheel.snapshot.objects import Objects, objects_dir
 
         if not objects_dir(self.env_dir).is_dir():
             return 0, 0
         names: set[str] = set()
+        read: set[bytes] = set()
         for d in self.snapshots_dir.iterdir():
             if d.name.startswith(".deleting-") or not any(
-                    os.path.lexists(d / m) for m in ("manifest.bin", "manifest.json")):
+                    os.path.lexists(d / m) for m in (MANIFEST, "manifest.json")):
                 continue
+            if os.path.lexists(d / MANIFEST):
+                try:
+                    digest = hashlib.sha256(read_regular_bytes(d / MANIFEST)).digest()
+                except OSError:
+                    return 0, 0  # unreadable: it might name any object
+                if digest in read:
+                    continue
+                read.add(digest)
             stub = SnapshotMeta(id=d.name, path=d, home=self.home, label="", status="", created=0.0, prefix="",
                                 python="", kind="", versions={}, distributions=[], files=0, bytes_total=0,
                                 bytes_copied=0, bytes_linked=0, link_mode="")
