@@ -258,11 +258,10 @@ class Ingest:
                 ost = objs.link_in(src, sha, st)
                 if ost is not None:
                     # Linking changed the live inode's ctime (its link count): recorded as it is now.
-                    # The live inode, not the object's, where the store had these bytes already
-                    # (another file's): the next walk then finds this one unchanged.
-                    if (ost.st_dev, ost.st_ino) == (st.st_dev, st.st_ino):
-                        return sha, "L", ost.st_ino, ost.st_ctime_ns
-                    return sha, "L", st.st_ino, st.st_ctime_ns
+                    # Always the live inode, also where the store had these bytes already under
+                    # another file's: the next walk then finds this one unchanged.
+                    same = (ost.st_dev, ost.st_ino) == (st.st_dev, st.st_ino)
+                    return sha, "L", st.st_ino, ost.st_ctime_ns if same else st.st_ctime_ns
                 self.can_link = False  # the store is on another filesystem: copies from now on
         elif not editable and self.can_link:
             return sha, "L", st.st_ino, st.st_ctime_ns

@@ -326,13 +326,14 @@ class Manifest:
         return names
 
     @classmethod
-    def load(cls, snap: SnapshotMeta, *, validate: bool = True) -> Manifest:
+    def load(cls, snap: SnapshotMeta, *, validate: bool = True, raw: bytes | None = None) -> Manifest:
         """Read a snapshot's manifest. `validate=False` checks only its shape, for the
-        restore, which checks the folders as it walks them and each entry it acts on."""
+        restore, which checks the folders as it walks them and each entry it acts on.
+        `raw`: the bytes of its `manifest.bin`, read already by the caller."""
         path = snap.path / MANIFEST
-        if os.path.lexists(path):
+        if raw is not None or os.path.lexists(path):
             try:
-                man = cls._from_binary(read_regular_bytes(path))
+                man = cls._from_binary(raw if raw is not None else read_regular_bytes(path))
             except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError,
                     OverflowError) as exc:
                 raise SnapshotDamaged(f"snapshot {snap.id}: manifest {path} is unreadable ({exc})",

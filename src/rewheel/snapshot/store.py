@@ -240,7 +240,7 @@ class Store:
         has reached `keep` prunes on every snapshot.)"""
         import hashlib
 
-        from rewheel.snapshot.manifest import MANIFEST, Manifest, ManifestDamaged
+        from rewheel.snapshot.manifest import MANIFEST, MANIFEST_JSON, Manifest, ManifestDamaged
         from rewheel.snapshot.objects import Objects, objects_dir
 
         if not objects_dir(self.env_dir).is_dir():
@@ -249,13 +249,15 @@ class Store:
         read: set[bytes] = set()
         for d in self.snapshots_dir.iterdir():
             if d.name.startswith(".deleting-") or not any(
-                    os.path.lexists(d / m) for m in (MANIFEST, "manifest.json")):
+                    os.path.lexists(d / m) for m in (MANIFEST, MANIFEST_JSON)):
                 continue
+            raw: bytes | None = None
             if os.path.lexists(d / MANIFEST):
                 try:
-                    digest = hashlib.sha256(read_regular_bytes(d / MANIFEST)).digest()
+                    raw = read_regular_bytes(d / MANIFEST)
                 except OSError:
                     return 0, 0  # unreadable: it might name any object
+                digest = hashlib.sha256(raw).digest()
                 if digest in read:
                     continue
                 read.add(digest)
@@ -263,7 +265,7 @@ class Store:
                                 python="", kind="", versions={}, distributions=[], files=0, bytes_total=0,
                                 bytes_copied=0, bytes_linked=0, link_mode="")
             try:
-                names |= Manifest.load(stub, validate=False).objects()
+                names |= Manifest.load(stub, validate=False, raw=raw).objects()
             except (SnapshotDamaged, ManifestDamaged):
                 return 0, 0
         with Objects(self.env_dir, create=False) as objs:
